@@ -1,1 +1,37 @@
-//! placeholder
+//! Sluice engine layer: moving bytes from files into memory at the speed of
+//! the device.
+//!
+//! - [`AlignedBuf`] and [`BufferPool`]: page-aligned memory under a byte
+//!   budget with backpressure.
+//! - [`SourceFile`]: a file with its direct-I/O decision and fallback.
+//! - [`IoEngine`] with three readers: [`UringEngine`] (io_uring),
+//!   [`ThreadEngine`] (blocking `pread` on a pool) and [`SyncEngine`] (the
+//!   plain reference), plus [`FaultyEngine`] for reliability tests.
+//! - [`page_cache`]: residency (cachestat), DIO alignment (statx) and
+//!   eviction (fadvise).
+//!
+//! [`select_engine`] probes the platform and picks a reader, logging why.
+
+mod aligned_buf;
+mod buffer_pool;
+mod engine_choice;
+mod error;
+mod faulty_engine;
+mod io_engine;
+pub mod page_cache;
+mod pread;
+mod source_file;
+mod sync_engine;
+mod thread_engine;
+mod uring_engine;
+
+pub use aligned_buf::{page_size, AlignedBuf};
+pub use buffer_pool::{BufferPool, BufferPoolConfig, PoolStats, PooledBuf};
+pub use engine_choice::{select_engine, EngineChoice, EngineError};
+pub use error::{OpenError, PoolError};
+pub use faulty_engine::{Fault, FaultyEngine};
+pub use io_engine::{EngineKind, IoEngine, Next, OpSource, ReadOp, Sink};
+pub use source_file::{DirectMode, SourceFile};
+pub use sync_engine::SyncEngine;
+pub use thread_engine::ThreadEngine;
+pub use uring_engine::{probe_io_uring, UringEngine};

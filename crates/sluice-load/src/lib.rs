@@ -1,1 +1,22 @@
-//! placeholder
+//! Sluice load plane: safetensors checkpoints into memory at the speed of
+//! the device, with bounded memory.
+//!
+//! [`Loader::open`] reads and validates headers (a file, a directory, or a
+//! sharded index). [`Loader::load_all`] reads everything; [`Loader::stream`]
+//! yields windows of tensors as their reads land, under a memory limit.
+//! The reads come from a [`ReadPlan`] that coalesces tensors into large
+//! aligned windows and are run by an engine from `sluice-engine`.
+
+mod checkpoint_reader;
+mod config;
+mod error;
+mod loader;
+mod read_plan;
+mod tensor_stream;
+
+pub use checkpoint_reader::{read_checkpoint, read_shard, INDEX_FILE_NAME};
+pub use config::{parse_bytes, ConfigError, LoadConfig, DEFAULT_STREAM_MEMORY_LIMIT};
+pub use error::LoadError;
+pub use loader::{FileMode, LoadStats, LoadedCheckpoint, Loader};
+pub use read_plan::{window_chunks, PlanOptions, PlannedTensor, ReadPlan, WindowPlan};
+pub use tensor_stream::{LoadedWindow, Progress, TensorStream};

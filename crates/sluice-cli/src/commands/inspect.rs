@@ -1,0 +1,78 @@
+//! `sluice inspect`: validate a checkpoint and list what it holds.
+
+use sluice_formats::Checkpoint;
+use sluice_load::{read_checkpoint, LoadError};
+
+use crate::InspectArgs;
+
+pub fn run(args: &InspectArgs) -> Result<(), LoadError> {
+    let ckpt = read_checkpoint(&args.path)?;
+    if args.json {
+        println!("{}", to_json(&ckpt, !args.summary));
+    } else {
+        print_text(&ckpt, !args.summary);
+    }
+    Ok(())
+}
+
+fn to_json(ckpt: &Checkpoint, with_tensors: bool) -> serde_json::Value {
+    let shards: Vec<_> = ckpt
+        .shards
+        .iter()
+        .map(|s| {
+            let mut shard = serde_json::json!({
+                "path": s.path,
+                "file_bytes": s.file_len,
+                "tensor_bytes": s.header.total_tensor_bytes(),
+                "tensor_count": s.header.tensors.len(),
+                "metadata": s.header.metadata,
+            });
+            if with_tensors {
+                shard["tensors"] = s
+                    .header
+                    .tensors
+                    .iter()
+                    .map(|t| serde_json::json!({"name": t.name, "dtype": t.dtype.as_str(), "shape": t.shape, "bytes": t.byte_len()}))
+                    .collect();
+            }
+            shard
+        })
+        .collect();
+    serde_json::json!({
+        "path": ckpt.source.path(),
+        "valid": true,
+        "tensor_count": ckpt.tensor_count(),
+        "tensor_bytes": ckpt.total_bytes(),
+        "shards": shards,
+    })
+}
+
+fn print_text(ckpt: &Checkpoint, with_tensors: bool) {
+    for shard in &ckpt.shards {
+        println!(
+            "{}  {} tensors, {} bytes",
+            shard.path.display(),
+            shard.header.tensors.len(),
+            shard.header.total_tensor_bytes()
+        );
+        if !with_tensors {
+            continue;
+        }
+        for t in &shard.header.tensors {
+            let shape: Vec<String> = t.shape.iter().map(u64::to_string).collect();
+            println!(
+                "  {:<60} {:<8} [{}] {}",
+                t.name,
+                t.dtype.as_str(),
+                shape.join(", "),
+                t.byte_len()
+            );
+        }
+    }
+    println!(
+        "valid: {} tensors in {} shard(s), {} bytes",
+        ckpt.tensor_count(),
+        ckpt.shards.len(),
+        ckpt.total_bytes()
+    );
+}

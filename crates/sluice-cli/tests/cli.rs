@@ -1,0 +1,124 @@
+//! `sluice` end to end: output, JSON, exit codes and error lines.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn sluice(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .output()
+        .expect("sluice runs")
+}
+
+/// A valid single-file checkpoint with two small tensors.
+fn write_checkpoint(path: &Path) {
+    let header = r#"{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},"b":{"dtype":"U8","shape":[3],"data_offsets":[16,19]}}"#;
+    let mut padded = header.to_string();
+    while padded.len() % 8 != 0 {
+        padded.push(' ');
+    }
+    let mut bytes = (padded.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(padded.as_bytes());
+    bytes.extend((0u8..19).collect::<Vec<_>>());
+    std::fs::write(path, bytes).unwrap();
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn load_prints_tensors_bytes_and_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.safetensors");
+    write_checkpoint(&path);
+    let out = sluice(&["load", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("loaded 2 tensors") && text.contains("GB/s") && text.contains("engine"),
+        "{text}"
+    );
+}
+
+#[test]
+fn load_json_has_the_documented_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.safetensors");
+    write_checkpoint(&path);
+    let out = sluice(&[
+        "load",
+        path.to_str().unwrap(),
+        "--json",
+        "--engine",
+        "threads",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["tensors"], 2);
+    assert_eq!(v["bytes"], 19);
+    assert_eq!(v["engine"], "threads");
+    assert!(v["seconds"].as_f64().unwrap() >= 0.0);
+    assert!(v["gb_per_s"].is_number() && v["io_mode"].is_string());
+}
+
+#[test]
+fn inspect_lists_tensors_and_validates() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.safetensors");
+    write_checkpoint(&path);
+    let out = sluice(&["inspect", path.to_str().unwrap()]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("F32") && text.contains("[2, 2]") && text.contains("valid: 2 tensors"),
+        "{text}"
+    );
+    let out = sluice(&["inspect", path.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["shards"][0]["tensors"][1]["name"], "b");
+    assert_eq!(v["tensor_bytes"], 19);
+}
+
+#[test]
+fn missing_path_exits_4_naming_it() {
+    let out = sluice(&["load", "/nonexistent/model.safetensors"]);
+    assert_eq!(out.status.code(), Some(4));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with("sluice: error:") && err.contains("/nonexistent/model.safetensors"),
+        "{err}"
+    );
+}
+
+#[test]
+fn corrupt_header_exits_3_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.safetensors");
+    let mut bytes = 1000u64.to_le_bytes().to_vec();
+    bytes.extend_from_slice(b"{not json");
+    std::fs::write(&path, bytes).unwrap();
+    for cmd in ["load", "inspect"] {
+        let out = sluice(&[cmd, path.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(3), "{cmd}: {}", stderr(&out));
+        assert!(stderr(&out).contains("bad.safetensors"));
+    }
+}
+
+#[test]
+fn unknown_tensor_name_exits_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.safetensors");
+    write_checkpoint(&path);
+    let out = sluice(&["load", path.to_str().unwrap(), "--names", "a,zzz"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(stderr(&out).contains("zzz"));
+}
+
+#[test]
+fn bad_option_value_exits_2() {
+    let out = sluice(&["load", "x.safetensors", "--direct", "sideways"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("sideways"));
+    assert_eq!(sluice(&[]).status.code(), Some(2));
+}

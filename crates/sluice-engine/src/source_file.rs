@@ -1,0 +1,204 @@
+//! A file opened for high-throughput reads, with its direct-I/O decision.
+//!
+//! `DirectMode::Auto` decides per file, in order:
+//! 1. `statx(STATX_DIOALIGN)` reports whether the file system supports
+//!    O_DIRECT for this file at all (tmpfs, most FUSE and overlay set report 0);
+//! 2. if most of the file already sits in the page cache (`cachestat`), a
+//!    buffered read is a memory copy and beats the device, so stay buffered;
+//! 3. otherwise open with O_DIRECT; EINVAL at open falls back to buffered.
+//!
+//! A direct read can still fail with EINVAL on file systems that accept the
+//! open (some FUSE). The engines then call [`SourceFile::demote`], which flips
+//! the file to its buffered descriptor for the rest of the load, and retry.
+//! Every fallback is logged with the file's path and the reason.
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::error::OpenError;
+use crate::page_cache;
+
+/// Whether reads bypass the page cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DirectMode {
+    /// Probe each file; see the module docs.
+    #[default]
+    Auto,
+    /// Require O_DIRECT; a file system without it is an error.
+    On,
+    /// Always read through the page cache.
+    Off,
+}
+
+impl std::str::FromStr for DirectMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(DirectMode::Auto),
+            "on" | "true" | "1" => Ok(DirectMode::On),
+            "off" | "false" | "0" => Ok(DirectMode::Off),
+            other => Err(format!(
+                "direct mode must be auto, on or off, not {other:?}"
+            )),
+        }
+    }
+}
+
+/// Fraction of a file that must already be cached before `Auto` prefers a
+/// buffered read: at one half, copying from memory beats the device even
+/// though the other half comes from disk through 128 KiB readahead.
+const WARM_FRACTION_FOR_BUFFERED: f64 = 0.5;
+
+/// An open file ready for the engines, with a buffered descriptor always and
+/// a direct one where the platform allows.
+#[derive(Debug)]
+pub struct SourceFile {
+    path: PathBuf,
+    len: u64,
+    buffered: File,
+    direct: Option<File>,
+    /// Offset, length and address alignment O_DIRECT needs on this file.
+    direct_align: usize,
+    demoted: AtomicBool,
+    why_buffered: Option<String>,
+}
+
+impl SourceFile {
+    /// Opens `path` and decides its read mode.
+    pub fn open(path: &Path, mode: DirectMode) -> Result<SourceFile, OpenError> {
+        let io_err = |op, source| OpenError::Io {
+            path: path.to_path_buf(),
+            op,
+            source,
+        };
+        let buffered = File::open(path).map_err(|e| io_err("open", e))?;
+        let len = buffered.metadata().map_err(|e| io_err("stat", e))?.len();
+        let mut file = SourceFile {
+            path: path.to_path_buf(),
+            len,
+            buffered,
+            direct: None,
+            direct_align: 4096,
+            demoted: AtomicBool::new(false),
+            why_buffered: None,
+        };
+        match file.direct_plan(mode) {
+            Ok(align) => file.open_direct(align, mode)?,
+            Err(reason) if mode == DirectMode::On => {
+                return Err(OpenError::DirectUnsupported {
+                    path: path.to_path_buf(),
+                    reason,
+                });
+            }
+            Err(reason) => file.why_buffered = Some(reason),
+        }
+        if let Some(reason) = &file.why_buffered {
+            tracing::info!(path = %path.display(), %reason, "reading buffered");
+        }
+        Ok(file)
+    }
+
+    /// The alignment to use for O_DIRECT, or why this file stays buffered.
+    fn direct_plan(&self, mode: DirectMode) -> Result<usize, String> {
+        if mode == DirectMode::Off {
+            return Err("direct=off".into());
+        }
+        let align = match page_cache::dio_alignment(&self.buffered) {
+            Some(0) => {
+                return Err("the file system reports no O_DIRECT support (statx DIOALIGN)".into())
+            }
+            Some(align) => align.max(512),
+            None => 4096,
+        };
+        if mode == DirectMode::Auto {
+            if let Some(fraction) = page_cache::cached_fraction(&self.buffered, self.len) {
+                if fraction >= WARM_FRACTION_FOR_BUFFERED {
+                    return Err(format!(
+                        "{:.0}% already in the page cache",
+                        fraction * 100.0
+                    ));
+                }
+            }
+        }
+        Ok(align)
+    }
+
+    fn open_direct(&mut self, align: usize, mode: DirectMode) -> Result<(), OpenError> {
+        match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&self.path)
+        {
+            Ok(f) => {
+                self.direct = Some(f);
+                self.direct_align = align;
+                Ok(())
+            }
+            Err(e) if mode == DirectMode::On => Err(OpenError::DirectUnsupported {
+                path: self.path.clone(),
+                reason: format!("open(O_DIRECT) failed: {e}"),
+            }),
+            Err(e) => {
+                self.why_buffered = Some(format!("open(O_DIRECT) failed: {e}"));
+                Ok(())
+            }
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// File size in bytes when opened.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// True while reads go through O_DIRECT.
+    pub fn is_direct(&self) -> bool {
+        self.direct.is_some() && !self.demoted.load(Ordering::Relaxed)
+    }
+
+    /// Alignment of offsets, lengths and addresses for direct reads.
+    pub fn direct_align(&self) -> usize {
+        self.direct_align
+    }
+
+    /// The descriptor reads should use now.
+    pub fn read_fd(&self) -> RawFd {
+        match &self.direct {
+            Some(f) if !self.demoted.load(Ordering::Relaxed) => f.as_raw_fd(),
+            _ => self.buffered.as_raw_fd(),
+        }
+    }
+
+    /// The buffered descriptor (for fadvise and residency queries).
+    pub fn buffered_fd(&self) -> RawFd {
+        self.buffered.as_raw_fd()
+    }
+
+    /// Why this file is read buffered, if it is.
+    pub fn buffered_reason(&self) -> Option<&str> {
+        if self.demoted.load(Ordering::Relaxed) {
+            return Some("a direct read failed with EINVAL");
+        }
+        self.why_buffered.as_deref()
+    }
+
+    /// Switches to buffered reads after a direct read was refused. Returns
+    /// true if this call made the switch (so the caller logs once).
+    pub fn demote(&self, cause: &std::io::Error) -> bool {
+        if self.direct.is_none() || self.demoted.swap(true, Ordering::Relaxed) {
+            return false;
+        }
+        tracing::warn!(path = %self.path.display(), error = %cause, "direct read refused; falling back to buffered reads");
+        true
+    }
+}

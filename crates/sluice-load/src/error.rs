@@ -1,0 +1,112 @@
+//! Errors of the load plane. Each names the file, tensor or value at fault.
+
+use std::io;
+use std::path::PathBuf;
+
+use sluice_engine::{EngineError, OpenError, PoolError};
+use sluice_formats::FormatError;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    #[error("{}: cannot {op}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("{}: no *.safetensors files in this directory", dir.display())]
+    NoShards { dir: PathBuf },
+    #[error("{}: the index names shard {shard:?}, but {} does not exist", index.display(), path.display())]
+    ShardFileMissing {
+        index: PathBuf,
+        shard: String,
+        path: PathBuf,
+    },
+    #[error("tensor {name:?} was requested but {} has no such tensor", checkpoint.display())]
+    UnknownTensor { name: String, checkpoint: PathBuf },
+    #[error("{}: reading {len} bytes at offset {offset} failed: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        offset: u64,
+        len: usize,
+        source: io::Error,
+    },
+    #[error(
+        "{}: file ended early: expected {expected} bytes at offset {offset}, read {got} (was it truncated while loading?)",
+        path.display()
+    )]
+    Truncated {
+        path: PathBuf,
+        offset: u64,
+        expected: u64,
+        got: u64,
+    },
+    #[error(
+        "tensor {tensor:?} takes a {bytes}-byte buffer; with the buffer read next to it (one you hold while the other is read) \
+         a stream needs {needed} bytes, but memory_limit is {limit} bytes; raise memory_limit"
+    )]
+    TensorExceedsMemoryLimit {
+        tensor: String,
+        bytes: u64,
+        needed: u64,
+        limit: u64,
+    },
+    #[error(
+        "the stream's memory_limit of {limit} bytes is exhausted by {held} bytes of yielded tensors that are still referenced; \
+         copy tensors out and drop them, or raise memory_limit"
+    )]
+    MemoryLimitExhausted { limit: u64, held: u64 },
+    #[error("the {engine} engine failed: {source}")]
+    EngineFailed {
+        engine: &'static str,
+        source: io::Error,
+    },
+    #[error("buffer pool: {0}")]
+    Pool(#[from] PoolError),
+    #[error("invalid load configuration: {0}")]
+    Config(String),
+    #[error("the load was cancelled")]
+    Cancelled,
+}
+
+impl LoadError {
+    pub(crate) fn io(path: impl Into<PathBuf>, op: &'static str, source: io::Error) -> Self {
+        LoadError::Io {
+            path: path.into(),
+            op,
+            source,
+        }
+    }
+
+    /// True when the error is a missing file or directory.
+    pub fn is_not_found(&self) -> bool {
+        match self {
+            LoadError::Io { source, .. } => source.kind() == io::ErrorKind::NotFound,
+            LoadError::Open(OpenError::Io { source, .. }) => {
+                source.kind() == io::ErrorKind::NotFound
+            }
+            LoadError::ShardFileMissing { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// True when the error is a permission problem.
+    pub fn is_permission_denied(&self) -> bool {
+        match self {
+            LoadError::Io { source, .. } | LoadError::Read { source, .. } => {
+                source.kind() == io::ErrorKind::PermissionDenied
+            }
+            LoadError::Open(OpenError::Io { source, .. }) => {
+                source.kind() == io::ErrorKind::PermissionDenied
+            }
+            _ => false,
+        }
+    }
+}

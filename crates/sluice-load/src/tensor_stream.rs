@@ -1,0 +1,476 @@
+//! Running a read plan: a driver thread feeds window reads to an engine and
+//! hands finished windows to the consumer, in completion order.
+//!
+//! The driver is the engine's [`OpSource`]: for each window it takes a buffer
+//! from the pool (this is where the memory limit bites), then offers the
+//! window's chunk reads. When the pool is spent it answers `Wait` while reads
+//! are in flight, and blocks in the pool only when nothing is; the consumer
+//! frees memory by dropping windows. Completions are tallied per window; a
+//! window whose last read lands goes to the consumer's channel, or, if any of
+//! its reads failed or came back short, the load stops with that error.
+//!
+//! A consumer that keeps every window it was given while asking for more
+//! would wait forever on a driver that waits for memory. [`TensorStream::next_window`]
+//! detects exactly that state (driver starved, nothing in flight, nothing
+//! queued) and returns [`LoadError::MemoryLimitExhausted`] instead of hanging.
+//!
+//! Dropping the stream cancels it: the pool is closed (waking a blocked
+//! driver), the driver stops offering reads, drains what is in flight and
+//! exits, and the drop joins it, so no read can outlive its buffer.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use sluice_engine::{
+    page_cache, BufferPool, IoEngine, Next, OpSource, PoolError, PooledBuf, ReadOp, SourceFile,
+};
+
+use crate::error::LoadError;
+use crate::read_plan::{window_chunks, PlannedTensor, ReadPlan, WindowPlan};
+
+/// How often a waiting consumer checks for a starved driver. 50 ms: far
+/// below human notice, far above the cost of the check.
+const STARVATION_POLL: Duration = Duration::from_millis(50);
+/// How long the starved state must persist before it is an error, so a
+/// window being dropped on another thread at that moment is not mistaken for
+/// a deadlock.
+const STARVATION_GRACE: Duration = Duration::from_millis(250);
+
+/// A window whose bytes have all landed.
+pub struct LoadedWindow {
+    pub shard_path: PathBuf,
+    /// `None` only for the window of zero-byte tensors.
+    pub buf: Option<Arc<PooledBuf>>,
+    pub tensors: Vec<PlannedTensor>,
+}
+
+impl LoadedWindow {
+    /// The bytes of `tensor`, which must belong to this window.
+    pub fn tensor_bytes(&self, tensor: &PlannedTensor) -> &[u8] {
+        match &self.buf {
+            Some(buf) => {
+                &buf.as_slice()[tensor.window_offset..tensor.window_offset + tensor.byte_len]
+            }
+            None => &[],
+        }
+    }
+}
+
+/// Counters shared between the driver and the consumer.
+#[derive(Default)]
+pub(crate) struct Shared {
+    pub cancelled: AtomicBool,
+    /// Driver blocked on the pool with nothing in flight.
+    pub starved: AtomicBool,
+    pub bytes_read: AtomicU64,
+    pub tensor_bytes_done: AtomicU64,
+}
+
+/// Progress of a running load.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Tensor bytes delivered so far.
+    pub done_bytes: u64,
+    /// Tensor bytes the plan will deliver.
+    pub total_bytes: u64,
+}
+
+/// A running load; yields windows as their reads complete.
+pub struct TensorStream {
+    /// Behind a mutex only so the stream is `Sync` (Python objects must be);
+    /// `next_window` takes `&mut self`, so the lock is never contended.
+    rx: Mutex<Receiver<Result<LoadedWindow, LoadError>>>,
+    shared: Arc<Shared>,
+    pool: BufferPool,
+    driver: Option<JoinHandle<()>>,
+    total_bytes: u64,
+    memory_limit: Option<u64>,
+    finished: bool,
+    started: Instant,
+}
+
+/// Everything the driver needs, moved into its thread.
+pub(crate) struct DriverInput {
+    pub plan: ReadPlan,
+    pub files: Vec<Arc<SourceFile>>,
+    pub engine: Arc<dyn IoEngine>,
+    pub pool: BufferPool,
+    pub chunk_bytes: usize,
+    pub drop_cache: bool,
+    /// Deliver windows in plan order (bounded streams) rather than as they land.
+    pub in_order: bool,
+}
+
+impl TensorStream {
+    pub(crate) fn start(
+        input: DriverInput,
+        memory_limit: Option<u64>,
+    ) -> Result<TensorStream, LoadError> {
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared::default());
+        let pool = input.pool.clone();
+        let total_bytes = input.plan.tensor_bytes;
+        if !input.plan.empty.is_empty() {
+            let shard_path = input
+                .files
+                .first()
+                .map(|f| f.path().to_path_buf())
+                .unwrap_or_default();
+            let empty = LoadedWindow {
+                shard_path,
+                buf: None,
+                tensors: input.plan.empty.clone(),
+            };
+            let _ = tx.send(Ok(empty));
+        }
+        let driver_shared = Arc::clone(&shared);
+        let driver = std::thread::Builder::new()
+            .name("sluice-load".into())
+            .spawn(move || drive(input, &driver_shared, tx))
+            .map_err(|e| LoadError::Config(format!("cannot start the load thread: {e}")))?;
+        Ok(TensorStream {
+            rx: Mutex::new(rx),
+            shared,
+            pool,
+            driver: Some(driver),
+            total_bytes,
+            memory_limit,
+            finished: false,
+            started: Instant::now(),
+        })
+    }
+
+    /// The next finished window, blocking until one lands; `None` at the end.
+    /// After an error the stream is finished.
+    pub fn next_window(&mut self) -> Option<Result<LoadedWindow, LoadError>> {
+        if self.finished {
+            return None;
+        }
+        let mut starved_since: Option<Instant> = None;
+        loop {
+            let received = self
+                .rx
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .recv_timeout(STARVATION_POLL);
+            match received {
+                Ok(Ok(window)) => {
+                    let bytes: u64 = window.tensors.iter().map(|t| t.byte_len as u64).sum();
+                    self.shared
+                        .tensor_bytes_done
+                        .fetch_add(bytes, Ordering::Relaxed);
+                    return Some(Ok(window));
+                }
+                Ok(Err(e)) => return Some(Err(self.finish_with(e))),
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.finished = true;
+                    return None;
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    if !self.shared.starved.load(Ordering::Acquire) {
+                        starved_since = None;
+                        continue;
+                    }
+                    let since = *starved_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= STARVATION_GRACE {
+                        let held = self.pool.stats().held_bytes;
+                        let limit = self.memory_limit.unwrap_or(u64::MAX);
+                        return Some(Err(
+                            self.finish_with(LoadError::MemoryLimitExhausted { limit, held })
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish_with(&mut self, e: LoadError) -> LoadError {
+        self.finished = true;
+        self.cancel();
+        e
+    }
+
+    pub fn progress(&self) -> Progress {
+        Progress {
+            done_bytes: self.shared.tensor_bytes_done.load(Ordering::Relaxed),
+            total_bytes: self.total_bytes,
+        }
+    }
+
+    /// Bytes read from storage so far (aligned ranges, so a little above the
+    /// tensor bytes).
+    pub fn bytes_read(&self) -> u64 {
+        self.shared.bytes_read.load(Ordering::Relaxed)
+    }
+
+    pub fn pool(&self) -> &BufferPool {
+        &self.pool
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    fn cancel(&mut self) {
+        self.shared.cancelled.store(true, Ordering::Release);
+        self.pool.close();
+        if let Some(driver) = self.driver.take() {
+            // Windows still queued hold buffers; drop them before joining.
+            let rx = self.rx.get_mut().unwrap_or_else(|p| p.into_inner());
+            while rx.try_recv().is_ok() {}
+            let _ = driver.join();
+        }
+    }
+}
+
+impl Drop for TensorStream {
+    fn drop(&mut self) {
+        self.cancel();
+    }
+}
+
+/// Per-window completion tally.
+struct InFlightWindow {
+    plan: WindowPlan,
+    buf: Arc<PooledBuf>,
+    reads_left: usize,
+    failure: Option<LoadError>,
+}
+
+/// The engine's op source: windows in plan order, each cut into chunks.
+struct PlanSource<'a> {
+    input: &'a DriverInput,
+    shared: &'a Shared,
+    next_window: usize,
+    pending: std::vec::IntoIter<ReadOp>,
+    windows: &'a RefCell<HashMap<u64, InFlightWindow>>,
+    failure: Option<LoadError>,
+}
+
+impl PlanSource<'_> {
+    fn stopped(&self) -> bool {
+        self.failure.is_some() || self.shared.cancelled.load(Ordering::Acquire)
+    }
+
+    /// Takes a buffer for the next window, blocking only if allowed.
+    fn open_window(&mut self, may_block: bool) -> Result<bool, LoadError> {
+        let index = self.next_window;
+        let plan = &self.input.plan.windows[index];
+        let buf = if may_block {
+            self.shared.starved.store(true, Ordering::Release);
+            let got = self.input.pool.acquire(plan.read_len);
+            self.shared.starved.store(false, Ordering::Release);
+            got?
+        } else {
+            match self.input.pool.try_acquire(plan.read_len)? {
+                Some(buf) => buf,
+                None => return Ok(false),
+            }
+        };
+        let buf = Arc::new(buf);
+        let file = &self.input.files[plan.shard];
+        let ops: Vec<ReadOp> = window_chunks(plan, self.input.chunk_bytes)
+            .map(|(offset, buf_offset, len)| ReadOp {
+                file: Arc::clone(file),
+                offset,
+                len,
+                buf: Arc::clone(&buf),
+                buf_offset,
+                token: index as u64,
+            })
+            .collect();
+        self.windows.borrow_mut().insert(
+            index as u64,
+            InFlightWindow {
+                plan: plan.clone(),
+                buf,
+                reads_left: ops.len(),
+                failure: None,
+            },
+        );
+        self.pending = ops.into_iter();
+        self.next_window += 1;
+        Ok(true)
+    }
+}
+
+impl OpSource for PlanSource<'_> {
+    fn next_op(&mut self, may_block: bool) -> Next {
+        loop {
+            if self.stopped() {
+                return Next::Done;
+            }
+            if let Some(op) = self.pending.next() {
+                return Next::Op(op);
+            }
+            if self.next_window >= self.input.plan.windows.len() {
+                return Next::Done;
+            }
+            match self.open_window(may_block) {
+                Ok(true) => continue,
+                Ok(false) => return Next::Wait,
+                Err(LoadError::Pool(PoolError::Closed)) => return Next::Done,
+                Err(e) => {
+                    self.failure = Some(e);
+                    return Next::Done;
+                }
+            }
+        }
+    }
+}
+
+fn drive(input: DriverInput, shared: &Shared, tx: Sender<Result<LoadedWindow, LoadError>>) {
+    run_plan(&input, shared, &tx);
+}
+
+fn run_plan(input: &DriverInput, shared: &Shared, tx: &Sender<Result<LoadedWindow, LoadError>>) {
+    // The source registers windows and the sink retires them; both run on
+    // this thread, one at a time, so a RefCell is all the sharing needed.
+    let windows: RefCell<HashMap<u64, InFlightWindow>> = RefCell::new(HashMap::new());
+    let mut failed = false;
+    let mut source = PlanSource {
+        input,
+        shared,
+        next_window: 0,
+        pending: Vec::new().into_iter(),
+        windows: &windows,
+        failure: None,
+    };
+    let mut delivery = Delivery {
+        in_order: input.in_order,
+        next: 0,
+        ready: BTreeMap::new(),
+    };
+    let result = input.engine.run(&mut source, &mut |op, outcome| {
+        let token = op.token;
+        let Some(done) = on_read(&mut windows.borrow_mut(), input, shared, op, outcome) else {
+            return;
+        };
+        if failed {
+            return;
+        }
+        let is_err = done.is_err();
+        for item in delivery.accept(token, done) {
+            if tx.send(item).is_err() {
+                shared.cancelled.store(true, Ordering::Release);
+            }
+        }
+        if is_err {
+            failed = true;
+            shared.cancelled.store(true, Ordering::Release);
+        }
+    });
+    if input.drop_cache {
+        // Per-read drops can miss pages that were still locked under
+        // readahead at the time; one pass at the end catches them.
+        for file in input.files.iter().filter(|f| !f.is_direct()) {
+            page_cache::drop_range(file.buffered_fd(), 0, 0);
+        }
+    }
+    if let Some(e) = source.failure.take() {
+        let _ = tx.send(Err(e));
+    } else if let Err(e) = result {
+        let _ = tx.send(Err(LoadError::EngineFailed {
+            engine: input.engine.kind().as_str(),
+            source: e,
+        }));
+    }
+}
+
+/// Releases finished windows to the consumer, in plan order when asked.
+///
+/// A bounded stream delivers in plan order because its memory check assumes
+/// the consumer holds the window *before* the one being read in that order;
+/// a tiny window finishing ahead of a huge one must not change who is held
+/// next to whom. Errors go out at once.
+struct Delivery {
+    in_order: bool,
+    next: u64,
+    ready: BTreeMap<u64, LoadedWindow>,
+}
+
+impl Delivery {
+    fn accept(
+        &mut self,
+        token: u64,
+        done: Result<LoadedWindow, LoadError>,
+    ) -> Vec<Result<LoadedWindow, LoadError>> {
+        let window = match done {
+            Ok(w) if self.in_order => w,
+            other => return vec![other],
+        };
+        self.ready.insert(token, window);
+        let mut out = Vec::new();
+        while let Some(w) = self.ready.remove(&self.next) {
+            out.push(Ok(w));
+            self.next += 1;
+        }
+        out
+    }
+}
+
+/// Tallies one finished read; returns the window's outcome when it was the
+/// window's last read.
+fn on_read(
+    windows: &mut HashMap<u64, InFlightWindow>,
+    input: &DriverInput,
+    shared: &Shared,
+    op: ReadOp,
+    outcome: std::io::Result<usize>,
+) -> Option<Result<LoadedWindow, LoadError>> {
+    let entry = windows.get_mut(&op.token)?;
+    entry.reads_left -= 1;
+    match outcome {
+        Ok(n) => {
+            shared.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+            let needed = needed_bytes(&entry.plan, op.buf_offset, op.len);
+            if (n as u64) < needed && entry.failure.is_none() {
+                entry.failure = Some(LoadError::Truncated {
+                    path: op.file.path().to_path_buf(),
+                    offset: op.offset,
+                    expected: needed,
+                    got: n as u64,
+                });
+            }
+            if input.drop_cache && !op.file.is_direct() {
+                page_cache::drop_range(op.file.buffered_fd(), op.offset, op.len as u64);
+            }
+        }
+        Err(source) => {
+            if entry.failure.is_none() {
+                entry.failure = Some(LoadError::Read {
+                    path: op.file.path().to_path_buf(),
+                    offset: op.offset,
+                    len: op.len,
+                    source,
+                });
+            }
+        }
+    }
+    if entry.reads_left > 0 {
+        return None;
+    }
+    let done = windows.remove(&op.token)?;
+    if let Some(e) = done.failure {
+        return Some(Err(e));
+    }
+    let shard_path = input.files[done.plan.shard].path().to_path_buf();
+    Some(Ok(LoadedWindow {
+        shard_path,
+        buf: Some(done.buf),
+        tensors: done.plan.tensors,
+    }))
+}
+
+/// Bytes of a read at `buf_offset` that the window's tensors need: the
+/// read's overlap with `[0, needed_len)`.
+fn needed_bytes(plan: &WindowPlan, buf_offset: usize, len: usize) -> u64 {
+    let end = (buf_offset + len).min(plan.needed_len);
+    end.saturating_sub(buf_offset) as u64
+}

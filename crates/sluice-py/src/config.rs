@@ -1,0 +1,57 @@
+//! Python keyword arguments into a `LoadConfig`.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use sluice_load::{parse_bytes, LoadConfig};
+
+/// Builds a config from the keyword values the Python layer passes; `None`
+/// keeps the default (after `SLUICE_*` environment overrides).
+#[allow(clippy::too_many_arguments)]
+pub fn build(
+    direct: Option<&str>,
+    engine: Option<&str>,
+    concurrency: Option<usize>,
+    chunk_bytes: Option<Bound<'_, PyAny>>,
+    memory_limit: Option<Bound<'_, PyAny>>,
+    drop_cache: Option<bool>,
+) -> PyResult<LoadConfig> {
+    let mut cfg = LoadConfig::default()
+        .with_env_overrides()
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    if let Some(d) = direct {
+        cfg.direct = d.parse().map_err(PyValueError::new_err)?;
+    }
+    if let Some(e) = engine {
+        cfg.engine = e.parse().map_err(PyValueError::new_err)?;
+    }
+    if let Some(c) = concurrency {
+        cfg.queue_depth = c;
+    }
+    if let Some(c) = chunk_bytes {
+        cfg.chunk_bytes = usize::try_from(byte_size("chunk_bytes", &c)?)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    }
+    if let Some(m) = memory_limit {
+        cfg.memory_limit = Some(byte_size("memory_limit", &m)?);
+    }
+    if let Some(d) = drop_cache {
+        cfg.drop_cache = d;
+    }
+    cfg.validate().map_err(PyValueError::new_err)?;
+    Ok(cfg)
+}
+
+/// Accepts an int of bytes or a string like "512MiB".
+fn byte_size(name: &str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if let Ok(n) = value.extract::<i128>() {
+        return u64::try_from(n).map_err(|_| {
+            PyValueError::new_err(format!("{name} must be a non-negative byte count, not {n}"))
+        });
+    }
+    if let Ok(s) = value.extract::<String>() {
+        return parse_bytes(&s).map_err(|e| PyValueError::new_err(format!("{name}: {e}")));
+    }
+    Err(PyValueError::new_err(format!(
+        "{name} must be an int or a size string like '512MiB'"
+    )))
+}

@@ -1,0 +1,46 @@
+//! The one place a Rust error becomes a Python exception.
+//!
+//! The exception classes live in `sluice/errors.py`, where they can inherit
+//! from both `SluiceError` and the builtin a caller would expect
+//! (`FileNotFoundError`, `ValueError`, `KeyError`, `MemoryError`, `OSError`).
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use sluice_load::LoadError;
+
+/// Converts a load error into the matching `sluice.errors` exception.
+pub fn to_py(py: Python<'_>, err: LoadError) -> PyErr {
+    let class = class_name(&err);
+    let message = err.to_string();
+    match py.import("sluice.errors").and_then(|m| m.getattr(class)) {
+        Ok(cls) => match cls.call1((message.clone(),)) {
+            Ok(instance) => PyErr::from_value(instance),
+            Err(e) => e,
+        },
+        Err(_) => PyRuntimeError::new_err(message),
+    }
+}
+
+fn class_name(err: &LoadError) -> &'static str {
+    if err.is_not_found() {
+        return "SluiceFileNotFoundError";
+    }
+    if err.is_permission_denied() {
+        return "SluicePermissionError";
+    }
+    match err {
+        LoadError::Format(_) | LoadError::NoShards { .. } => "HeaderError",
+        LoadError::UnknownTensor { .. } => "TensorNotFoundError",
+        LoadError::TensorExceedsMemoryLimit { .. } | LoadError::MemoryLimitExhausted { .. } => {
+            "MemoryLimitError"
+        }
+        LoadError::Config(_) => "ConfigError",
+        LoadError::Cancelled => "SluiceError",
+        _ => "SluiceIOError",
+    }
+}
+
+/// Helper for `map_err` chains.
+pub fn err(py: Python<'_>) -> impl FnOnce(LoadError) -> PyErr + '_ {
+    move |e| to_py(py, e)
+}

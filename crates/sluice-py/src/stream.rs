@@ -1,0 +1,136 @@
+//! A running load, iterated from Python one window at a time.
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use sluice_load::{LoadStats, Loader, TensorStream};
+
+use crate::checkpoint::Checkpoint;
+use crate::config;
+use crate::errors::err;
+use crate::window::Window;
+
+#[pyclass(module = "sluice._sluice")]
+pub struct Stream {
+    inner: Option<TensorStream>,
+    stats: LoadStats,
+}
+
+/// Starts a load. `bounded=True` streams under `memory_limit` with buffer
+/// reuse; `bounded=False` keeps every window alive as long as it is held.
+#[pyfunction]
+#[pyo3(signature = (path, names=None, *, bounded, direct=None, engine=None, concurrency=None,
+                    chunk_bytes=None, memory_limit=None, drop_cache=None, checkpoint=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn start_stream(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    names: Option<Vec<String>>,
+    bounded: bool,
+    direct: Option<&str>,
+    engine: Option<&str>,
+    concurrency: Option<usize>,
+    chunk_bytes: Option<Bound<'_, PyAny>>,
+    memory_limit: Option<Bound<'_, PyAny>>,
+    drop_cache: Option<bool>,
+    checkpoint: Option<PyRef<'_, Checkpoint>>,
+) -> PyResult<Stream> {
+    let cfg = config::build(
+        direct,
+        engine,
+        concurrency,
+        chunk_bytes,
+        memory_limit,
+        drop_cache,
+    )?;
+    let validated = checkpoint.map(|c| c.validated());
+    let started = py.detach(|| {
+        let loader = match validated {
+            Some(ckpt) => Loader::from_checkpoint(ckpt, cfg)?,
+            None => Loader::open(&path, cfg)?,
+        };
+        if bounded {
+            loader.stream(names.as_deref())
+        } else {
+            loader.stream_unbounded(names.as_deref())
+        }
+    });
+    let (inner, stats) = started.map_err(err(py))?;
+    Ok(Stream {
+        inner: Some(inner),
+        stats,
+    })
+}
+
+#[pymethods]
+impl Stream {
+    /// The next finished window, or `None` at the end. Blocks with the GIL
+    /// released.
+    fn next_window(&mut self, py: Python<'_>) -> PyResult<Option<Window>> {
+        let Some(inner) = self.inner.as_mut() else {
+            return Ok(None);
+        };
+        match py.detach(|| inner.next_window()) {
+            Some(Ok(w)) => Ok(Some(Window::new(w))),
+            Some(Err(e)) => {
+                self.close(py);
+                Err(err(py)(e))
+            }
+            None => {
+                self.stats.elapsed = inner.elapsed();
+                self.stats.peak_pool_bytes = inner.pool().stats().peak_mapped_bytes;
+                Ok(None)
+            }
+        }
+    }
+
+    /// `(done_bytes, total_bytes)` of tensor data.
+    fn progress(&self) -> (u64, u64) {
+        match &self.inner {
+            Some(s) => {
+                let p = s.progress();
+                (p.done_bytes, p.total_bytes)
+            }
+            None => (self.stats.tensor_bytes, self.stats.tensor_bytes),
+        }
+    }
+
+    /// Stops the load and waits for reads in flight (GIL released).
+    fn close(&mut self, py: Python<'_>) {
+        if let Some(inner) = self.inner.take() {
+            py.detach(move || drop(inner));
+        }
+    }
+
+    /// What the load did: engine, per-file I/O mode, bytes, seconds.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = &self.stats;
+        let d = PyDict::new(py);
+        d.set_item("engine", s.engine)?;
+        d.set_item("io_mode", s.io_mode())?;
+        d.set_item("tensors", s.tensors)?;
+        d.set_item("tensor_bytes", s.tensor_bytes)?;
+        d.set_item("read_bytes", s.read_bytes)?;
+        d.set_item("windows", s.windows)?;
+        d.set_item("seconds", s.elapsed.as_secs_f64())?;
+        d.set_item("peak_pool_bytes", s.peak_pool_bytes)?;
+        if let Some(inner) = &self.inner {
+            d.set_item("pool", format!("{:?}", inner.pool().stats()))?;
+        }
+        let files: Vec<(String, bool, Option<String>)> = s
+            .files
+            .iter()
+            .map(|f| (f.path.display().to_string(), f.direct, f.reason.clone()))
+            .collect();
+        d.set_item("files", files)?;
+        Ok(d)
+    }
+
+    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __exit__(&mut self, py: Python<'_>, _a: Py<PyAny>, _b: Py<PyAny>, _c: Py<PyAny>) -> bool {
+        self.close(py);
+        false
+    }
+}

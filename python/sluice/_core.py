@@ -1,0 +1,97 @@
+"""Framework-neutral plumbing: options, name selection, window iteration.
+
+The native module hands out *windows*: buffers holding one or more tensors'
+bytes. The framework modules (``sluice.torch``, ``sluice.numpy``) turn them
+into tensors; this module runs the load, reports progress and keeps the
+statistics of the last load.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Generator, Iterable
+from typing import Any, Callable, Optional, Union
+
+from . import _sluice
+from ._progress import Progress, ProgressCallback
+
+PathLike = Union[str, "os.PathLike[str]"]
+NameFilter = Union[None, Iterable[str], Callable[[str], bool]]
+ByteSize = Union[int, str, None]
+
+_local = threading.local()
+
+
+def last_load_stats() -> Optional[dict[str, Any]]:
+    """Statistics of this thread's most recent load: engine, I/O mode, bytes, seconds."""
+    return getattr(_local, "stats", None)
+
+
+def resolve_names(path: PathLike, names: NameFilter) -> Optional[list[str]]:
+    """Turns a name filter into an explicit list (``None`` selects everything).
+
+    ``names`` may be an iterable of tensor names or a predicate called with
+    each name, e.g. ``lambda n: n.startswith("model.layers.0.")``.
+    """
+    if names is None:
+        return None
+    if isinstance(names, str):
+        return [names]
+    if callable(names):
+        keys = _sluice.open_checkpoint(os.fspath(path)).keys()
+        return [k for k in keys if names(k)]
+    return list(names)
+
+
+def iter_windows(
+    path: PathLike,
+    names: NameFilter,
+    *,
+    bounded: bool,
+    progress: bool = False,
+    on_progress: Optional[ProgressCallback] = None,
+    direct: Optional[str] = None,
+    engine: Optional[str] = None,
+    concurrency: Optional[int] = None,
+    chunk_bytes: ByteSize = None,
+    memory_limit: ByteSize = None,
+    drop_cache: Optional[bool] = None,
+    checkpoint: Any = None,
+) -> Generator[Any, None, None]:
+    """Yields windows as their reads complete; stops the load if abandoned."""
+    _local.stats = None
+    for option, value in (("concurrency", concurrency),):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"{option} must be a positive integer, not {value!r}")
+    if isinstance(direct, bool):
+        direct = "on" if direct else "off"
+    stream = _sluice.start_stream(
+        os.fspath(path),
+        resolve_names(path, names),
+        bounded=bounded,
+        direct=direct,
+        engine=engine,
+        concurrency=concurrency,
+        chunk_bytes=chunk_bytes,
+        memory_limit=memory_limit,
+        drop_cache=drop_cache,
+        checkpoint=checkpoint,
+    )
+    done, total = stream.progress()
+    reporter = Progress(total, progress, on_progress)
+    try:
+        while True:
+            window = stream.next_window()
+            if window is None:
+                break
+            yield window
+            # Drop our reference before blocking for the next window, so a
+            # consumer that is done with this one can have its memory reused.
+            del window
+            done, _ = stream.progress()
+            reporter.update(done)
+        _local.stats = stream.stats()
+        reporter.close(done)
+    finally:
+        stream.close()

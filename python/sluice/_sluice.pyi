@@ -1,0 +1,91 @@
+"""Type stub for ``sluice._sluice``, the private native module (crates/sluice-py).
+
+The public API is in ``sluice`` (``load_file``, ``stream``, ``safe_open``, ``inspect``);
+this module only converts between Python and the Rust loader. Errors it raises are the
+classes of ``sluice.errors``.
+"""
+
+import os
+from types import TracebackType
+from typing import Any, final
+
+_StrPath = str | os.PathLike[str]
+_ByteSize = int | str
+
+__all__ = ["Checkpoint", "Stream", "Window", "__version__", "open_checkpoint", "start_stream"]
+
+__version__: str
+
+@final
+class Checkpoint:
+    """A validated checkpoint's headers: a file, a directory of shards or an index."""
+
+    def keys(self) -> list[str]:
+        """Tensor names in file order, shard by shard."""
+    def metadata(self) -> dict[str, str] | None:
+        """``__metadata__`` of every shard merged (later shards win), or None."""
+    def info(self, name: str) -> tuple[str, list[int], str, int] | None:
+        """``(dtype, shape, shard_path, nbytes)`` of ``name``, or None if absent."""
+    def shards(self) -> list[tuple[str, int, int, int]]:
+        """``(path, tensor_count, tensor_bytes, file_len)`` per shard."""
+    def __len__(self) -> int: ...
+    def __contains__(self, name: str, /) -> bool: ...
+
+def open_checkpoint(path: _StrPath) -> Checkpoint:
+    """Reads and validates every header of the checkpoint at ``path`` (GIL released)."""
+
+@final
+class Window:
+    """A loaded buffer holding one or more tensors' bytes; numpy views it without a copy."""
+
+    @property
+    def shard(self) -> str:
+        """The shard file the window was read from."""
+    @property
+    def tensors(self) -> list[tuple[str, str, tuple[int, ...], int, int]]:
+        """``(name, dtype, shape, offset, nbytes)`` for each tensor in the window."""
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        """A writable 1-D uint8 view of the buffer (numpy's array interface, version 3)."""
+    def __len__(self) -> int:
+        """Bytes in the window's buffer (0 for the window of zero-byte tensors)."""
+
+@final
+class Stream:
+    """A running load, iterated one window at a time; closing it stops the reads."""
+
+    def next_window(self) -> Window | None:
+        """The next finished window, or None at the end (blocks with the GIL released)."""
+    def progress(self) -> tuple[int, int]:
+        """``(done_bytes, total_bytes)`` of tensor data."""
+    def close(self) -> None:
+        """Stops the load and waits for reads in flight."""
+    def stats(self) -> dict[str, Any]:
+        """engine, io_mode, tensors, tensor_bytes, read_bytes, windows, seconds,
+        peak_pool_bytes and files ``[(path, direct, buffered_reason)]``."""
+    def __enter__(self) -> Stream: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool: ...
+
+def start_stream(
+    path: _StrPath,
+    names: list[str] | None = None,
+    *,
+    bounded: bool,
+    direct: str | None = None,
+    engine: str | None = None,
+    concurrency: int | None = None,
+    chunk_bytes: _ByteSize | None = None,
+    memory_limit: _ByteSize | None = None,
+    drop_cache: bool | None = None,
+) -> Stream:
+    """Starts a load of ``names`` (all when None).
+
+    ``bounded=True`` streams under ``memory_limit`` with buffer reuse;
+    ``bounded=False`` keeps every window valid for as long as it is held.
+    ``direct`` is "auto", "on" or "off"; ``engine`` "auto", "io_uring" or "threads".
+    """

@@ -1,0 +1,55 @@
+"""Exceptions raised by Sluice.
+
+Each class derives from :class:`SluiceError` and from the builtin a caller
+would already catch, so ``except FileNotFoundError`` keeps working when a
+script switches from safetensors to Sluice.
+"""
+
+from __future__ import annotations
+
+
+class SluiceError(Exception):
+    """Base class of every Sluice error."""
+
+
+class HeaderError(SluiceError, ValueError):
+    """A safetensors file or index is malformed; the message names the file and value."""
+
+
+class TensorNotFoundError(SluiceError, KeyError):
+    """A requested tensor name is not in the checkpoint."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0]) if self.args else ""
+
+
+class SluiceIOError(SluiceError, OSError):
+    """Reading a file failed or it changed while being read."""
+
+
+class SluiceFileNotFoundError(SluiceIOError, FileNotFoundError):
+    """A file, shard or directory does not exist."""
+
+
+class SluicePermissionError(SluiceIOError, PermissionError):
+    """A file could not be opened for lack of permission."""
+
+
+class MemoryLimitError(SluiceError, MemoryError):
+    """A stream's memory limit cannot hold what was asked of it."""
+
+
+class ConfigError(SluiceError, ValueError):
+    """An option value is out of range."""
+
+
+__all__ = [
+    "ConfigError",
+    "HeaderError",
+    "MemoryLimitError",
+    "SluiceError",
+    "SluiceFileNotFoundError",
+    "SluiceIOError",
+    "SluicePermissionError",
+    "TensorNotFoundError",
+]

@@ -1,0 +1,95 @@
+"""numpy front end, for users without torch: ``sluice.numpy.load_file``.
+
+Arrays are zero-copy views where the tensor's offset suits its dtype. numpy
+has no bfloat16 or float8; those load if the ``ml_dtypes`` package is
+installed and otherwise raise a TypeError naming the tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Optional
+
+import numpy as np
+
+from . import _core
+from ._core import ByteSize, NameFilter, PathLike
+from ._progress import ProgressCallback
+
+_NATIVE = {
+    "BOOL": np.bool_,
+    "U8": np.uint8,
+    "I8": np.int8,
+    "U16": np.uint16,
+    "I16": np.int16,
+    "U32": np.uint32,
+    "I32": np.int32,
+    "U64": np.uint64,
+    "I64": np.int64,
+    "F16": np.float16,
+    "F32": np.float32,
+    "F64": np.float64,
+    "C64": np.complex64,
+}
+_ML_DTYPES = {
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+    "F8_E8M0": "float8_e8m0fnu",
+}
+
+
+def numpy_dtype(name: str, dtype: str) -> np.dtype:
+    """The numpy dtype for a safetensors dtype string, or a TypeError naming the tensor."""
+    if dtype in _NATIVE:
+        return np.dtype(_NATIVE[dtype])
+    if dtype in _ML_DTYPES:
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise TypeError(
+                f"tensor {name!r} has dtype {dtype}; numpy needs the ml_dtypes package for it"
+            ) from None
+        return np.dtype(getattr(ml_dtypes, _ML_DTYPES[dtype]))
+    raise TypeError(f"tensor {name!r} has dtype {dtype}, which numpy cannot represent")
+
+
+def window_arrays(window: Any) -> Iterator[tuple[str, np.ndarray]]:
+    """Yields ``(name, array)`` for each tensor of a window."""
+    base = np.asarray(window) if len(window) else np.empty(0, dtype=np.uint8)
+    for name, dtype, shape, offset, nbytes in window.tensors:
+        ndtype = numpy_dtype(name, dtype)
+        raw = base[offset : offset + nbytes]
+        if nbytes and offset % ndtype.itemsize != 0:
+            raw = raw.copy()
+        yield name, raw.view(ndtype).reshape(shape)
+
+
+def load_file(
+    filename: PathLike,
+    *,
+    names: NameFilter = None,
+    direct: Optional[str] = None,
+    engine: Optional[str] = None,
+    concurrency: Optional[int] = None,
+    chunk_bytes: ByteSize = None,
+    drop_cache: Optional[bool] = None,
+    progress: bool = False,
+    on_progress: Optional[ProgressCallback] = None,
+) -> dict[str, np.ndarray]:
+    """Like :func:`sluice.load_file`, returning numpy arrays."""
+    windows = _core.iter_windows(
+        filename,
+        names,
+        bounded=False,
+        progress=progress,
+        on_progress=on_progress,
+        direct=direct,
+        engine=engine,
+        concurrency=concurrency,
+        chunk_bytes=chunk_bytes,
+        drop_cache=drop_cache,
+    )
+    return {name: array for window in windows for name, array in window_arrays(window)}
