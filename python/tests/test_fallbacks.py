@@ -183,3 +183,46 @@ def test_without_drop_cache_a_buffered_load_leaves_the_file_cached(mixed_file) -
     sluice.load_file(path, direct="off")
 
     assert cached_fraction(path) > 0.9
+
+
+def test_fully_cached_file_is_mapped_not_read(mixed_file) -> None:
+    path, tensors = mixed_file
+    safetensors.torch.load_file(str(path))  # make sure every page is cached
+    if cached_fraction(path) is None:
+        pytest.skip("cachestat unavailable: mapping is never chosen")
+
+    loaded = sluice.load_file(path)
+
+    assert_same_tensors(loaded, tensors)
+    stats = sluice.last_load_stats()
+    assert stats["mapped_bytes"] > 0
+    assert stats["bytes_read"] == 0
+
+
+def test_mapping_can_be_turned_off_by_environment(
+    mixed_file, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, tensors = mixed_file
+    safetensors.torch.load_file(str(path))
+    monkeypatch.setenv("SLUICE_MAP_CACHED", "0")
+
+    loaded = sluice.load_file(path)
+
+    assert_same_tensors(loaded, tensors)
+    stats = sluice.last_load_stats()
+    assert stats["mapped_bytes"] == 0
+    assert stats["bytes_read"] > 0
+
+
+def test_mapped_tensors_are_writable_without_changing_the_file(mixed_file) -> None:
+    path, tensors = mixed_file
+    safetensors.torch.load_file(str(path))
+    before = path.read_bytes()
+
+    loaded = sluice.load_file(path)
+    for t in loaded.values():
+        if t.numel():
+            t.view(-1).view(torch.uint8)[0] ^= 0xFF
+
+    assert path.read_bytes() == before
+    assert_same_tensors(sluice.load_file(path), tensors)

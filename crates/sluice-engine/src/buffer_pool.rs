@@ -112,10 +112,30 @@ impl BufferPool {
     /// Fails at once if `len` alone exceeds the budget (waiting could never
     /// help) or if the pool was closed, which also wakes blocked callers.
     pub fn acquire(&self, len: usize) -> Result<PooledBuf, PoolError> {
+        self.wait_until(|pool, state| pool.try_take(state, len))
+    }
+
+    /// Counts `bytes` against the budget without mapping memory, blocking
+    /// like [`acquire`](Self::acquire). For memory that lives elsewhere but
+    /// must still respect the limit: a window served from a file mapping.
+    pub fn reserve(&self, bytes: u64) -> Result<Reservation, PoolError> {
+        self.wait_until(|pool, state| pool.try_reserve_locked(state, bytes))
+    }
+
+    /// A reservation if it fits in the budget now, without blocking.
+    pub fn try_reserve(&self, bytes: u64) -> Result<Option<Reservation>, PoolError> {
+        let mut state = self.lock();
+        self.try_reserve_locked(&mut state, bytes)
+    }
+
+    fn wait_until<T>(
+        &self,
+        mut attempt: impl FnMut(&Self, &mut PoolState) -> Result<Option<T>, PoolError>,
+    ) -> Result<T, PoolError> {
         let mut state = self.lock();
         loop {
-            if let Some(buf) = self.try_take(&mut state, len)? {
-                return Ok(buf);
+            if let Some(got) = attempt(self, &mut state)? {
+                return Ok(got);
             }
             state.stats.waits += 1;
             state.waiting += 1;
@@ -183,44 +203,73 @@ impl BufferPool {
     }
 
     fn try_take(&self, state: &mut PoolState, len: usize) -> Result<Option<PooledBuf>, PoolError> {
-        if state.closed {
-            return Err(PoolError::Closed);
-        }
         let capacity = self.capacity_for(len);
-        let budget = self.inner.config.budget_bytes;
-        if let Some(budget) = budget {
-            if capacity as u64 > budget {
-                return Err(PoolError::RequestExceedsBudget {
-                    requested_bytes: len as u64,
-                    budget_bytes: budget,
-                });
-            }
-        }
+        self.check_request(state, len as u64, capacity as u64)?;
         if let Some(buf) = take_exact(&mut state.free, capacity) {
             state.stats.reused += 1;
             state.stats.held_bytes += buf.len() as u64;
             return Ok(Some(self.wrap(buf)));
         }
-        let fits =
-            |s: &PoolState| budget.is_none_or(|b| s.stats.mapped_bytes + capacity as u64 <= b);
-        // Unmap idle buffers, largest first, until the new one fits.
-        state.free.sort_by_key(|b| b.len());
-        while !fits(state) {
-            let Some(idle) = state.free.pop() else {
-                return Ok(None);
-            };
-            state.stats.mapped_bytes -= idle.len() as u64;
+        if !self.make_room(state, capacity as u64) {
+            return Ok(None);
         }
         let buf = AlignedBuf::new(capacity).map_err(|source| PoolError::Map {
             bytes: capacity as u64,
             source,
         })?;
-        let stats = &mut state.stats;
-        stats.allocated += 1;
-        stats.mapped_bytes += capacity as u64;
-        stats.held_bytes += capacity as u64;
-        stats.peak_mapped_bytes = stats.peak_mapped_bytes.max(stats.mapped_bytes);
+        state.stats.allocated += 1;
+        charge(&mut state.stats, capacity as u64);
         Ok(Some(self.wrap(buf)))
+    }
+
+    fn try_reserve_locked(
+        &self,
+        state: &mut PoolState,
+        bytes: u64,
+    ) -> Result<Option<Reservation>, PoolError> {
+        self.check_request(state, bytes, bytes)?;
+        if !self.make_room(state, bytes) {
+            return Ok(None);
+        }
+        charge(&mut state.stats, bytes);
+        Ok(Some(Reservation {
+            bytes,
+            pool: self.clone(),
+        }))
+    }
+
+    /// Errors that waiting cannot cure: a closed pool, a request over budget.
+    fn check_request(
+        &self,
+        state: &PoolState,
+        requested: u64,
+        capacity: u64,
+    ) -> Result<(), PoolError> {
+        if state.closed {
+            return Err(PoolError::Closed);
+        }
+        match self.inner.config.budget_bytes {
+            Some(budget) if capacity > budget => Err(PoolError::RequestExceedsBudget {
+                requested_bytes: requested,
+                budget_bytes: budget,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Unmaps idle buffers, largest first, until `capacity` more bytes fit.
+    fn make_room(&self, state: &mut PoolState, capacity: u64) -> bool {
+        let Some(budget) = self.inner.config.budget_bytes else {
+            return true;
+        };
+        state.free.sort_by_key(|b| b.len());
+        while state.stats.mapped_bytes + capacity > budget {
+            let Some(idle) = state.free.pop() else {
+                return false;
+            };
+            state.stats.mapped_bytes -= idle.len() as u64;
+        }
+        true
     }
 
     fn wrap(&self, buf: AlignedBuf) -> PooledBuf {
@@ -247,6 +296,17 @@ impl BufferPool {
         }
     }
 
+    fn release_reservation(&self, bytes: u64) {
+        let mut state = self.lock();
+        state.stats.held_bytes -= bytes;
+        state.stats.mapped_bytes -= bytes;
+        let wake = state.waiting > 0;
+        drop(state);
+        if wake {
+            self.inner.released.notify_all();
+        }
+    }
+
     /// True when some caller is blocked in `acquire` right now.
     pub fn has_waiters(&self) -> bool {
         self.lock().waiting > 0
@@ -264,6 +324,40 @@ impl BufferPool {
 fn take_exact(free: &mut Vec<AlignedBuf>, capacity: usize) -> Option<AlignedBuf> {
     let index = free.iter().position(|b| b.len() == capacity)?;
     Some(free.swap_remove(index))
+}
+
+/// Counts `bytes` as held (and mapped) in the pool's statistics.
+fn charge(stats: &mut PoolStats, bytes: u64) {
+    stats.mapped_bytes += bytes;
+    stats.held_bytes += bytes;
+    stats.peak_mapped_bytes = stats.peak_mapped_bytes.max(stats.mapped_bytes);
+}
+
+/// Budget held by [`BufferPool::reserve`]; dropping it gives the bytes back.
+#[derive(Debug)]
+pub struct Reservation {
+    bytes: u64,
+    pool: BufferPool,
+}
+
+impl Reservation {
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.pool.release_reservation(self.bytes);
+    }
+}
+
+impl std::fmt::Debug for BufferPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BufferPool")
+            .field("stats", &self.stats())
+            .finish()
+    }
 }
 
 /// A buffer on loan from a [`BufferPool`]; dropping it returns the bytes.
@@ -400,6 +494,18 @@ mod tests {
         let stats = pool.stats();
         assert!(stats.peak_mapped_bytes <= budget, "{stats:?}");
         assert_eq!(stats.held_bytes, 0);
+    }
+
+    #[test]
+    fn reservations_count_against_the_budget_and_return_on_drop() {
+        let pool = BufferPool::new(BufferPoolConfig::bounded(4 * MIB as u64));
+        let r = pool.reserve(3 * MIB as u64).unwrap();
+        assert!(pool.try_acquire(2 * MIB).unwrap().is_none());
+        assert_eq!(pool.stats().held_bytes, 3 * MIB as u64);
+        drop(r);
+        assert_eq!(pool.stats().held_bytes, 0);
+        assert!(pool.try_acquire(2 * MIB).unwrap().is_some());
+        assert!(pool.try_reserve(5 * MIB as u64).is_err());
     }
 
     #[test]

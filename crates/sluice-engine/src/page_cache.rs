@@ -34,7 +34,20 @@ struct Cachestat {
 
 /// Pages of `fd` in the page cache, or `None` where cachestat is missing.
 pub fn cached_pages(fd: RawFd, len: u64) -> Option<u64> {
-    let range = CachestatRange { off: 0, len };
+    cached_pages_in(fd, 0, len)
+}
+
+/// True when every page of `[offset, offset + len)` is cached (and `false`
+/// where cachestat is missing, so callers fall back to reading).
+pub fn range_is_cached(fd: RawFd, offset: u64, len: u64) -> bool {
+    let page = page_size() as u64;
+    let first = offset / page;
+    let last = (offset + len).div_ceil(page);
+    cached_pages_in(fd, first * page, (last - first) * page).is_some_and(|n| n >= last - first)
+}
+
+fn cached_pages_in(fd: RawFd, off: u64, len: u64) -> Option<u64> {
+    let range = CachestatRange { off, len };
     let mut out = Cachestat::default();
     // SAFETY: both pointers refer to live, correctly laid out structs; the
     // kernel only writes `out`.

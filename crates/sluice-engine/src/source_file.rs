@@ -152,6 +152,11 @@ impl SourceFile {
         &self.path
     }
 
+    /// File size in bytes now (it may have changed since opening).
+    pub fn current_len(&self) -> std::io::Result<u64> {
+        Ok(self.buffered.metadata()?.len())
+    }
+
     /// File size in bytes when opened.
     pub fn len(&self) -> u64 {
         self.len

@@ -36,6 +36,12 @@ pub struct LoadConfig {
     /// After each buffered read, drop its pages from the page cache ("burn
     /// after reading"): a model read once should not evict everything else.
     pub drop_cache: bool,
+    /// With `direct = Auto`, serve a window whose pages are all in the page
+    /// cache by mapping them (zero copy) instead of reading them. Fast for
+    /// warm restarts; like any mmap loader, a file truncated by someone else
+    /// while its tensors are alive raises SIGBUS on access. Off:
+    /// `SLUICE_MAP_CACHED=0`.
+    pub map_cached: bool,
     /// Treat io_uring as unavailable (`SLUICE_IO_URING=0`): for hosts where
     /// it misbehaves, and to exercise the thread-pool fallback.
     pub io_uring_disabled: bool,
@@ -57,6 +63,7 @@ impl Default for LoadConfig {
             memory_limit: None,
             drop_cache: false,
             io_uring_disabled: false,
+            map_cached: true,
         }
     }
 }
@@ -102,6 +109,9 @@ impl LoadConfig {
         }
         if let Some(v) = read_var(&get, "SLUICE_DROP_CACHE", parse_bool)? {
             self.drop_cache = v;
+        }
+        if let Some(v) = read_var(&get, "SLUICE_MAP_CACHED", parse_bool)? {
+            self.map_cached = v;
         }
         if let Some(v) = read_var(&get, "SLUICE_IO_URING", parse_bool)? {
             self.io_uring_disabled = !v;

@@ -19,4 +19,4 @@ pub use config::{parse_bytes, ConfigError, LoadConfig, DEFAULT_STREAM_MEMORY_LIM
 pub use error::LoadError;
 pub use loader::{FileMode, LoadStats, LoadedCheckpoint, Loader};
 pub use read_plan::{window_chunks, PlanOptions, PlannedTensor, ReadPlan, WindowPlan};
-pub use tensor_stream::{LoadedWindow, Progress, TensorStream};
+pub use tensor_stream::{LoadedWindow, Progress, TensorStream, WindowMemory};

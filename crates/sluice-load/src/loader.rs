@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_engine::{
-    page_size, select_engine, BufferPool, BufferPoolConfig, EngineChoice, IoEngine, SourceFile,
+    page_size, select_engine, BufferPool, BufferPoolConfig, DirectMode, EngineChoice, IoEngine,
+    SourceFile,
 };
 use sluice_formats::Checkpoint;
 
@@ -230,6 +231,7 @@ impl Loader {
             chunk_bytes,
             drop_cache: self.config.drop_cache,
             in_order,
+            map_cached: self.config.map_cached && self.config.direct == DirectMode::Auto,
         };
         Ok((TensorStream::start(input, limit)?, stats))
     }

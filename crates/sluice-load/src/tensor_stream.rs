@@ -27,8 +27,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use std::cell::Cell;
+
 use sluice_engine::{
-    page_cache, BufferPool, IoEngine, Next, OpSource, PoolError, PooledBuf, ReadOp, SourceFile,
+    page_cache, BufferPool, FileMapping, IoEngine, Next, OpSource, PoolError, PooledBuf, ReadOp,
+    Reservation, SourceFile,
 };
 
 use crate::error::LoadError;
@@ -42,11 +45,48 @@ const STARVATION_POLL: Duration = Duration::from_millis(50);
 /// a deadlock.
 const STARVATION_GRACE: Duration = Duration::from_millis(250);
 
+/// Where a window's bytes live.
+pub enum WindowMemory {
+    /// Read into a buffer from the pool.
+    Pooled(Arc<PooledBuf>),
+    /// Mapped straight from the page cache (every page was already cached);
+    /// the reservation keeps it counted against the memory limit.
+    Mapped {
+        map: FileMapping,
+        _budget: Reservation,
+    },
+}
+
+impl WindowMemory {
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            WindowMemory::Pooled(buf) => buf.as_slice(),
+            WindowMemory::Mapped { map, .. } => map.as_slice(),
+        }
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.as_slice().as_ptr()
+    }
+
+    pub fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn is_mapped(&self) -> bool {
+        matches!(self, WindowMemory::Mapped { .. })
+    }
+}
+
 /// A window whose bytes have all landed.
 pub struct LoadedWindow {
     pub shard_path: PathBuf,
     /// `None` only for the window of zero-byte tensors.
-    pub buf: Option<Arc<PooledBuf>>,
+    pub buf: Option<WindowMemory>,
     pub tensors: Vec<PlannedTensor>,
 }
 
@@ -70,6 +110,8 @@ pub(crate) struct Shared {
     pub starved: AtomicBool,
     pub bytes_read: AtomicU64,
     pub tensor_bytes_done: AtomicU64,
+    /// Window bytes served by mapping cached pages instead of reading.
+    pub mapped_bytes: AtomicU64,
 }
 
 /// Progress of a running load.
@@ -105,6 +147,8 @@ pub(crate) struct DriverInput {
     pub drop_cache: bool,
     /// Deliver windows in plan order (bounded streams) rather than as they land.
     pub in_order: bool,
+    /// Map windows whose pages are all cached instead of reading them.
+    pub map_cached: bool,
 }
 
 impl TensorStream {
@@ -203,6 +247,11 @@ impl TensorStream {
         }
     }
 
+    /// Window bytes served from the page cache by mapping, not reading.
+    pub fn mapped_bytes(&self) -> u64 {
+        self.shared.mapped_bytes.load(Ordering::Relaxed)
+    }
+
     /// Bytes read from storage so far (aligned ranges, so a little above the
     /// tensor bytes).
     pub fn bytes_read(&self) -> u64 {
@@ -250,6 +299,7 @@ struct PlanSource<'a> {
     next_window: usize,
     pending: std::vec::IntoIter<ReadOp>,
     windows: &'a RefCell<HashMap<u64, InFlightWindow>>,
+    outbox: &'a Outbox<'a>,
     failure: Option<LoadError>,
 }
 
@@ -262,16 +312,16 @@ impl PlanSource<'_> {
     fn open_window(&mut self, may_block: bool) -> Result<bool, LoadError> {
         let index = self.next_window;
         let plan = &self.input.plan.windows[index];
-        let buf = if may_block {
-            self.shared.starved.store(true, Ordering::Release);
-            let got = self.input.pool.acquire(plan.read_len);
-            self.shared.starved.store(false, Ordering::Release);
-            got?
-        } else {
-            match self.input.pool.try_acquire(plan.read_len)? {
-                Some(buf) => buf,
-                None => return Ok(false),
-            }
+        if let Some(opened) = self.map_if_cached(index, may_block)? {
+            return Ok(opened);
+        }
+        let pool = &self.input.pool;
+        let Some(buf) = self.budgeted(may_block, |block| match block {
+            true => pool.acquire(plan.read_len).map(Some),
+            false => pool.try_acquire(plan.read_len),
+        })?
+        else {
+            return Ok(false);
         };
         let buf = Arc::new(buf);
         let file = &self.input.files[plan.shard];
@@ -297,6 +347,78 @@ impl PlanSource<'_> {
         self.pending = ops.into_iter();
         self.next_window += 1;
         Ok(true)
+    }
+
+    /// Runs a budget request, blocking only if allowed, and flags the driver
+    /// as starved while it blocks (see [`TensorStream::next_window`]).
+    fn budgeted<T>(
+        &self,
+        may_block: bool,
+        request: impl FnOnce(bool) -> Result<Option<T>, PoolError>,
+    ) -> Result<Option<T>, LoadError> {
+        if !may_block {
+            return Ok(request(false)?);
+        }
+        self.shared.starved.store(true, Ordering::Release);
+        let got = request(true);
+        self.shared.starved.store(false, Ordering::Release);
+        Ok(got?)
+    }
+
+    /// Serves window `index` from the page cache when every page of it is
+    /// already there: no read, no copy. `None` when the window must be read;
+    /// `Some(false)` when it could be mapped but the budget is spent now.
+    fn map_if_cached(&mut self, index: usize, may_block: bool) -> Result<Option<bool>, LoadError> {
+        let plan = &self.input.plan.windows[index];
+        let file = &self.input.files[plan.shard];
+        let map_len = (plan.read_len as u64).min(file.len().saturating_sub(plan.file_offset));
+        if !self.input.map_cached
+            || map_len < plan.needed_len as u64
+            || !page_cache::range_is_cached(file.buffered_fd(), plan.file_offset, map_len)
+        {
+            return Ok(None);
+        }
+        let pool = &self.input.pool;
+        let charge = pool.capacity_for(plan.read_len) as u64;
+        let Some(budget) = self.budgeted(may_block, |block| match block {
+            true => pool.reserve(charge).map(Some),
+            false => pool.try_reserve(charge),
+        })?
+        else {
+            return Ok(Some(false));
+        };
+        let map = match FileMapping::map(file, plan.file_offset, map_len as usize) {
+            Ok(map) => map,
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(LoadError::Truncated {
+                    path: file.path().to_path_buf(),
+                    offset: plan.file_offset,
+                    expected: map_len,
+                    got: file
+                        .current_len()
+                        .unwrap_or(0)
+                        .saturating_sub(plan.file_offset),
+                });
+            }
+            Err(e) => {
+                tracing::debug!(path = %file.path().display(), error = %e, "mapping failed; reading instead");
+                return Ok(None);
+            }
+        };
+        self.shared
+            .mapped_bytes
+            .fetch_add(map_len, Ordering::Relaxed);
+        let window = LoadedWindow {
+            shard_path: file.path().to_path_buf(),
+            buf: Some(WindowMemory::Mapped {
+                map,
+                _budget: budget,
+            }),
+            tensors: plan.tensors.clone(),
+        };
+        self.next_window += 1;
+        self.outbox.send(index as u64, Ok(window));
+        Ok(Some(true))
     }
 }
 
@@ -331,39 +453,31 @@ fn drive(input: DriverInput, shared: &Shared, tx: Sender<Result<LoadedWindow, Lo
 
 fn run_plan(input: &DriverInput, shared: &Shared, tx: &Sender<Result<LoadedWindow, LoadError>>) {
     // The source registers windows and the sink retires them; both run on
-    // this thread, one at a time, so a RefCell is all the sharing needed.
+    // this thread, one at a time, so RefCells are all the sharing needed.
     let windows: RefCell<HashMap<u64, InFlightWindow>> = RefCell::new(HashMap::new());
-    let mut failed = false;
+    let outbox = Outbox {
+        delivery: RefCell::new(Delivery {
+            in_order: input.in_order,
+            next: 0,
+            ready: BTreeMap::new(),
+        }),
+        tx,
+        shared,
+        failed: Cell::new(false),
+    };
     let mut source = PlanSource {
         input,
         shared,
         next_window: 0,
         pending: Vec::new().into_iter(),
         windows: &windows,
+        outbox: &outbox,
         failure: None,
-    };
-    let mut delivery = Delivery {
-        in_order: input.in_order,
-        next: 0,
-        ready: BTreeMap::new(),
     };
     let result = input.engine.run(&mut source, &mut |op, outcome| {
         let token = op.token;
-        let Some(done) = on_read(&mut windows.borrow_mut(), input, shared, op, outcome) else {
-            return;
-        };
-        if failed {
-            return;
-        }
-        let is_err = done.is_err();
-        for item in delivery.accept(token, done) {
-            if tx.send(item).is_err() {
-                shared.cancelled.store(true, Ordering::Release);
-            }
-        }
-        if is_err {
-            failed = true;
-            shared.cancelled.store(true, Ordering::Release);
+        if let Some(done) = on_read(&mut windows.borrow_mut(), input, shared, op, outcome) {
+            outbox.send(token, done);
         }
     });
     if input.drop_cache {
@@ -380,6 +494,33 @@ fn run_plan(input: &DriverInput, shared: &Shared, tx: &Sender<Result<LoadedWindo
             engine: input.engine.kind().as_str(),
             source: e,
         }));
+    }
+}
+
+/// The driver's side of the consumer channel: ordering, and stopping the
+/// load after the first error.
+struct Outbox<'a> {
+    delivery: RefCell<Delivery>,
+    tx: &'a Sender<Result<LoadedWindow, LoadError>>,
+    shared: &'a Shared,
+    failed: Cell<bool>,
+}
+
+impl Outbox<'_> {
+    fn send(&self, token: u64, done: Result<LoadedWindow, LoadError>) {
+        if self.failed.get() {
+            return;
+        }
+        let is_err = done.is_err();
+        for item in self.delivery.borrow_mut().accept(token, done) {
+            if self.tx.send(item).is_err() {
+                self.shared.cancelled.store(true, Ordering::Release);
+            }
+        }
+        if is_err {
+            self.failed.set(true);
+            self.shared.cancelled.store(true, Ordering::Release);
+        }
     }
 }
 
@@ -463,7 +604,7 @@ fn on_read(
     let shard_path = input.files[done.plan.shard].path().to_path_buf();
     Some(Ok(LoadedWindow {
         shard_path,
-        buf: Some(done.buf),
+        buf: Some(WindowMemory::Pooled(done.buf)),
         tensors: done.plan.tensors,
     }))
 }

@@ -14,11 +14,20 @@ use sluice_load::{LoadConfig, LoadError, Loader};
 
 fn small_windows() -> LoadConfig {
     // Small chunks and windows so that a test-sized checkpoint still spans
-    // many windows and many reads per window.
+    // many windows and many reads per window. Test files are freshly written
+    // and so cached; mapping them would skip the reads these tests are about.
     LoadConfig {
         chunk_bytes: 64 << 10,
         window_bytes: 256 << 10,
+        map_cached: false,
         ..LoadConfig::default()
+    }
+}
+
+fn mapping_allowed() -> LoadConfig {
+    LoadConfig {
+        map_cached: true,
+        ..small_windows()
     }
 }
 
@@ -331,4 +340,70 @@ fn drop_cache_evicts_what_a_buffered_load_read() {
         after < 0.2,
         "cached fraction after drop_cache load: {after}"
     );
+}
+
+#[test]
+fn cached_windows_are_mapped_not_read_and_bit_identical() {
+    let dir = tempdir();
+    let tensors = tensors(23, 15);
+    let path = write_file(&dir.path().join("m.safetensors"), &tensors);
+    let _ = std::fs::read(&path).unwrap();
+    let loader = Loader::open(&path, mapping_allowed()).unwrap();
+    let (mut stream, _) = loader.stream_unbounded(None).unwrap();
+    let mut got = HashMap::new();
+    let mut mapped_windows = 0;
+    while let Some(w) = stream.next_window() {
+        let w = w.unwrap();
+        mapped_windows += usize::from(w.buf.as_ref().is_some_and(|b| b.is_mapped()));
+        for t in &w.tensors {
+            got.insert(t.name.clone(), w.tensor_bytes(t).to_vec());
+        }
+    }
+    let file = std::fs::File::open(&path).unwrap();
+    if sluice_engine::page_cache::cached_fraction(&file, 1).is_none() {
+        eprintln!("no cachestat here; mapping is never chosen");
+        return;
+    }
+    assert!(mapped_windows > 0);
+    assert_eq!(stream.bytes_read(), 0, "a fully cached file needs no reads");
+    assert_same(&got, &tensors);
+}
+
+#[test]
+fn mapped_stream_stays_within_its_memory_limit() {
+    let dir = tempdir();
+    let tensors = tensors(60, 16);
+    let path = write_file(&dir.path().join("m.safetensors"), &tensors);
+    let limit = 2 << 20;
+    let cfg = LoadConfig {
+        memory_limit: Some(limit),
+        ..mapping_allowed()
+    };
+    let loader = Loader::open(&path, cfg).unwrap();
+    let (mut stream, _) = loader.stream(None).unwrap();
+    let mut got = HashMap::new();
+    while let Some(w) = stream.next_window() {
+        let w = w.unwrap();
+        for t in &w.tensors {
+            got.insert(t.name.clone(), w.tensor_bytes(t).to_vec());
+        }
+    }
+    assert!(stream.pool().stats().peak_mapped_bytes <= limit);
+    assert_same(&got, &tensors);
+}
+
+#[test]
+fn file_truncated_before_mapping_is_an_error() {
+    let dir = tempdir();
+    let path = write_file(&dir.path().join("m.safetensors"), &tensors(23, 17));
+    let loader = Loader::open(&path, mapping_allowed()).unwrap();
+    let len = std::fs::metadata(&path).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let err = loader.load_all(None).err().unwrap();
+    assert!(matches!(err, LoadError::Truncated { .. }), "{err}");
 }

@@ -115,6 +115,8 @@ impl Stream {
         d.set_item("peak_pool_bytes", s.peak_pool_bytes)?;
         if let Some(inner) = &self.inner {
             d.set_item("pool", format!("{:?}", inner.pool().stats()))?;
+            d.set_item("mapped_bytes", inner.mapped_bytes())?;
+            d.set_item("bytes_read", inner.bytes_read())?;
         }
         let files: Vec<(String, bool, Option<String>)> = s
             .files

@@ -62,6 +62,7 @@ impl Window {
             Some(b) => (b.as_ptr() as usize, b.len()),
             None => (0usize, 0usize),
         };
+        // Mapped windows are private copy-on-write mappings, so writable too.
         let d = PyDict::new(py);
         d.set_item("version", 3)?;
         d.set_item("shape", (len,))?;
