@@ -50,7 +50,7 @@ pub enum LoadError {
     },
     #[error(
         "tensor {tensor:?} takes a {bytes}-byte buffer; with the buffer read next to it (one you hold while the other is read) \
-         a stream needs {needed} bytes, but memory_limit is {limit} bytes; raise memory_limit"
+         and the staging buffer, a stream needs {needed} bytes, but memory_limit is {limit} bytes; raise memory_limit"
     )]
     TensorExceedsMemoryLimit {
         tensor: String,

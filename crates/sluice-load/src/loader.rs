@@ -178,9 +178,25 @@ impl Loader {
             align,
         };
         let mut plan = ReadPlan::build(&self.checkpoint, names, opts)?;
+        // A read never spans more than a window, so small streams get small reads.
+        let chunk_bytes = (self.config.chunk_bytes.min(window_bytes) / align).max(1) * align;
+        // "Burn after reading" must not keep pages mapped, so it turns
+        // mapping off along with staging.
+        let map_cached = self.config.map_cached
+            && self.config.direct != DirectMode::On
+            && !self.config.drop_cache;
+        // Staging buffered reads and mapping them needs the pages to stay
+        // cached, which "burn after reading" forbids.
+        let stage = map_cached && files.iter().any(|f| !f.is_direct());
         if let Some(limit) = limit {
-            plan.order_for_limit(|n| pool.capacity_for(n) as u64, limit);
-            check_stream_fits(&plan, &pool, limit)?;
+            let scratch_bytes = if stage {
+                pool.capacity_for(chunk_bytes) as u64
+            } else {
+                0
+            };
+            let windows_limit = limit.saturating_sub(scratch_bytes);
+            plan.order_for_limit(|n| pool.capacity_for(n) as u64, windows_limit);
+            check_stream_fits(&plan, &pool, limit, scratch_bytes)?;
         }
         let engine = match &self.engine {
             Some(e) => Arc::clone(e),
@@ -196,8 +212,6 @@ impl Loader {
                 )?
             }
         };
-        // A read never spans more than a window, so small streams get small reads.
-        let chunk_bytes = (self.config.chunk_bytes.min(window_bytes) / align).max(1) * align;
         let stats = LoadStats {
             engine: engine.kind().as_str(),
             files: files
@@ -223,6 +237,11 @@ impl Loader {
             "load started"
         );
         let in_order = limit.is_some();
+        let scratch = if stage {
+            Some(Arc::new(pool.acquire(chunk_bytes)?))
+        } else {
+            None
+        };
         let input = DriverInput {
             plan,
             files,
@@ -231,7 +250,8 @@ impl Loader {
             chunk_bytes,
             drop_cache: self.config.drop_cache,
             in_order,
-            map_cached: self.config.map_cached && self.config.direct == DirectMode::Auto,
+            map_cached,
+            scratch,
         };
         Ok((TensorStream::start(input, limit)?, stats))
     }
@@ -253,7 +273,13 @@ impl Loader {
 /// while the next one is read, so every two neighbouring windows (in plan
 /// order, which is roughly completion order) must fit in the limit together;
 /// `order_for_limit` has already separated the pairs it could.
-fn check_stream_fits(plan: &ReadPlan, pool: &BufferPool, limit: u64) -> Result<(), LoadError> {
+/// `reserved` is budget held for the whole load (the staging scratch buffer).
+fn check_stream_fits(
+    plan: &ReadPlan,
+    pool: &BufferPool,
+    limit: u64,
+    reserved: u64,
+) -> Result<(), LoadError> {
     let caps: Vec<u64> = plan
         .windows
         .iter()
@@ -261,7 +287,7 @@ fn check_stream_fits(plan: &ReadPlan, pool: &BufferPool, limit: u64) -> Result<(
         .collect();
     let worst = (0..caps.len()).max_by_key(|&i| caps[i] + caps.get(i + 1).copied().unwrap_or(0));
     let Some(i) = worst else { return Ok(()) };
-    let needed = caps[i] + caps.get(i + 1).copied().unwrap_or(0);
+    let needed = caps[i] + caps.get(i + 1).copied().unwrap_or(0) + reserved;
     if needed <= limit {
         return Ok(());
     }

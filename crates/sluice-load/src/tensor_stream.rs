@@ -149,6 +149,10 @@ pub(crate) struct DriverInput {
     pub in_order: bool,
     /// Map windows whose pages are all cached instead of reading them.
     pub map_cached: bool,
+    /// When set, buffered windows are read into this scratch buffer (the
+    /// bytes are never looked at: the reads only pull pages into the cache)
+    /// and then mapped. Shared by every read in flight.
+    pub scratch: Option<Arc<PooledBuf>>,
 }
 
 impl TensorStream {
@@ -287,9 +291,31 @@ impl Drop for TensorStream {
 /// Per-window completion tally.
 struct InFlightWindow {
     plan: WindowPlan,
-    buf: Arc<PooledBuf>,
+    landing: Landing,
     reads_left: usize,
     failure: Option<LoadError>,
+}
+
+/// Where a window's reads put their bytes.
+enum Landing {
+    /// Into the window's own buffer.
+    Pooled(Arc<PooledBuf>),
+    /// Through the page cache into a shared scratch buffer, after which the
+    /// window is mapped from the cache; the reservation holds its budget.
+    Staged {
+        budget: Reservation,
+        scratch: Arc<PooledBuf>,
+    },
+}
+
+impl Landing {
+    /// Destination buffer and offset for a read at `window_offset`.
+    fn target(&self, window_offset: usize) -> (Arc<PooledBuf>, usize) {
+        match self {
+            Landing::Pooled(buf) => (Arc::clone(buf), window_offset),
+            Landing::Staged { scratch, .. } => (Arc::clone(scratch), 0),
+        }
+    }
 }
 
 /// The engine's op source: windows in plan order, each cut into chunks.
@@ -315,31 +341,47 @@ impl PlanSource<'_> {
         if let Some(opened) = self.map_if_cached(index, may_block)? {
             return Ok(opened);
         }
+        let file = &self.input.files[plan.shard];
         let pool = &self.input.pool;
-        let Some(buf) = self.budgeted(may_block, |block| match block {
-            true => pool.acquire(plan.read_len).map(Some),
-            false => pool.try_acquire(plan.read_len),
-        })?
-        else {
+        let scratch = self.input.scratch.as_ref().filter(|_| !file.is_direct());
+        let landing = if let Some(scratch) = scratch {
+            let charge = pool.capacity_for(plan.read_len) as u64;
+            self.budgeted(may_block, |block| match block {
+                true => pool.reserve(charge).map(Some),
+                false => pool.try_reserve(charge),
+            })?
+            .map(|budget| Landing::Staged {
+                budget,
+                scratch: Arc::clone(scratch),
+            })
+        } else {
+            self.budgeted(may_block, |block| match block {
+                true => pool.acquire(plan.read_len).map(Some),
+                false => pool.try_acquire(plan.read_len),
+            })?
+            .map(|buf| Landing::Pooled(Arc::new(buf)))
+        };
+        let Some(landing) = landing else {
             return Ok(false);
         };
-        let buf = Arc::new(buf);
-        let file = &self.input.files[plan.shard];
         let ops: Vec<ReadOp> = window_chunks(plan, self.input.chunk_bytes)
-            .map(|(offset, buf_offset, len)| ReadOp {
-                file: Arc::clone(file),
-                offset,
-                len,
-                buf: Arc::clone(&buf),
-                buf_offset,
-                token: index as u64,
+            .map(|(offset, window_offset, len)| {
+                let (buf, buf_offset) = landing.target(window_offset);
+                ReadOp {
+                    file: Arc::clone(file),
+                    offset,
+                    len,
+                    buf,
+                    buf_offset,
+                    token: index as u64,
+                }
             })
             .collect();
         self.windows.borrow_mut().insert(
             index as u64,
             InFlightWindow {
                 plan: plan.clone(),
-                buf,
+                landing,
                 reads_left: ops.len(),
                 failure: None,
             },
@@ -387,21 +429,11 @@ impl PlanSource<'_> {
         else {
             return Ok(Some(false));
         };
-        let map = match FileMapping::map(file, plan.file_offset, map_len as usize) {
+        let map = match map_window(file, plan) {
             Ok(map) => map,
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                return Err(LoadError::Truncated {
-                    path: file.path().to_path_buf(),
-                    offset: plan.file_offset,
-                    expected: map_len,
-                    got: file
-                        .current_len()
-                        .unwrap_or(0)
-                        .saturating_sub(plan.file_offset),
-                });
-            }
+            Err(e @ LoadError::Truncated { .. }) => return Err(e),
             Err(e) => {
-                tracing::debug!(path = %file.path().display(), error = %e, "mapping failed; reading instead");
+                tracing::debug!(error = %e, "mapping failed; reading instead");
                 return Ok(None);
             }
         };
@@ -570,7 +602,7 @@ fn on_read(
     match outcome {
         Ok(n) => {
             shared.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
-            let needed = needed_bytes(&entry.plan, op.buf_offset, op.len);
+            let needed = needed_bytes(&entry.plan, op.offset, op.len);
             if (n as u64) < needed && entry.failure.is_none() {
                 entry.failure = Some(LoadError::Truncated {
                     path: op.file.path().to_path_buf(),
@@ -579,7 +611,7 @@ fn on_read(
                     got: n as u64,
                 });
             }
-            if input.drop_cache && !op.file.is_direct() {
+            if input.drop_cache && !op.file.is_direct() && input.scratch.is_none() {
                 page_cache::drop_range(op.file.buffered_fd(), op.offset, op.len as u64);
             }
         }
@@ -601,17 +633,53 @@ fn on_read(
     if let Some(e) = done.failure {
         return Some(Err(e));
     }
-    let shard_path = input.files[done.plan.shard].path().to_path_buf();
+    let file = &input.files[done.plan.shard];
+    let memory = match done.landing {
+        Landing::Pooled(buf) => WindowMemory::Pooled(buf),
+        Landing::Staged { budget, .. } => match map_window(file, &done.plan) {
+            Ok(map) => {
+                shared
+                    .mapped_bytes
+                    .fetch_add(map.len() as u64, Ordering::Relaxed);
+                WindowMemory::Mapped {
+                    map,
+                    _budget: budget,
+                }
+            }
+            Err(e) => return Some(Err(e)),
+        },
+    };
     Some(Ok(LoadedWindow {
-        shard_path,
-        buf: Some(WindowMemory::Pooled(done.buf)),
+        shard_path: file.path().to_path_buf(),
+        buf: Some(memory),
         tensors: done.plan.tensors,
     }))
 }
 
-/// Bytes of a read at `buf_offset` that the window's tensors need: the
-/// read's overlap with `[0, needed_len)`.
-fn needed_bytes(plan: &WindowPlan, buf_offset: usize, len: usize) -> u64 {
-    let end = (buf_offset + len).min(plan.needed_len);
-    end.saturating_sub(buf_offset) as u64
+/// Maps a window's range of `file`, clipped to the file's end.
+fn map_window(file: &SourceFile, plan: &WindowPlan) -> Result<FileMapping, LoadError> {
+    let map_len = (plan.read_len as u64).min(file.len().saturating_sub(plan.file_offset));
+    FileMapping::map(file, plan.file_offset, map_len as usize).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            LoadError::Truncated {
+                path: file.path().to_path_buf(),
+                offset: plan.file_offset,
+                expected: map_len,
+                got: file
+                    .current_len()
+                    .unwrap_or(0)
+                    .saturating_sub(plan.file_offset),
+            }
+        } else {
+            LoadError::io(file.path(), "map", e)
+        }
+    })
+}
+
+/// Bytes of a read at file offset `offset` that the window's tensors need:
+/// the read's overlap with the window's first `needed_len` bytes.
+fn needed_bytes(plan: &WindowPlan, offset: u64, len: usize) -> u64 {
+    let start = offset.saturating_sub(plan.file_offset);
+    let end = (start + len as u64).min(plan.needed_len as u64);
+    end.saturating_sub(start)
 }

@@ -407,3 +407,87 @@ fn file_truncated_before_mapping_is_an_error() {
     let err = loader.load_all(None).err().unwrap();
     assert!(matches!(err, LoadError::Truncated { .. }), "{err}");
 }
+
+/// Writes tensors to a file and evicts it from the page cache.
+fn write_cold(dir: &std::path::Path, tensors: &[TestTensor]) -> std::path::PathBuf {
+    let path = write_file(&dir.join("cold.safetensors"), tensors);
+    let file = std::fs::File::open(&path).unwrap();
+    file.sync_all().unwrap();
+    sluice_engine::page_cache::drop_range(std::os::fd::AsRawFd::as_raw_fd(&file), 0, 0);
+    path
+}
+
+#[test]
+fn buffered_windows_are_staged_through_the_cache_then_mapped() {
+    let dir = tempdir();
+    let tensors = tensors(40, 18);
+    let path = write_cold(dir.path(), &tensors);
+    let cfg = LoadConfig {
+        direct: DirectMode::Off,
+        ..mapping_allowed()
+    };
+    let loader = Loader::open(&path, cfg).unwrap();
+    let (mut stream, _) = loader.stream_unbounded(None).unwrap();
+    let mut got = HashMap::new();
+    while let Some(w) = stream.next_window() {
+        let w = w.unwrap();
+        assert!(
+            w.buf.as_ref().is_none_or(|b| b.is_mapped()),
+            "buffered windows end up mapped"
+        );
+        for t in &w.tensors {
+            got.insert(t.name.clone(), w.tensor_bytes(t).to_vec());
+        }
+    }
+    assert!(stream.mapped_bytes() > 0);
+    assert_same(&got, &tensors);
+}
+
+#[test]
+fn staged_reads_that_fail_or_come_back_short_fail_the_load() {
+    let dir = tempdir();
+    let tensors = tensors(40, 19);
+    for (fault, is_expected) in [
+        (
+            Fault::FailWith {
+                op: 2,
+                errno: libc::EIO,
+            },
+            (|e| matches!(e, LoadError::Read { .. })) as fn(&LoadError) -> bool,
+        ),
+        (Fault::ShortRead { op: 1 }, |e| {
+            matches!(e, LoadError::Truncated { .. })
+        }),
+    ] {
+        let path = write_cold(dir.path(), &tensors);
+        let cfg = LoadConfig {
+            direct: DirectMode::Off,
+            ..mapping_allowed()
+        };
+        let engine = Arc::new(FaultyEngine::new(vec![fault]));
+        let err = Loader::open(&path, cfg)
+            .unwrap()
+            .with_engine(engine)
+            .load_all(None)
+            .err()
+            .unwrap();
+        assert!(is_expected(&err), "{fault:?}: {err}");
+    }
+}
+
+#[test]
+fn corrupting_staged_scratch_cannot_corrupt_the_result() {
+    let dir = tempdir();
+    let tensors = tensors(40, 20);
+    let path = write_cold(dir.path(), &tensors);
+    let cfg = LoadConfig {
+        direct: DirectMode::Off,
+        ..mapping_allowed()
+    };
+    let engine = Arc::new(FaultyEngine::new(vec![
+        Fault::Corrupt { op: 0 },
+        Fault::Corrupt { op: 3 },
+    ]));
+    let loader = Loader::open(&path, cfg).unwrap().with_engine(engine);
+    assert_same(&collect(&loader, None).unwrap(), &tensors);
+}
