@@ -10,8 +10,11 @@ How a benchmark runs:
    with `--worker NAME`, which imports its libraries, notes its baseline RSS, allocates the
    destination, times the load and prints one result line. The parent reaps it with `os.wait4`
    for the process's peak RSS.
-4. Warm pass (`--warm`, the default): the files are read through the page cache before every run
-   and nothing is dropped; fio is left out and a RAM-to-destination memcpy joins as the ceiling.
+4. Warm pass (`--warm`, the default): before every run the page cache is dropped and the files
+   are read once through it with large sequential reads, so every reader meets the same cache:
+   the files resident in the 2 MiB folios a plain sequential read leaves. (Pages left by an
+   earlier reader keep whatever folio size it produced, and 4 KiB folios make every mmap reader
+   about 40% slower.) fio is left out and a RAM-to-destination memcpy joins as the ceiling.
 5. bench_report.py turns the runs into medians, ratios and the issue's target checks, and writes
    `bench-load.md`, `bench-load.json` and `bench-load.png` under `--out`.
 
@@ -239,7 +242,7 @@ def run_pass(
     for round_no in range(args.runs):
         shift = round_no % len(readers)
         for name in readers[shift:] + readers[:shift]:
-            dropped = page_cache.drop() if kind == "cold" else False
+            dropped = page_cache.drop()
             if kind == "warm":
                 page_cache.warm(files)
             # Check the bytes once per reader, outside the timing, on its first cold run.
