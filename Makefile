@@ -2,6 +2,7 @@
 #   make demo   - generate a 1 GiB checkpoint, load it cold with safetensors and Sluice
 #   make test   - fmt, clippy, ruff, Rust tests, Python tests (what CI runs)
 #   make bench-load - the full loader benchmark (4 GiB, cold and warm, vs peers)
+#   make bench-sim  - simulator replay throughput vs libCacheSim (10 M requests)
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -12,7 +13,7 @@ CARGO ?= cargo
 # Stamps record that a set-up step is done and redo it when its inputs change.
 STAMP := $(VENV)/.stamps
 
-.PHONY: all demo test lint rust-test py-test build develop bench-load bench-deps fuzz clean
+.PHONY: all demo test lint rust-test py-test build develop bench-load bench-sim bench-deps fuzz clean
 
 all: test
 
@@ -66,6 +67,9 @@ $(STAMP)/bench-deps: $(STAMP)/deps requirements-bench.txt
 
 bench-load: $(STAMP)/develop $(STAMP)/bench-deps
 	$(PY) benches/bench_load.py --data bench-data/ckpt-4g --size-gib 4 --runs 3 --out docs/
+
+bench-sim: $(STAMP)/develop
+	$(PY) benches/bench_sim.py --out docs/
 
 fuzz:
 	cd fuzz && $(CARGO) +nightly fuzz run parse_header -- -max_total_time=60

@@ -6,6 +6,7 @@ classes of ``sluice.errors``.
 """
 
 import os
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, final
 
@@ -89,3 +90,17 @@ def start_stream(
     ``bounded=False`` keeps every window valid for as long as it is held.
     ``direct`` is "auto", "on" or "off"; ``engine`` "auto", "io_uring" or "threads".
     """
+
+def sim_run(
+    traces: list[str],
+    policies: str,
+    fractions: list[float],
+    count_mode: bool,
+    threads: int,
+    format: str,
+    csv_columns: str | None,
+    model: str | None,
+    block_tokens: int,
+    progress: Callable[[int, int], None] | None = None,
+) -> str:
+    """Replays the grid with the GIL released; returns the rows as a JSON array."""

@@ -43,6 +43,10 @@ class ConfigError(SluiceError, ValueError):
     """An option value is out of range."""
 
 
+class TraceError(SluiceError, ValueError):
+    """A cache trace is malformed; the message names the file, line and field."""
+
+
 __all__ = [
     "ConfigError",
     "HeaderError",
@@ -52,4 +56,5 @@ __all__ = [
     "SluiceIOError",
     "SluicePermissionError",
     "TensorNotFoundError",
+    "TraceError",
 ]

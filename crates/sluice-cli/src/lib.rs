@@ -8,8 +8,9 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use sluice_load::{LoadConfig, LoadError};
+use sluice_sim::SimError;
 
-/// Exit status for an invalid checkpoint (bad header, index or layout).
+/// Exit status for an invalid checkpoint or trace (bad header, index, layout, record).
 pub const EXIT_INVALID: i32 = 3;
 /// Exit status for a missing file or a permission problem.
 pub const EXIT_NOT_FOUND: i32 = 4;
@@ -36,6 +37,145 @@ pub enum Command {
     Load(LoadArgs),
     /// List tensors, dtypes, shapes and bytes per shard, and validate the checkpoint.
     Inspect(InspectArgs),
+    /// Cache-policy studies: replay traces, generate KV-cache workloads.
+    #[command(subcommand)]
+    Sim(SimCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SimCommand {
+    /// Replay traces through policies at several cache sizes; write JSON, CSV and plots.
+    Run(SimRunArgs),
+    /// Generate a Mooncake-style JSONL KV-cache workload (seeded, reproducible).
+    GenKv(GenKvArgs),
+    /// List the KV model presets with their KV-cache bytes per token and per block.
+    Models(SimModelsArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct SimModelsArgs {
+    /// Tokens per block, for the per-block column.
+    #[arg(long, default_value_t = 512)]
+    pub block_tokens: u64,
+    /// A custom spec to describe as well, e.g. "layers=32,kv_heads=8,head_dim=128,dtype=fp8".
+    #[arg(long)]
+    pub model: Option<String>,
+}
+
+/// How trace files are read (shared by the sim commands).
+#[derive(Args, Debug)]
+pub struct SimTraceArgs {
+    /// auto (by extension: .jsonl KV, .csv CSV, else oracleGeneral), oracle, csv, mooncake.
+    #[arg(long, default_value = "auto")]
+    pub format: String,
+    /// CSV columns, 1-based, e.g. "time-col=1,id-col=2,size-col=3,has-header=true,delimiter=;";
+    /// id-is-num=false hashes non-numeric ids. Default: the time,id,size layout with a header.
+    #[arg(long)]
+    pub csv_columns: Option<String>,
+    /// KV traces: model preset (llama3-8b, llama3.1-70b, deepseek-v3, gpt-oss-120b) or
+    /// "layers=32,kv_heads=8,head_dim=128,dtype_bytes=2"; blocks are sized from its bytes per
+    /// token. Without it every block counts 1.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// KV traces: tokens per hashed block.
+    #[arg(long, default_value_t = 512)]
+    pub block_tokens: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct SimRunArgs {
+    /// A trace file (repeat for several).
+    #[arg(long = "trace", required = true)]
+    pub traces: Vec<PathBuf>,
+    #[command(flatten)]
+    pub trace_args: SimTraceArgs,
+    /// Policy specs, comma-separated; parameters in parentheses, e.g. "lru,s3fifo(small_ratio=0.2)".
+    #[arg(long, default_value = "lru,arc,2q,s3fifo,sieve,tinylfu,belady")]
+    pub policies: String,
+    /// Cache sizes as fractions of each trace's working set (bytes, or objects with --count-mode).
+    #[arg(long, default_value = "0.01,0.02,0.05,0.1,0.2,0.5")]
+    pub fractions: String,
+    /// Count objects instead of bytes: every object has size 1 for the policies.
+    #[arg(long)]
+    pub count_mode: bool,
+    /// Worker threads (default: one per core).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Directory for results.json, results.csv, hit_ratio.png and pareto.png.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Do not draw the PNG plots.
+    #[arg(long)]
+    pub no_plots: bool,
+    /// Print the rows as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// No progress bar even on a terminal.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+/// Knobs of `sluice sim gen-kv`; every one defaults to the generator's default
+/// (see docs/sim.md for what each models and why its default is what it is).
+#[derive(Args, Debug)]
+pub struct GenKvArgs {
+    /// Output JSONL file (Mooncake layout: timestamp, input_length, output_length, hash_ids).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Seed of every random draw: the same seed and knobs give byte-identical output.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Requests to generate.
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Distinct sessions (chat threads and agents users return to).
+    #[arg(long)]
+    pub sessions: Option<u32>,
+    /// Distinct system prompts shared across sessions (0: none).
+    #[arg(long)]
+    pub system_prompts: Option<u32>,
+    /// Tokens of each system prompt.
+    #[arg(long)]
+    pub system_prompt_tokens: Option<u64>,
+    /// Zipf exponent of session popularity (0: uniform).
+    #[arg(long)]
+    pub zipf_alpha: Option<f64>,
+    /// Tokens per user message: "lognormal:median=200,sigma=1.0", "uniform:min=10,max=100", "fixed:200".
+    #[arg(long)]
+    pub user_tokens: Option<String>,
+    /// Tokens per answer (or agent tool call), same syntax.
+    #[arg(long)]
+    pub answer_tokens: Option<String>,
+    /// Most turns of one chat thread.
+    #[arg(long)]
+    pub max_turns: Option<u32>,
+    /// Share of sessions that are agents running tool loops, in [0, 1].
+    #[arg(long)]
+    pub agentic_fraction: Option<f64>,
+    /// Most steps of one agent task.
+    #[arg(long)]
+    pub agentic_max_turns: Option<u32>,
+    /// Tokens per tool output, same syntax as --user-tokens.
+    #[arg(long)]
+    pub tool_output_tokens: Option<String>,
+    /// Mean seconds between the steps of an agent task.
+    #[arg(long)]
+    pub tool_time: Option<f64>,
+    /// Visits per second over all sessions.
+    #[arg(long)]
+    pub arrival_rate: Option<f64>,
+    /// Mean seconds a user thinks before the next turn.
+    #[arg(long)]
+    pub think_time: Option<f64>,
+    /// Tokens per hashed block.
+    #[arg(long)]
+    pub block_tokens: Option<u64>,
+    /// Longest prompt in tokens; a thread that would pass it starts over.
+    #[arg(long)]
+    pub max_context_tokens: Option<u64>,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -85,16 +225,39 @@ pub struct InspectArgs {
 
 /// Runs the command and returns the process exit status.
 pub fn run(cli: Cli) -> i32 {
-    let outcome = match cli.command {
-        Command::Load(args) => commands::load::run(&args),
-        Command::Inspect(args) => commands::inspect::run(&args),
-    };
+    match cli.command {
+        Command::Load(args) => report(commands::load::run(&args), exit_code),
+        Command::Inspect(args) => report(commands::inspect::run(&args), exit_code),
+        Command::Sim(SimCommand::Run(args)) => report(commands::sim::run(&args), sim_exit_code),
+        Command::Sim(SimCommand::GenKv(args)) => {
+            report(commands::gen_kv::run(&args), sim_exit_code)
+        }
+        Command::Sim(SimCommand::Models(args)) => {
+            report(commands::sim::models(&args), sim_exit_code)
+        }
+    }
+}
+
+fn report<E: std::fmt::Display>(outcome: Result<(), E>, code: impl Fn(&E) -> i32) -> i32 {
     match outcome {
         Ok(()) => 0,
         Err(err) => {
             eprintln!("sluice: error: {err}");
-            exit_code(&err)
+            code(&err)
         }
+    }
+}
+
+/// Exit status of a failed `sluice sim` command.
+pub fn sim_exit_code(err: &SimError) -> i32 {
+    match err {
+        SimError::Io { source, .. } => match source.kind() {
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => EXIT_NOT_FOUND,
+            _ => EXIT_FAILED,
+        },
+        SimError::BadField { .. } | SimError::BadTrace { .. } => EXIT_INVALID,
+        SimError::Policy(_) | SimError::Config(_) => 2,
+        SimError::Cancelled => EXIT_FAILED,
     }
 }
 

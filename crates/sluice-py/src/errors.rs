@@ -7,11 +7,29 @@
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use sluice_load::LoadError;
+use sluice_sim::SimError;
 
 /// Converts a load error into the matching `sluice.errors` exception.
 pub fn to_py(py: Python<'_>, err: LoadError) -> PyErr {
-    let class = class_name(&err);
-    let message = err.to_string();
+    raise(py, class_name(&err), err.to_string())
+}
+
+/// Converts a simulator error into the matching `sluice.errors` exception.
+pub fn sim_to_py(py: Python<'_>, err: SimError) -> PyErr {
+    let class = match &err {
+        SimError::Io { source, .. } => match source.kind() {
+            std::io::ErrorKind::NotFound => "SluiceFileNotFoundError",
+            std::io::ErrorKind::PermissionDenied => "SluicePermissionError",
+            _ => "SluiceIOError",
+        },
+        SimError::BadField { .. } | SimError::BadTrace { .. } => "TraceError",
+        SimError::Policy(_) | SimError::Config(_) => "ConfigError",
+        SimError::Cancelled => "SluiceError",
+    };
+    raise(py, class, err.to_string())
+}
+
+fn raise(py: Python<'_>, class: &str, message: String) -> PyErr {
     match py.import("sluice.errors").and_then(|m| m.getattr(class)) {
         Ok(cls) => match cls.call1((message.clone(),)) {
             Ok(instance) => PyErr::from_value(instance),

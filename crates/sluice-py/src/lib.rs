@@ -8,6 +8,7 @@
 mod checkpoint;
 mod config;
 mod errors;
+mod sim;
 mod stream;
 mod window;
 
@@ -32,5 +33,6 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<window::Window>()?;
     m.add_function(wrap_pyfunction!(checkpoint::open_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(stream::start_stream, m)?)?;
+    m.add_function(wrap_pyfunction!(sim::sim_run, m)?)?;
     Ok(())
 }

@@ -1,2 +1,4 @@
+pub mod gen_kv;
 pub mod inspect;
 pub mod load;
+pub mod sim;

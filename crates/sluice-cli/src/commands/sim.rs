@@ -1,0 +1,226 @@
+//! `sluice sim`: replay traces through cache policies (`run`) and generate
+//! KV-cache workloads (`gen-kv`).
+//!
+//! `run` reads every trace, replays the (trace × policy × fraction) grid on
+//! all cores, writes `results.json` and `results.csv` into `--out`, prints a
+//! hit-ratio table and draws two plots by running `python3 -m sluice.sim
+//! plot DIR` (matplotlib lives on the Python side). Without Python or
+//! matplotlib the plots are skipped with a warning and the results stand.
+
+use std::io::IsTerminal;
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use sluice_policy::registry::split_specs;
+use sluice_policy::PolicyConfig;
+use sluice_sim::report::{write_results, StudyMeta};
+use sluice_sim::source::{open_trace, TraceOptions};
+use sluice_sim::{run_grid, GridConfig, GridRow, SimError};
+
+use sluice_sim::kv_model::KvModel;
+
+use crate::{SimModelsArgs, SimRunArgs, SimTraceArgs};
+
+/// `sluice sim models`: each preset's KV bytes per token, with the formula.
+pub fn models(args: &SimModelsArgs) -> Result<(), SimError> {
+    if args.block_tokens == 0 {
+        return Err(SimError::Config("--block-tokens must be at least 1".into()));
+    }
+    let mut models = KvModel::presets();
+    if let Some(spec) = &args.model {
+        models.push(KvModel::parse(spec)?);
+    }
+    println!(
+        "{:<16}{:>12}{:>20}  derivation",
+        "model",
+        "B/token",
+        format!("MiB/{}-tok block", args.block_tokens)
+    );
+    for m in models {
+        let block_mib = m.block_bytes(args.block_tokens) as f64 / (1u64 << 20) as f64;
+        println!(
+            "{:<16}{:>12}{:>20.2}  {}",
+            m.name,
+            m.bytes_per_token(),
+            block_mib,
+            m.derivation()
+        );
+    }
+    Ok(())
+}
+
+pub fn run(args: &SimRunArgs) -> Result<(), SimError> {
+    let policies = parse_policies(&args.policies)?;
+    let fractions = parse_fractions(&args.fractions)?;
+    let options = trace_options(&args.trace_args)?;
+    if let Some(spec) = &options.model {
+        let model = KvModel::parse(spec)?;
+        eprintln!(
+            "KV blocks of {} tokens sized by {}: {}",
+            options.block_tokens,
+            model.name,
+            model.derivation()
+        );
+    }
+    let mut traces = Vec::new();
+    for path in &args.traces {
+        let trace = open_trace(path, &options)?;
+        if trace.is_empty() {
+            return Err(SimError::BadTrace {
+                path: path.clone(),
+                message: "the trace holds no requests".into(),
+            });
+        }
+        traces.push(trace);
+    }
+    let config = GridConfig {
+        policies,
+        fractions,
+        count_mode: args.count_mode,
+        threads: args.threads.unwrap_or(0),
+    };
+    let started = Instant::now();
+    let bar = progress_bar(args.no_progress || args.json);
+    let rows = run_grid(&mut traces, &config, &|done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+        true
+    })?;
+    bar.finish_and_clear();
+    let meta = StudyMeta {
+        sluice_version: env!("CARGO_PKG_VERSION"),
+        traces: traces.iter().map(|t| t.name.clone()).collect(),
+        policies: config.policies.iter().map(|(s, _)| s.clone()).collect(),
+        fractions: config.fractions.clone(),
+        count_mode: config.count_mode,
+        threads: config.threads,
+        wall_seconds: started.elapsed().as_secs_f64(),
+    };
+    let (json_path, csv_path) = write_results(&args.out, &meta, &rows)?;
+    if args.json {
+        let rows = serde_json::to_string(&rows).map_err(|e| SimError::Config(e.to_string()))?;
+        println!("{rows}");
+    } else {
+        print_table(&rows);
+        println!("wrote {} and {}", json_path.display(), csv_path.display());
+    }
+    if !args.no_plots {
+        draw_plots(&args.out);
+    }
+    Ok(())
+}
+
+/// Parses `--policies`, keeping each spec's text for the report.
+pub fn parse_policies(list: &str) -> Result<Vec<(String, PolicyConfig)>, SimError> {
+    let specs = split_specs(list);
+    if specs.is_empty() {
+        return Err(SimError::Config("--policies is empty".into()));
+    }
+    specs
+        .into_iter()
+        .map(|spec| Ok((spec.clone(), PolicyConfig::parse(&spec)?)))
+        .collect()
+}
+
+/// Parses `--fractions`, e.g. `0.01,0.1,0.5`.
+pub fn parse_fractions(list: &str) -> Result<Vec<f64>, SimError> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<f64>()
+                .ok()
+                .filter(|f| *f > 0.0 && *f <= 1.0)
+                .ok_or_else(|| {
+                    SimError::Config(format!("cache fraction {s:?} is not a number in (0, 1]"))
+                })
+        })
+        .collect()
+}
+
+pub fn trace_options(args: &SimTraceArgs) -> Result<TraceOptions, SimError> {
+    Ok(TraceOptions {
+        format: args.format.parse()?,
+        csv_columns: args.csv_columns.clone(),
+        model: args.model.clone(),
+        block_tokens: args.block_tokens,
+    })
+}
+
+fn progress_bar(hidden: bool) -> ProgressBar {
+    if hidden || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(0);
+    let style = ProgressStyle::with_template("{bar:40} {pos}/{len} replays, eta {eta}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar
+}
+
+/// Hit ratio and amplification per policy (rows) and fraction (columns),
+/// per trace.
+fn print_table(rows: &[GridRow]) {
+    for trace in unique(rows.iter().map(|r| r.trace.as_str())) {
+        let mine: Vec<&GridRow> = rows.iter().filter(|r| r.trace == trace).collect();
+        let fractions = unique(mine.iter().map(|r| r.fraction.to_string()));
+        let policies = unique(mine.iter().map(|r| r.policy.as_str()));
+        let tables: [(&str, Metric); 2] = [
+            ("hit ratio", |r| r.hit_ratio),
+            ("amplification (miss bytes / hit bytes)", |r| {
+                r.amplification
+            }),
+        ];
+        for (title, metric) in tables {
+            println!("{trace}: {title} by cache fraction of the working set");
+            let head: Vec<String> = fractions.iter().map(|f| format!("{f:>9}")).collect();
+            println!("  {:<28}{}", "policy", head.join(""));
+            for policy in &policies {
+                let cells: Vec<String> = fractions
+                    .iter()
+                    .map(|f| {
+                        mine.iter()
+                            .find(|r| r.policy == *policy && r.fraction.to_string() == *f)
+                            .map_or(format!("{:>9}", "-"), |r| format!("{:>9.4}", metric(r)))
+                    })
+                    .collect();
+                println!("  {policy:<28}{}", cells.join(""));
+            }
+        }
+    }
+}
+
+/// A column of the printed tables.
+type Metric = fn(&GridRow) -> f64;
+
+/// Distinct items in first-seen order.
+fn unique<T: PartialEq>(items: impl Iterator<Item = T>) -> Vec<T> {
+    let mut out = Vec::new();
+    for item in items {
+        if !out.contains(&item) {
+            out.push(item);
+        }
+    }
+    out
+}
+
+/// Runs the Python plotter; a missing interpreter or matplotlib only warns.
+fn draw_plots(dir: &Path) {
+    let python = std::env::var("SLUICE_PYTHON").unwrap_or_else(|_| "python3".into());
+    let outcome = Command::new(&python)
+        .args(["-m", "sluice.sim", "plot"])
+        .arg(dir)
+        .output();
+    match outcome {
+        Ok(out) if out.status.success() => {
+            print!("{}", String::from_utf8_lossy(&out.stdout));
+        }
+        Ok(out) => tracing::warn!(
+            "plots skipped: `{python} -m sluice.sim plot` failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+        Err(err) => tracing::warn!("plots skipped: cannot run {python}: {err}"),
+    }
+}

@@ -1,0 +1,280 @@
+//! `sluice sim` end to end: gen-kv output, run results on every trace format,
+//! and the exit status and message of each kind of bad input.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn sluice(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        // No plots: the Python side is tested on its own.
+        .env("SLUICE_PYTHON", "/nonexistent/python")
+        .output()
+        .expect("sluice runs")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn p(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+fn rows(dir: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(dir.join("results.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["rows"].as_array().unwrap().clone()
+}
+
+#[test]
+fn gen_kv_is_reproducible_and_seed_dependent() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.jsonl");
+    let b = dir.path().join("b.jsonl");
+    let c = dir.path().join("c.jsonl");
+    for (path, seed) in [(&a, "3"), (&b, "3"), (&c, "4")] {
+        let out = sluice(&[
+            "sim",
+            "gen-kv",
+            "--out",
+            p(path),
+            "--requests",
+            "500",
+            "--seed",
+            seed,
+            "--json",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(summary["requests"], 500);
+    }
+    let (a, b, c) = (
+        std::fs::read(&a).unwrap(),
+        std::fs::read(&b).unwrap(),
+        std::fs::read(&c).unwrap(),
+    );
+    assert_eq!(a, b, "same seed, same bytes");
+    assert_ne!(a, c, "another seed, another workload");
+    let lines: Vec<&[u8]> = a.split(|&x| x == b'\n').filter(|l| !l.is_empty()).collect();
+    assert_eq!(lines.len(), 500);
+    let first: serde_json::Value = serde_json::from_slice(lines[0]).unwrap();
+    for key in ["timestamp", "input_length", "output_length", "hash_ids"] {
+        assert!(first.get(key).is_some(), "missing {key} in {first}");
+    }
+}
+
+#[test]
+fn gen_kv_rejects_bad_knobs_with_status_2_and_names_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_path = dir.path().join("x.jsonl");
+    for (flag, value, needle) in [
+        ("--sessions", "0", "sessions"),
+        ("--agentic-fraction", "1.5", "agentic_fraction"),
+        ("--user-tokens", "gamma:k=2", "gamma"),
+        ("--arrival-rate", "0", "arrival_rate"),
+    ] {
+        let out = sluice(&["sim", "gen-kv", "--out", p(&out_path), flag, value]);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{flag} {value}: {}",
+            stderr(&out)
+        );
+        assert!(stderr(&out).contains(needle), "{flag}: {}", stderr(&out));
+        assert!(!out_path.exists(), "nothing written on a bad knob");
+    }
+    let missing_dir = dir.path().join("no/such/dir/x.jsonl");
+    let out = sluice(&["sim", "gen-kv", "--out", p(&missing_dir), "--requests", "5"]);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no/such/dir"), "{}", stderr(&out));
+}
+
+#[test]
+fn run_on_a_generated_kv_trace_writes_every_row_and_metric() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("kv.jsonl");
+    let out = sluice(&["sim", "gen-kv", "--out", p(&trace), "--requests", "2000"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let res = dir.path().join("res");
+    let out = sluice(&[
+        "sim",
+        "run",
+        "--trace",
+        p(&trace),
+        "--model",
+        "llama3-8b",
+        "--policies",
+        "lru,arc,tinylfu,belady",
+        "--fractions",
+        "0.05,0.2",
+        "--out",
+        p(&res),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("hit ratio") && text.contains("belady"),
+        "{text}"
+    );
+    let rows = rows(&res);
+    assert_eq!(rows.len(), 8);
+    for row in &rows {
+        for key in [
+            "hit_ratio",
+            "byte_hit_ratio",
+            "amplification",
+            "wasted_ratio",
+            "evictions",
+            "prefix_hit_ratio",
+            "capacity",
+        ] {
+            assert!(row.get(key).is_some(), "missing {key} in {row}");
+        }
+        let hit = row["hit_ratio"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&hit));
+    }
+    // Block sizes come from the model: llama3-8b keeps 131072 B per token
+    // (a prompt's last block holds only its remaining tokens).
+    let ws = rows[0]["working_set_bytes"].as_u64().unwrap();
+    assert_eq!(ws % 131_072, 0, "working set {ws} is whole tokens");
+    assert!(ws > 131_072 * 512 * 100, "working set {ws} is in KV bytes");
+    // Belady is an upper reference for LRU at the same size.
+    let hit = |policy: &str, f: f64| {
+        rows.iter()
+            .find(|r| r["policy"] == policy && r["fraction"].as_f64() == Some(f))
+            .unwrap()["hit_ratio"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(hit("belady", 0.05) >= hit("lru", 0.05));
+    let csv = std::fs::read_to_string(res.join("results.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 9, "{csv}");
+}
+
+#[test]
+fn run_reads_csv_with_custom_columns_and_oracle_general() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("t.csv");
+    let mut body = String::from("size;key;ts\n");
+    for i in 0..400u64 {
+        body.push_str(&format!("{};obj{};{}\n", 100 + i % 7, (i * 7) % 37, i));
+    }
+    std::fs::write(&csv, body).unwrap();
+    let res = dir.path().join("csv-res");
+    let out = sluice(&[
+        "sim",
+        "run",
+        "--trace",
+        p(&csv),
+        "--csv-columns",
+        "time-col=3,id-col=2,size-col=1,has-header=true,delimiter=;,id-is-num=false",
+        "--policies",
+        "lru,fifo",
+        "--fractions",
+        "0.5",
+        "--out",
+        p(&res),
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 2);
+    assert_eq!(rows[0]["stats"]["requests"], 400);
+    assert_eq!(rows[0]["working_set_objects"], 37);
+
+    // oracleGeneral: 24-byte records u32 time, u64 id, u32 size, i64 next.
+    let bin = dir.path().join("t.oracleGeneral");
+    let mut bytes = Vec::new();
+    for i in 0..300u32 {
+        bytes.extend_from_slice(&i.to_le_bytes());
+        bytes.extend_from_slice(&u64::from(i % 10).to_le_bytes());
+        bytes.extend_from_slice(&64u32.to_le_bytes());
+        bytes.extend_from_slice(&(-1i64).to_le_bytes());
+    }
+    std::fs::write(&bin, &bytes).unwrap();
+    let res = dir.path().join("bin-res");
+    let out = sluice(&[
+        "sim",
+        "run",
+        "--trace",
+        p(&bin),
+        "--policies",
+        "lru",
+        "--fractions",
+        "1",
+        "--out",
+        p(&res),
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Ten objects in a cache that holds them all: only the ten first touches miss.
+    assert_eq!(rows[0]["stats"]["hits"], 290, "{rows}");
+}
+
+#[test]
+fn bad_traces_fail_with_status_3_naming_file_line_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let res = dir.path().join("res");
+    let cases: [(&str, &[u8], &str); 4] = [
+        (
+            "bad.jsonl",
+            b"{\"timestamp\":0,\"input_length\":10,\"output_length\":1,\"hash_ids\":[1]}\n{\"timestamp\":1,\"input_length\":10,\"output_length\":1,\"hash_ids\":\"x\"}\n",
+            ":2:",
+        ),
+        ("broken.jsonl", b"{\"timestamp\":0,\n", ":1:"),
+        ("short.oracleGeneral", &[0u8; 30], "24"),
+        ("bad.csv", b"1,2,3\n4,five,6\n", ":2:"),
+    ];
+    for (name, body, needle) in cases {
+        let path = dir.path().join(name);
+        std::fs::write(&path, body).unwrap();
+        let out = sluice(&["sim", "run", "--trace", p(&path), "--out", p(&res)]);
+        assert_eq!(out.status.code(), Some(3), "{name}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains(name) && err.contains(needle), "{name}: {err}");
+    }
+    assert!(
+        !res.join("results.json").exists(),
+        "no results from a bad trace"
+    );
+}
+
+#[test]
+fn bad_flags_and_missing_files_have_distinct_statuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let res = dir.path().join("res");
+    let trace = dir.path().join("kv.jsonl");
+    assert!(
+        sluice(&["sim", "gen-kv", "--out", p(&trace), "--requests", "50"])
+            .status
+            .success()
+    );
+    let run = |extra: &[&str]| {
+        let mut args = vec!["sim", "run", "--trace", p(&trace), "--out", p(&res)];
+        args.extend_from_slice(extra);
+        sluice(&args)
+    };
+    for (extra, needle) in [
+        (&["--policies", "lru,nosuch"][..], "nosuch"),
+        (&["--policies", "s3fifo(small_ratio=oops)"][..], "oops"),
+        (&["--fractions", "0.1,2"][..], "2"),
+        (&["--fractions", "abc"][..], "abc"),
+        (&["--model", "llama-9000"][..], "llama-9000"),
+        (&["--format", "parquet"][..], "parquet"),
+    ] {
+        let out = run(extra);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(needle), "{extra:?}: {}", stderr(&out));
+    }
+    let missing = dir.path().join("missing.jsonl");
+    let out = sluice(&["sim", "run", "--trace", p(&missing), "--out", p(&res)]);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(stderr(&out).contains("missing.jsonl"), "{}", stderr(&out));
+    let empty = dir.path().join("empty.jsonl");
+    std::fs::write(&empty, b"").unwrap();
+    let out = sluice(&["sim", "run", "--trace", p(&empty), "--out", p(&res)]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no requests"), "{}", stderr(&out));
+}

@@ -1,0 +1,47 @@
+//! Cache policies, each implemented once, for every Sluice cache and for the
+//! trace simulator.
+//!
+//! A policy is a pure state machine: it sees a stream of [`Request`]s and
+//! answers each with an [`Access`] (hit, or miss and whether it admitted the
+//! object), reporting every object it pushes out as an [`Evicted`]. It does no
+//! I/O, reads no clock and draws randomness only from a seeded generator, so
+//! the same trace always gives the same answers. What `sluice sim` predicts
+//! is what a live cache running the same policy does.
+//!
+//! Capacity is in bytes and objects have variable sizes. The object-count mode
+//! of the simulator is the same code fed unit sizes ([`Request::size`] = 1).
+//!
+//! Moving parts:
+//! - [`Policy`]: the eviction contract every policy implements.
+//! - [`Admission`]: a door in front of a policy ([`TinyLfuDoor`]), composed
+//!   with [`Admitted`].
+//! - [`slab`]: the arena and intrusive lists most policies are built from,
+//!   so that an access touches a few cache lines and allocates nothing.
+//! - [`registry`]: policies by name with typed configs ([`PolicyConfig`]).
+
+pub mod admission;
+pub mod arc;
+pub mod belady;
+pub mod clock;
+pub mod clock_pro;
+pub mod error;
+pub mod fifo;
+pub mod id_map;
+pub mod lfu;
+pub mod list_cache;
+pub mod lru;
+pub mod policy;
+pub mod registry;
+pub mod rng;
+pub mod s3fifo;
+pub mod sieve;
+pub mod sketch;
+pub mod slab;
+pub mod slru;
+pub mod tinylfu;
+pub mod two_q;
+
+pub use admission::{Admission, Admitted};
+pub use error::PolicyError;
+pub use policy::{Access, Evicted, Policy, Request, NEVER};
+pub use registry::{PolicyConfig, PolicyKind};

@@ -1,0 +1,81 @@
+//! `sluice.sim` natives: a replay grid, with the GIL released while it runs.
+//! Rows travel as JSON text (`sluice/sim.py` turns them into dicts), so
+//! this layer holds no conversion logic beyond arguments.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use pyo3::prelude::*;
+use sluice_policy::registry::split_specs;
+use sluice_policy::PolicyConfig;
+use sluice_sim::source::{open_trace, TraceOptions};
+use sluice_sim::{run_grid, GridConfig, SimError};
+
+use crate::errors::sim_to_py;
+
+/// Replays every trace through every policy at every fraction; returns the
+/// rows as a JSON array. `progress(done, total)` is called after each replay.
+#[pyfunction]
+#[pyo3(signature = (traces, policies, fractions, count_mode, threads, format, csv_columns, model, block_tokens, progress=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn sim_run(
+    py: Python<'_>,
+    traces: Vec<PathBuf>,
+    policies: &str,
+    fractions: Vec<f64>,
+    count_mode: bool,
+    threads: usize,
+    format: &str,
+    csv_columns: Option<String>,
+    model: Option<String>,
+    block_tokens: u64,
+    progress: Option<Py<PyAny>>,
+) -> PyResult<String> {
+    let stopped: Mutex<Option<PyErr>> = Mutex::new(None);
+    let run = || -> Result<String, SimError> {
+        let options = TraceOptions {
+            format: format.parse()?,
+            csv_columns,
+            model,
+            block_tokens,
+        };
+        let policies = split_specs(policies)
+            .into_iter()
+            .map(|s| Ok((s.clone(), PolicyConfig::parse(&s)?)))
+            .collect::<Result<Vec<_>, SimError>>()?;
+        let mut loaded = traces
+            .iter()
+            .map(|p| open_trace(p, &options))
+            .collect::<Result<Vec<_>, _>>()?;
+        let config = GridConfig {
+            policies,
+            fractions,
+            count_mode,
+            threads,
+        };
+        // After each replay: Ctrl-C and a raising callback stop the grid, and
+        // the Python exception is what the caller sees.
+        let report = |done: usize, total: usize| {
+            Python::attach(|py| {
+                let outcome = py.check_signals().and_then(|()| match &progress {
+                    Some(callback) => callback.call1(py, (done, total)).map(drop),
+                    None => Ok(()),
+                });
+                match outcome {
+                    Ok(()) => true,
+                    Err(e) => {
+                        let mut slot = stopped.lock().unwrap_or_else(|p| p.into_inner());
+                        slot.get_or_insert(e);
+                        false
+                    }
+                }
+            })
+        };
+        let rows = run_grid(&mut loaded, &config, &report)?;
+        serde_json::to_string(&rows).map_err(|e| SimError::Config(e.to_string()))
+    };
+    py.detach(run).map_err(|e| match (e, stopped.into_inner()) {
+        (SimError::Cancelled, Ok(Some(py_err))) => py_err,
+        (e, _) => sim_to_py(py, e),
+    })
+}

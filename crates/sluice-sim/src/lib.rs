@@ -1,0 +1,25 @@
+//! The simulator plane: replay traces through Sluice's cache policies.
+//!
+//! - [`trace`]: the in-memory [`Trace`] and its readers and writers (CSV,
+//!   libCacheSim's oracleGeneral, Mooncake-style KV JSONL).
+//! - [`kv_model`]: per-token KV-cache bytes of model presets.
+//! - [`generator`]: the seeded KV workload generator behind `sluice sim gen-kv`.
+//! - [`simulator`]: one (trace, policy, capacity) replay and its metrics.
+//! - [`grid`]: every (trace, policy, cache fraction) in parallel.
+//! - [`source`]: opening a trace file of any supported format.
+//! - [`report`]: `results.json` and `results.csv`.
+
+pub mod atomic;
+pub mod error;
+pub mod generator;
+pub mod grid;
+pub mod kv_model;
+pub mod report;
+pub mod simulator;
+pub mod source;
+pub mod trace;
+
+pub use error::SimError;
+pub use grid::{run_grid, GridConfig, GridRow};
+pub use simulator::{simulate, SimConfig, SimStats};
+pub use trace::{Record, Trace};

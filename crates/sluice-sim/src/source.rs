@@ -1,0 +1,104 @@
+//! Opening a trace file of any supported format, chosen by flag or by name.
+//!
+//! `auto` picks by extension: `.jsonl` is a Mooncake-style KV trace, `.csv`
+//! (or `.txt`) is CSV, anything else is read as oracleGeneral, whose reader
+//! checks the record layout and says so if the guess was wrong.
+
+use std::path::Path;
+
+use crate::error::SimError;
+use crate::kv_model::KvModel;
+use crate::trace::csv::CsvConfig;
+use crate::trace::mooncake::MooncakeConfig;
+use crate::trace::{csv, mooncake, oracle_general, Trace};
+
+/// Trace file formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TraceFormat {
+    Auto,
+    OracleGeneral,
+    Csv,
+    Mooncake,
+}
+
+impl std::str::FromStr for TraceFormat {
+    type Err = SimError;
+
+    fn from_str(s: &str) -> Result<TraceFormat, SimError> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(TraceFormat::Auto),
+            "oracle" | "oraclegeneral" | "oracle-general" | "bin" => Ok(TraceFormat::OracleGeneral),
+            "csv" => Ok(TraceFormat::Csv),
+            "mooncake" | "jsonl" | "kv" => Ok(TraceFormat::Mooncake),
+            other => Err(SimError::Config(format!(
+                "unknown trace format {other:?}: use auto, oracle, csv or mooncake"
+            ))),
+        }
+    }
+}
+
+/// How to read a trace.
+#[derive(Clone, Debug)]
+pub struct TraceOptions {
+    pub format: TraceFormat,
+    /// CSV column spec, e.g. `id-col=2,size-col=3,has-header=true`.
+    pub csv_columns: Option<String>,
+    /// KV traces: a model preset or spec giving bytes per token; `None`
+    /// gives every block size 1 (count the blocks).
+    pub model: Option<String>,
+    /// KV traces: tokens per block.
+    pub block_tokens: u64,
+}
+
+impl Default for TraceOptions {
+    fn default() -> TraceOptions {
+        TraceOptions {
+            format: TraceFormat::Auto,
+            csv_columns: None,
+            model: None,
+            // Mooncake's traces hash 512-token blocks.
+            block_tokens: 512,
+        }
+    }
+}
+
+/// The format `auto` resolves to for `path`.
+pub fn detect_format(path: &Path) -> TraceFormat {
+    match path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase)
+    {
+        Some(e) if e == "jsonl" || e == "json" => TraceFormat::Mooncake,
+        Some(e) if e == "csv" || e == "txt" => TraceFormat::Csv,
+        _ => TraceFormat::OracleGeneral,
+    }
+}
+
+/// Reads the trace at `path`.
+pub fn open_trace(path: &Path, options: &TraceOptions) -> Result<Trace, SimError> {
+    let format = match options.format {
+        TraceFormat::Auto => detect_format(path),
+        f => f,
+    };
+    tracing::info!(path = %path.display(), ?format, "reading trace");
+    match format {
+        TraceFormat::OracleGeneral => oracle_general::read(path),
+        TraceFormat::Csv => {
+            let config = match &options.csv_columns {
+                Some(spec) => CsvConfig::parse(spec)?,
+                None => CsvConfig::default(),
+            };
+            csv::read(path, &config)
+        }
+        TraceFormat::Mooncake => {
+            let model = options.model.as_deref().map(KvModel::parse).transpose()?;
+            let config = MooncakeConfig {
+                block_tokens: options.block_tokens,
+                model,
+            };
+            mooncake::read(path, &config)
+        }
+        TraceFormat::Auto => unreachable!("resolved above"),
+    }
+}
