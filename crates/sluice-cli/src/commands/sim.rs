@@ -8,7 +8,7 @@
 //! matplotlib the plots are skipped with a warning and the results stand.
 
 use std::io::IsTerminal;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
@@ -206,21 +206,46 @@ fn unique<T: PartialEq>(items: impl Iterator<Item = T>) -> Vec<T> {
     out
 }
 
+/// What to do when the plotter cannot run.
+const HINT: &str = "Set SLUICE_PYTHON to a Python with the sluice package and matplotlib \
+                    (make develop builds .venv/bin/python), or draw them later with \
+                    `python -m sluice.sim plot DIR`";
+
 /// Runs the Python plotter; a missing interpreter or matplotlib only warns.
 fn draw_plots(dir: &Path) {
-    let python = std::env::var("SLUICE_PYTHON").unwrap_or_else(|_| "python3".into());
-    let outcome = Command::new(&python)
-        .args(["-m", "sluice.sim", "plot"])
-        .arg(dir)
-        .output();
-    match outcome {
-        Ok(out) if out.status.success() => {
-            print!("{}", String::from_utf8_lossy(&out.stdout));
+    let mut failures = Vec::new();
+    for python in python_candidates() {
+        let outcome = Command::new(&python)
+            .args(["-m", "sluice.sim", "plot"])
+            .arg(dir)
+            .output();
+        match outcome {
+            Ok(out) if out.status.success() => {
+                print!("{}", String::from_utf8_lossy(&out.stdout));
+                return;
+            }
+            Ok(out) => failures.push(format!(
+                "`{} -m sluice.sim plot` failed: {}",
+                python.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )),
+            Err(err) => failures.push(format!("cannot run {}: {err}", python.display())),
         }
-        Ok(out) => tracing::warn!(
-            "plots skipped: `{python} -m sluice.sim plot` failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ),
-        Err(err) => tracing::warn!("plots skipped: cannot run {python}: {err}"),
     }
+    tracing::warn!("plots skipped: {}. {HINT}", failures.join("; "));
+}
+
+/// `$SLUICE_PYTHON` alone when set; else `python3`, then the checkout's
+/// `.venv/bin/python` when this binary was built in `target/{debug,release}`.
+fn python_candidates() -> Vec<PathBuf> {
+    if let Some(python) = std::env::var_os("SLUICE_PYTHON") {
+        return vec![PathBuf::from(python)];
+    }
+    let mut candidates = vec![PathBuf::from("python3")];
+    let venv = std::env::current_exe().ok().and_then(|exe| {
+        let checkout = exe.parent()?.parent()?.parent()?;
+        Some(checkout.join(".venv/bin/python"))
+    });
+    candidates.extend(venv.filter(|p| p.is_file()));
+    candidates
 }
