@@ -40,6 +40,113 @@ pub enum Command {
     /// Cache-policy studies: replay traces, generate KV-cache workloads.
     #[command(subcommand)]
     Sim(SimCommand),
+    /// A programmable page cache for model loading: record and replay I/O templates.
+    #[command(subcommand)]
+    Warm(WarmCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum WarmCommand {
+    /// Run CMD once and record each loader worker's reads of the model as a template.
+    Record(WarmRecordArgs),
+    /// Run CMD with a page-cache policy (template, eager, precache, native).
+    Run(WarmRunArgs),
+    /// Watch a model directory and apply a policy to whoever loads it, until stopped.
+    Daemon(WarmDaemonArgs),
+    /// Show the running warm runtimes: policy, prefetched, evicted, reader position.
+    Status(WarmStatusArgs),
+}
+
+/// Options every warm runtime takes.
+#[derive(Args, Debug, Clone)]
+pub struct WarmCommonArgs {
+    /// The service: a spec string hashed into its id (model path, parallel config, anything
+    /// that changes what the loaders read), or the 64-hex-digit id itself.
+    #[arg(long)]
+    pub service: Option<String>,
+    /// Template directory (may be shared storage). Default: $SLUICE_TEMPLATE_DIR, else
+    /// $XDG_CACHE_HOME/sluice/templates, else ~/.cache/sluice/templates.
+    #[arg(long)]
+    pub template_dir: Option<PathBuf>,
+    /// Memory share above which prefetch pauses and the policy evicts.
+    #[arg(long, default_value_t = 0.8)]
+    pub watermark: f64,
+    /// How far behind the reader burn-after-reading stops, e.g. 1GiB.
+    #[arg(long, default_value = "1GiB")]
+    pub bar_distance: String,
+    /// Template breakdown: do not prefetch.
+    #[arg(long)]
+    pub no_prefetch: bool,
+    /// Template breakdown: ignore accelerator affinity.
+    #[arg(long)]
+    pub no_affinity: bool,
+    /// Template breakdown: no burn-after-reading eviction.
+    #[arg(long)]
+    pub no_burn: bool,
+    /// Prefetch mechanism: willneed (async, bounded window) or populate (synchronous, 2 MiB folios).
+    #[arg(long, default_value = "willneed")]
+    pub mechanism: String,
+    /// WILLNEED bytes in flight, e.g. 64MiB.
+    #[arg(long, default_value = "64MiB")]
+    pub in_flight: String,
+    /// Access events: auto (best available), pre-content, open, or explicit (none).
+    #[arg(long, default_value = "auto")]
+    pub events: String,
+    /// Print the final report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// No live summary even on a terminal.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct WarmRecordArgs {
+    /// The model directory the service loads.
+    #[arg(long)]
+    pub model: PathBuf,
+    #[command(flatten)]
+    pub common: WarmCommonArgs,
+    /// The service command, after --.
+    #[arg(last = true, required = true)]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+#[derive(Args, Debug)]
+pub struct WarmRunArgs {
+    /// The model directory the service loads.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// template, eager, precache or native.
+    #[arg(long, default_value = "template")]
+    pub policy: String,
+    /// Run the service and the runtime in a new cgroup with this memory limit, e.g. 6GiB.
+    #[arg(long)]
+    pub memory_limit: Option<String>,
+    #[command(flatten)]
+    pub common: WarmCommonArgs,
+    /// The service command, after --.
+    #[arg(last = true, required = true)]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+#[derive(Args, Debug)]
+pub struct WarmDaemonArgs {
+    /// The model directory to watch.
+    #[arg(long)]
+    pub watch: PathBuf,
+    /// template, eager, precache or native.
+    #[arg(long, default_value = "template")]
+    pub policy: String,
+    #[command(flatten)]
+    pub common: WarmCommonArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct WarmStatusArgs {
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -235,6 +342,13 @@ pub fn run(cli: Cli) -> i32 {
         Command::Sim(SimCommand::Models(args)) => {
             report(commands::sim::models(&args), sim_exit_code)
         }
+        Command::Warm(command) => match commands::warm::run(command) {
+            Ok(code) => code,
+            Err(err) => {
+                eprintln!("sluice: error: {err}");
+                warm_exit_code(&err)
+            }
+        },
     }
 }
 
@@ -258,6 +372,21 @@ pub fn sim_exit_code(err: &SimError) -> i32 {
         SimError::BadField { .. } | SimError::BadTrace { .. } => EXIT_INVALID,
         SimError::Policy(_) | SimError::Config(_) => 2,
         SimError::Cancelled => EXIT_FAILED,
+    }
+}
+
+/// Exit status of a failed `sluice warm` command (before the service ran;
+/// afterwards the service's own status is returned).
+pub fn warm_exit_code(err: &sluice_warm::WarmError) -> i32 {
+    use sluice_warm::WarmError;
+    match err {
+        WarmError::Io { source, .. } => match source.kind() {
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => EXIT_NOT_FOUND,
+            _ => EXIT_FAILED,
+        },
+        WarmError::BadTemplate { .. } => EXIT_INVALID,
+        WarmError::Config(_) => 2,
+        WarmError::Unsupported { .. } | WarmError::Policy { .. } => EXIT_FAILED,
     }
 }
 

@@ -2,3 +2,4 @@ pub mod gen_kv;
 pub mod inspect;
 pub mod load;
 pub mod sim;
+pub mod warm;

@@ -1,0 +1,337 @@
+//! `sluice warm` end to end on a small synthetic model: record, replay,
+//! fallbacks, cgroups, status, and the exit status of each bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn sluice(args: &[&str], templates: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .env("SLUICE_TEMPLATE_DIR", templates)
+        .env("SLUICE_RUN_DIR", templates.join("run"))
+        .output()
+        .expect("sluice runs")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A model directory on a disk file system (pre-content events need one).
+fn model() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let m = dir.path().join("model");
+    std::fs::create_dir(&m).unwrap();
+    std::fs::write(m.join("model-00001.safetensors"), vec![3u8; 6 << 20]).unwrap();
+    std::fs::write(m.join("model-00002.safetensors"), vec![4u8; 2 << 20]).unwrap();
+    let templates = dir.path().join("templates");
+    (dir, m, templates)
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text} / {}", stderr(out)))
+}
+
+#[test]
+fn record_then_replay_a_template() {
+    if !is_root() {
+        eprintln!("skipped: needs root for fanotify");
+        return;
+    }
+    let (_dir, m, templates) = model();
+    let read = format!("cat {}/*.safetensors > /dev/null", m.display());
+    let m_str = m.to_str().unwrap();
+    let out = sluice(
+        &[
+            "warm",
+            "record",
+            "--service",
+            "llama-tp1",
+            "--model",
+            m_str,
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            &read,
+        ],
+        &templates,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rec = json(&out);
+    if rec["events_from"] != "PreContent" {
+        eprintln!("skipped: no pre-content events ({rec})");
+        return;
+    }
+    let template = rec["template"].as_str().expect("template path").to_string();
+    let size = std::fs::metadata(&template).unwrap().len();
+    assert!(
+        size < 1024,
+        "a template of 8 MiB read sequentially is tiny: {size} B"
+    );
+    let out = sluice(
+        &[
+            "warm",
+            "run",
+            "--service",
+            "llama-tp1",
+            "--model",
+            m_str,
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            &read,
+        ],
+        &templates,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = json(&out);
+    assert_eq!(run["policy"], "template");
+    assert!(run["prefetched_bytes"].as_u64().unwrap() > 0, "{run}");
+    assert!(run["policy_fault"].is_null(), "{run}");
+    // A corrupt template is refused with status 3, naming it.
+    std::fs::write(&template, b"SLTPL\0garbage").unwrap();
+    let out = sluice(
+        &[
+            "warm",
+            "run",
+            "--service",
+            "llama-tp1",
+            "--model",
+            m_str,
+            "--",
+            "true",
+        ],
+        &templates,
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains(".sluicetpl"), "{}", stderr(&out));
+}
+
+#[test]
+fn the_service_exit_status_passes_through_in_every_event_mode() {
+    let (_dir, m, templates) = model();
+    let m_str = m.to_str().unwrap();
+    for events in ["explicit", "auto"] {
+        let out = sluice(
+            &[
+                "warm", "run", "--policy", "eager", "--events", events, "--model", m_str, "--json",
+                "--", "sh", "-c", "exit 5",
+            ],
+            &templates,
+        );
+        assert_eq!(out.status.code(), Some(5), "{events}: {}", stderr(&out));
+        assert_eq!(json(&out)["exit_code"], 5);
+    }
+}
+
+#[test]
+fn tmpfs_models_fall_back_from_pre_content_to_open_events() {
+    if !is_root() || !Path::new("/dev/shm").is_dir() {
+        eprintln!("skipped: needs root and /dev/shm");
+        return;
+    }
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let m = dir.path().join("model");
+    std::fs::create_dir(&m).unwrap();
+    std::fs::write(m.join("w.safetensors"), vec![1u8; 1 << 20]).unwrap();
+    let read = format!("cat {}/w.safetensors > /dev/null", m.display());
+    let out = sluice(
+        &[
+            "warm",
+            "run",
+            "--policy",
+            "native",
+            "--model",
+            m.to_str().unwrap(),
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            &read,
+        ],
+        &dir.path().join("t"),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["events_from"], "Open");
+    let out = sluice(
+        &[
+            "warm",
+            "run",
+            "--policy",
+            "native",
+            "--events",
+            "pre-content",
+            "--model",
+            m.to_str().unwrap(),
+            "--",
+            "true",
+        ],
+        &dir.path().join("t"),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "insisting on pre-content fails: {}",
+        stderr(&out)
+    );
+    assert!(stderr(&out).contains("unavailable"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_memory_limit_runs_the_service_in_a_cgroup_that_is_removed_after() {
+    if !is_root() {
+        eprintln!("skipped: needs root for cgroups");
+        return;
+    }
+    let (_dir, m, templates) = model();
+    let probe = "cat /proc/self/cgroup | grep -q sluice-warm";
+    let out = sluice(
+        &[
+            "warm",
+            "run",
+            "--policy",
+            "native",
+            "--memory-limit",
+            "256MiB",
+            "--model",
+            m.to_str().unwrap(),
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            probe,
+        ],
+        &templates,
+    );
+    if stderr(&out).contains("memory cgroup unavailable") {
+        eprintln!("skipped: {}", stderr(&out));
+        return;
+    }
+    assert!(
+        out.status.success(),
+        "the service ran inside the cgroup: {}",
+        stderr(&out)
+    );
+    let cgroup = json(&out)["cgroup"]
+        .as_str()
+        .expect("cgroup path")
+        .to_string();
+    assert!(
+        !Path::new(&cgroup).exists(),
+        "{cgroup} removed after the run"
+    );
+}
+
+#[test]
+fn bad_input_has_distinct_statuses_and_names_the_problem() {
+    let (dir, m, templates) = model();
+    let m_str = m.to_str().unwrap();
+    let missing = dir.path().join("nope");
+    let cases: Vec<(Vec<&str>, i32, &str)> = vec![
+        (
+            vec![
+                "warm", "run", "--policy", "lru", "--model", m_str, "--", "true",
+            ],
+            2,
+            "lru",
+        ),
+        (
+            vec!["warm", "run", "--model", m_str, "--", "true"],
+            2,
+            "--service",
+        ),
+        (
+            vec![
+                "warm", "run", "--policy", "eager", "--events", "magic", "--model", m_str, "--",
+                "true",
+            ],
+            2,
+            "magic",
+        ),
+        (
+            vec![
+                "warm",
+                "run",
+                "--policy",
+                "eager",
+                "--watermark",
+                "1.5",
+                "--model",
+                m_str,
+                "--",
+                "true",
+            ],
+            2,
+            "1.5",
+        ),
+        (
+            vec![
+                "warm",
+                "run",
+                "--policy",
+                "eager",
+                "--mechanism",
+                "mmap",
+                "--model",
+                m_str,
+                "--",
+                "true",
+            ],
+            2,
+            "mmap",
+        ),
+        (
+            vec![
+                "warm",
+                "run",
+                "--policy",
+                "eager",
+                "--memory-limit",
+                "lots",
+                "--model",
+                m_str,
+                "--",
+                "true",
+            ],
+            2,
+            "lots",
+        ),
+        (
+            vec![
+                "warm",
+                "run",
+                "--policy",
+                "eager",
+                "--model",
+                missing.to_str().unwrap(),
+                "--",
+                "true",
+            ],
+            4,
+            "nope",
+        ),
+    ];
+    for (args, code, needle) in cases {
+        let out = sluice(&args, &templates);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn status_lists_nothing_when_nothing_runs() {
+    let (_dir, _m, templates) = model();
+    let out = sluice(&["warm", "status"], &templates);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no warm runtime"));
+    let out = sluice(&["warm", "status", "--json"], &templates);
+    assert_eq!(json(&out), serde_json::json!([]));
+}

@@ -1,0 +1,33 @@
+//! `sluice warm`: a programmable page cache built on upstream Linux
+//! interfaces only (fanotify, readahead/fadvise, cachestat, cgroups), after
+//! seed 000's PPC + MAIO.
+//!
+//! - [`template`]: MAIO I/O templates: record, merge, encode, decode.
+//! - [`sys`]: page-cache primitives (cachestat, fadvise, chunked
+//!   readahead), memory watermarks from cgroup v1/v2 or /proc/meminfo, the
+//!   accelerator→NUMA map.
+//! - [`fanotify`]: the event source: exact read ranges and mmap events
+//!   (pre-content) or opens only, every permission event answered first.
+//! - [`policy`]: the programmable part: the [`policy::Policy`] trait, its
+//!   events and actions, and the fail-open guard around it.
+//! - [`manager`]: the cache manager: chunked, interruptible, deduplicated
+//!   prefetch under a memory watermark, over a [`manager::PageCache`].
+//! - [`kernel`]: the real page cache behind the manager (WILLNEED with a
+//!   bounded window or POPULATE_READ, DONTNEED + PAGEOUT, cgroup memory).
+//! - [`runtime`]: `run`/`record`: the service and the runtime in one
+//!   cgroup, events → policy → manager until the service exits.
+//! - [`status`]: the status files behind `sluice warm status`.
+//! - [`builtin`]: `native`, `eager`, `precache` and `template` (MAIO).
+
+pub mod builtin;
+pub mod error;
+pub mod fanotify;
+pub mod kernel;
+pub mod manager;
+pub mod policy;
+pub mod runtime;
+pub mod status;
+pub mod sys;
+pub mod template;
+
+pub use error::WarmError;

@@ -1,0 +1,599 @@
+//! `sluice warm run` / `record`: launch a service and the runtime in one
+//! cgroup, watch the model files, and drive a policy through the cache
+//! manager until the service exits.
+//!
+//! One thread runs the loop: fanotify events (answered on the watch's own
+//! thread before they get here) go to the policy; between events the
+//! manager prefetches a few chunks; every 50 ms it samples mmap readers'
+//! progress (pagemap) and checks memory. Prefetch runs in this process,
+//! which sits in the service's cgroup, so the page cache it fills is
+//! charged where the limit applies.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::builtin::{by_name, BuiltinConfig};
+use crate::error::WarmError;
+use crate::fanotify::{Level, Watch};
+use crate::kernel::{mapped_addresses, KernelCache, Mechanism, MemorySource};
+use crate::manager::{Manager, ManagerConfig, Stats};
+use crate::policy::{AccessEvent, AccessKind, Guarded, PolicyContext};
+use crate::sys::{self, Cgroup, NumaMap};
+
+/// What to run and how.
+pub struct RunConfig {
+    pub model_dir: PathBuf,
+    /// A built-in policy name.
+    pub policy: String,
+    pub builtin: BuiltinConfig,
+    /// Creates a cgroup with this limit for the service and the runtime.
+    pub memory_limit: Option<u64>,
+    pub watermark: f64,
+    pub mechanism: Mechanism,
+    /// WILLNEED bytes in flight.
+    pub in_flight_bytes: u64,
+    /// fanotify level to insist on; `None` takes the best available.
+    pub level: Option<Level>,
+    /// No fanotify at all: only explicit triggers and samplers.
+    pub explicit: bool,
+    /// The service command line; empty for a daemon, which runs until
+    /// `stop` is set.
+    pub command: Vec<OsString>,
+}
+
+/// Live state, for the summary line.
+pub struct Status<'a> {
+    pub elapsed: Duration,
+    pub stats: &'a Stats,
+    pub pending_bytes: u64,
+}
+
+/// How a run went.
+#[derive(Debug)]
+pub struct RunReport {
+    /// The service's exit status (128 + signal when killed).
+    pub exit_code: i32,
+    pub stats: Stats,
+    /// What fanotify could see; `None` in explicit mode.
+    pub level: Option<Level>,
+    /// Why the policy was disabled, if it was.
+    pub policy_fault: Option<String>,
+    pub seconds: f64,
+    /// The cgroup the service ran in, when one was created.
+    pub cgroup: Option<PathBuf>,
+    /// fanotify events seen, permission events answered, events dropped
+    /// because the policy side was behind.
+    pub watch_events: u64,
+    pub watch_answered: u64,
+    pub watch_dropped: u64,
+}
+
+/// Every regular file under `dir`, sorted, with its size; hidden entries
+/// are skipped.
+pub fn model_files(dir: &Path) -> Result<Vec<(PathBuf, u64)>, WarmError> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let entries = std::fs::read_dir(&d).map_err(WarmError::io(&d))?;
+        for entry in entries {
+            let entry = entry.map_err(WarmError::io(&d))?;
+            if entry.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
+            let path = entry.path();
+            let meta = entry.metadata().map_err(WarmError::io(&path))?;
+            if meta.is_dir() {
+                stack.push(path);
+            } else if meta.is_file() {
+                out.push((path, meta.len()));
+            }
+        }
+    }
+    out.sort();
+    if out.is_empty() {
+        return Err(WarmError::Config(format!(
+            "{}: no model files in it",
+            dir.display()
+        )));
+    }
+    Ok(out)
+}
+
+/// Runs the service under the policy until it exits (or, with no command,
+/// until `stop` is set: the daemon); `on_status` is called about every
+/// 200 ms (a TTY summary, the status file).
+pub fn run(
+    config: &RunConfig,
+    stop: &AtomicBool,
+    on_status: &mut dyn FnMut(&Status),
+) -> Result<RunReport, WarmError> {
+    let policy = by_name(&config.policy, &config.builtin)?;
+    // A template that cannot be read is a usage error here, before the
+    // service starts; inside a running runtime the policy fails open.
+    if let (false, Some(service), Some(dir)) = (
+        config.builtin.record,
+        &config.builtin.service,
+        &config.builtin.template_dir,
+    ) {
+        if config.policy == "template" {
+            crate::template::TemplateStore::new(dir.clone()).load(service)?;
+        }
+    }
+    run_with(config, policy, stop, on_status)
+}
+
+/// [`run`] with a policy object instead of a name (custom and Python
+/// policies).
+pub fn run_with(
+    config: &RunConfig,
+    policy: Box<dyn crate::policy::Policy>,
+    stop: &AtomicBool,
+    on_status: &mut dyn FnMut(&Status),
+) -> Result<RunReport, WarmError> {
+    let model_dir = config
+        .model_dir
+        .canonicalize()
+        .map_err(WarmError::io(&config.model_dir))?;
+    let files = model_files(&model_dir)?;
+    let ctx = PolicyContext {
+        model_dir: model_dir.clone(),
+        files: files.clone(),
+        memory_limited: config.memory_limit.is_some(),
+    };
+    let cgroup = match config.memory_limit {
+        Some(limit) => Some(enter_cgroup(limit)?),
+        None => None,
+    };
+    let outcome = run_in(config, &ctx, policy, cgroup.as_ref(), stop, on_status);
+    if let Some((cgroup, _)) = cgroup {
+        leave_cgroup(cgroup);
+    }
+    outcome
+}
+
+fn run_in(
+    config: &RunConfig,
+    ctx: &PolicyContext,
+    policy: Box<dyn crate::policy::Policy>,
+    cgroup: Option<&(Cgroup, u64)>,
+    stop: &AtomicBool,
+    on_status: &mut dyn FnMut(&Status),
+) -> Result<RunReport, WarmError> {
+    let started = Instant::now();
+    let memory = match cgroup {
+        Some((cg, limit)) => MemorySource::Cgroup {
+            cgroup: cg.clone(),
+            limit: *limit,
+        },
+        None => MemorySource::Pid(std::process::id() as i32),
+    };
+    let chunk = sys::read_ahead_limit(&ctx.files[0].0);
+    let cache = KernelCache::new(
+        config.mechanism,
+        chunk,
+        config.in_flight_bytes,
+        memory,
+        NumaMap::detect(),
+    );
+    let manager_config = ManagerConfig {
+        chunk_bytes: chunk,
+        watermark: config.watermark,
+    };
+    let mut manager = Manager::new(Guarded::new(policy), cache, manager_config);
+    let paths: Vec<PathBuf> = ctx.files.iter().map(|(p, _)| p.clone()).collect();
+    let watch = match Watch::open(&paths, config.level, 4096) {
+        _ if config.explicit => None,
+        Ok(w) => Some(w),
+        Err(err) if config.level.is_none() => {
+            tracing::warn!("{err}; running in explicit mode (no access events)");
+            None
+        }
+        Err(err) => return Err(err),
+    };
+    manager.start(ctx);
+    if manager.wait_for_init() {
+        manager.drain();
+    }
+    let mut child = match config.command.is_empty() {
+        true => None,
+        false => Some(spawn(&config.command)?),
+    };
+    let mut sampler = MmapSampler::default();
+    let mut last_tick = Instant::now();
+    let mut last_status = Instant::now();
+    let exit_code = loop {
+        if let Some(c) = child.as_mut() {
+            if let Some(status) = c.try_wait().map_err(|e| WarmError::Config(e.to_string()))? {
+                break exit_code_of(status);
+            }
+        }
+        if stop.load(Ordering::SeqCst) {
+            if let Some(c) = child.as_mut() {
+                // Interrupted: the service goes down with us.
+                let _ = c.kill();
+                let status = c.wait().map_err(|e| WarmError::Config(e.to_string()))?;
+                break exit_code_of(status);
+            }
+            break 0;
+        }
+        let busy = manager.pending_bytes() > 0;
+        if let Some(w) = &watch {
+            let wait = if busy {
+                Duration::ZERO
+            } else {
+                Duration::from_millis(5)
+            };
+            let first = if wait.is_zero() {
+                None
+            } else {
+                w.recv_timeout(wait)
+            };
+            for event in first.into_iter().chain(w.drain()) {
+                handle(&mut manager, &mut sampler, &event);
+            }
+        } else if !busy {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        manager.pump(4);
+        if last_tick.elapsed() >= Duration::from_millis(50) {
+            for event in sampler.sample() {
+                manager.on_event(&event);
+            }
+            manager.tick();
+            last_tick = Instant::now();
+        }
+        if last_status.elapsed() >= Duration::from_millis(200) {
+            on_status(&Status {
+                elapsed: started.elapsed(),
+                stats: manager.stats(),
+                pending_bytes: manager.pending_bytes(),
+            });
+            last_status = Instant::now();
+        }
+    };
+    // Events the watch took before the service ended still count (a
+    // recording must not lose the last reads).
+    if let Some(w) = &watch {
+        while let Some(event) = w.recv_timeout(Duration::from_millis(20)) {
+            handle(&mut manager, &mut sampler, &event);
+        }
+    }
+    manager.stop();
+    Ok(RunReport {
+        exit_code,
+        stats: manager.stats().clone(),
+        level: watch.as_ref().map(|w| w.level),
+        policy_fault: manager.policy().fault().map(str::to_string),
+        seconds: started.elapsed().as_secs_f64(),
+        cgroup: cgroup.map(|(c, _)| c.path.clone()),
+        watch_events: watch
+            .as_ref()
+            .map_or(0, |w| w.stats.events.load(Ordering::Relaxed)),
+        watch_answered: watch
+            .as_ref()
+            .map_or(0, |w| w.stats.answered.load(Ordering::Relaxed)),
+        watch_dropped: watch
+            .as_ref()
+            .map_or(0, |w| w.stats.dropped.load(Ordering::Relaxed)),
+    })
+}
+
+fn handle(manager: &mut Manager<KernelCache>, sampler: &mut MmapSampler, event: &AccessEvent) {
+    if event.kind == AccessKind::Mmap {
+        sampler.watch(event.pid, &event.path, event.len);
+    }
+    manager.cache_mut().add_reader(event.pid);
+    manager.on_event(event);
+}
+
+fn spawn(command: &[OsString]) -> Result<Child, WarmError> {
+    Command::new(&command[0])
+        .args(&command[1..])
+        .spawn()
+        .map_err(WarmError::io(PathBuf::from(&command[0])))
+}
+
+fn exit_code_of(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+/// Creates a cgroup with `limit` and moves this process into it; the
+/// service, spawned later, inherits it.
+fn enter_cgroup(limit: u64) -> Result<(Cgroup, u64), WarmError> {
+    let name = format!("sluice-warm-{}", std::process::id());
+    let cgroup = sys::create_cgroup(&name, Some(limit))?;
+    if let Err(err) = cgroup.add_pid(std::process::id() as i32) {
+        let _ = cgroup.clone().remove();
+        return Err(err);
+    }
+    tracing::info!(cgroup = %cgroup.path.display(), limit, "service cgroup created");
+    Ok((cgroup, limit))
+}
+
+/// Moves this process back to the parent cgroup and removes ours.
+fn leave_cgroup(cgroup: Cgroup) {
+    if let Some(parent) = cgroup.path.parent() {
+        let procs = parent.join("cgroup.procs");
+        if let Err(e) = std::fs::write(&procs, std::process::id().to_string()) {
+            tracing::warn!("leaving {}: {e}", cgroup.path.display());
+        }
+    }
+    let path = cgroup.path.clone();
+    if let Err(e) = cgroup.remove() {
+        tracing::warn!("cgroup {} left behind: {e}", path.display());
+    }
+}
+
+/// Follows mmap readers through their mappings: the furthest page a reader
+/// has faulted in (pagemap present bit), sampled one page per 2 MiB.
+#[derive(Default)]
+struct MmapSampler {
+    /// (pid, path, file length, furthest offset reported)
+    readers: Vec<(i32, PathBuf, u64, u64)>,
+}
+
+const SAMPLE_STRIDE: u64 = 2 << 20;
+
+impl MmapSampler {
+    fn watch(&mut self, pid: i32, path: &Path, len: u64) {
+        if !self
+            .readers
+            .iter()
+            .any(|(p, f, _, _)| *p == pid && f == path)
+        {
+            self.readers.push((pid, path.to_path_buf(), len, 0));
+        }
+    }
+
+    fn sample(&mut self) -> Vec<AccessEvent> {
+        let mut events = Vec::new();
+        self.readers
+            .retain(|(pid, _, _, _)| Path::new(&format!("/proc/{pid}")).exists());
+        for (pid, path, len, reported) in &mut self.readers {
+            let Some(at) = furthest_present(*pid, path, *len, *reported) else {
+                continue;
+            };
+            if at > *reported {
+                *reported = at;
+                events.push(AccessEvent {
+                    pid: *pid,
+                    worker: None,
+                    path: path.clone(),
+                    offset: at,
+                    len: 0,
+                    kind: AccessKind::Progress,
+                });
+            }
+        }
+        events
+    }
+}
+
+/// The end of the furthest sampled block of `path` that `pid` has present
+/// in its mapping, scanning from `from`.
+fn furthest_present(pid: i32, path: &Path, len: u64, from: u64) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let maps = mapped_addresses(pid, path, 0, len);
+    let (addr, mapped_len) = *maps.first()?;
+    let pagemap = std::fs::File::open(format!("/proc/{pid}/pagemap")).ok()?;
+    let page = sys::page_size();
+    let mut furthest = None;
+    let mut off = from / SAMPLE_STRIDE * SAMPLE_STRIDE;
+    let mut entry = [0u8; 8];
+    while off < mapped_len {
+        let vpage = (addr + off) / page;
+        if pagemap.read_exact_at(&mut entry, vpage * 8).is_err() {
+            break;
+        }
+        if u64::from_le_bytes(entry) >> 63 == 1 {
+            furthest = Some((off + SAMPLE_STRIDE).min(mapped_len));
+        }
+        off += SAMPLE_STRIDE;
+    }
+    furthest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Policy, Prefetch};
+    use crate::sys::test_util::is_root;
+
+    fn model(dir: &Path) -> PathBuf {
+        let m = dir.join("model");
+        std::fs::create_dir(&m).unwrap();
+        std::fs::write(m.join("a.safetensors"), vec![1u8; 8 << 20]).unwrap();
+        std::fs::write(m.join("b.safetensors"), vec![2u8; 4 << 20]).unwrap();
+        std::fs::write(m.join(".hidden"), b"x").unwrap();
+        m
+    }
+
+    fn config(model_dir: &Path, command: &[&str]) -> RunConfig {
+        RunConfig {
+            model_dir: model_dir.to_path_buf(),
+            policy: "native".into(),
+            builtin: BuiltinConfig::default(),
+            memory_limit: None,
+            watermark: 0.8,
+            mechanism: Mechanism::WillNeed,
+            in_flight_bytes: 64 << 20,
+            level: None,
+            explicit: false,
+            command: command.iter().map(Into::into).collect(),
+        }
+    }
+
+    /// Sleeps on every event, and panics on the fifth.
+    struct Stuck {
+        calls: u32,
+    }
+
+    impl Policy for Stuck {
+        fn name(&self) -> &str {
+            "stuck"
+        }
+
+        fn on_access(&mut self, _: &AccessEvent) -> Result<Vec<Prefetch>, WarmError> {
+            self.calls += 1;
+            std::thread::sleep(Duration::from_millis(20));
+            assert!(self.calls < 5, "policy bug");
+            Ok(Vec::new())
+        }
+    }
+
+    #[test]
+    fn model_files_are_sorted_sized_and_skip_hidden_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = model(dir.path());
+        let files = model_files(&m).unwrap();
+        let names: Vec<_> = files
+            .iter()
+            .map(|(p, s)| (p.file_name().unwrap().to_owned(), *s))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("a.safetensors".into(), 8 << 20),
+                ("b.safetensors".into(), 4 << 20)
+            ]
+        );
+        let empty = dir.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        assert!(model_files(&empty)
+            .unwrap_err()
+            .to_string()
+            .contains("no model files"));
+        let err = model_files(&dir.path().join("missing")).unwrap_err();
+        assert!(matches!(err, WarmError::Io { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_stuck_and_panicking_policy_never_holds_the_reader_back() {
+        if !is_root() {
+            eprintln!("skipped: needs root for fanotify");
+            return;
+        }
+        let Some(dir) = crate::sys::test_util::disk_tempdir() else {
+            return;
+        };
+        let m = model(dir.path());
+        let a = m.join("a.safetensors");
+        // 64 reads of 128 KiB: far more events than the policy can take at 20 ms each.
+        let cmd = format!("dd if={} of=/dev/null bs=128k status=none", a.display());
+        let config = config(&m, &["sh", "-c", &cmd]);
+        let stop = AtomicBool::new(false);
+        let report = run_with(&config, Box::new(Stuck { calls: 0 }), &stop, &mut |_| {}).unwrap();
+        assert_eq!(report.exit_code, 0);
+        assert!(
+            report
+                .policy_fault
+                .as_deref()
+                .unwrap_or("")
+                .contains("policy bug"),
+            "{report:?}"
+        );
+        if report.level == Some(Level::PreContent) {
+            assert!(report.watch_events >= 64, "{report:?}");
+            assert_eq!(
+                report.watch_answered, report.watch_events,
+                "every event answered"
+            );
+        }
+    }
+
+    #[test]
+    fn explicit_mode_runs_without_fanotify_and_exit_codes_pass_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = model(dir.path());
+        let mut c = config(&m, &["sh", "-c", "exit 7"]);
+        c.explicit = true;
+        let stop = AtomicBool::new(false);
+        let report = run(&c, &stop, &mut |_| {}).unwrap();
+        assert_eq!((report.exit_code, report.level), (7, None));
+        c.command = vec!["/nonexistent/loader".into()];
+        let err = run(&c, &stop, &mut |_| {}).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/loader"), "{err}");
+        c.policy = "lru".into();
+        assert!(run(&c, &stop, &mut |_| {}).is_err());
+    }
+
+    #[test]
+    fn stop_ends_a_daemon_and_kills_a_service() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = model(dir.path());
+        let mut c = config(&m, &["sleep", "30"]);
+        c.explicit = true;
+        let stop = AtomicBool::new(false);
+        let mut calls = 0;
+        let report = run(&c, &stop, &mut |_| {
+            calls += 1;
+            stop.store(true, Ordering::SeqCst);
+        })
+        .unwrap();
+        assert_eq!(report.exit_code, 128 + libc::SIGKILL);
+        c.command.clear();
+        stop.store(false, Ordering::SeqCst);
+        let report = run(&c, &stop, &mut |_| stop.store(true, Ordering::SeqCst)).unwrap();
+        assert_eq!(report.exit_code, 0);
+        assert!(calls >= 1);
+    }
+
+    #[test]
+    fn a_template_run_prefetches_the_recorded_sequence() {
+        if !is_root() {
+            eprintln!("skipped: needs root for fanotify");
+            return;
+        }
+        let Some(dir) = crate::sys::test_util::disk_tempdir() else {
+            return;
+        };
+        let m = model(dir.path());
+        let templates = dir.path().join("templates");
+        let read_all = format!(
+            "cat {} {} > /dev/null",
+            m.join("a.safetensors").display(),
+            m.join("b.safetensors").display()
+        );
+        let mut c = config(&m, &["sh", "-c", &read_all]);
+        c.policy = "template".into();
+        c.builtin.service = Some(crate::template::ServiceId::from_spec("rt-test"));
+        c.builtin.template_dir = Some(templates.clone());
+        c.builtin.record = true;
+        let stop = AtomicBool::new(false);
+        let rec = run(&c, &stop, &mut |_| {}).unwrap();
+        if rec.level != Some(Level::PreContent) {
+            eprintln!("skipped: no pre-content events here ({:?})", rec.level);
+            return;
+        }
+        let store = crate::template::TemplateStore::new(templates);
+        let t = store
+            .load(c.builtin.service.as_ref().unwrap())
+            .unwrap()
+            .unwrap();
+        assert_eq!(t.total_bytes(), 12 << 20);
+        // Replay: drop the cache, read the first 128 KiB, then wait a moment.
+        for (p, _) in model_files(&m).unwrap() {
+            let f = std::fs::File::open(&p).unwrap();
+            crate::sys::dontneed(&f, &p, 0, u64::MAX).unwrap();
+        }
+        c.builtin.record = false;
+        let first = format!(
+            "head -c 131072 {} > /dev/null; sleep 0.5",
+            m.join("a.safetensors").display()
+        );
+        c.command = vec!["sh".into(), "-c".into(), first.into()];
+        let replay = run(&c, &stop, &mut |_| {}).unwrap();
+        assert_eq!(replay.exit_code, 0);
+        assert!(replay.stats.prefetched_bytes >= 11 << 20, "{replay:?}");
+        let b = m.join("b.safetensors");
+        let f = std::fs::File::open(&b).unwrap();
+        let resident = crate::sys::resident_bytes(&f, &b, 0, 0).unwrap();
+        assert_eq!(resident, 4 << 20, "b was prefetched before anyone read it");
+    }
+}

@@ -1,0 +1,141 @@
+//! `sluice warm status`: every running runtime keeps a small JSON file
+//! describing itself in the run directory, rewritten atomically about every
+//! 200 ms; `status` lists the files whose process is still alive and
+//! removes the others.
+//!
+//! The directory is `$SLUICE_RUN_DIR`, else `/run/sluice/warm` for root,
+//! else `$XDG_RUNTIME_DIR/sluice/warm`, else `/tmp/sluice-warm-UID`.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::WarmError;
+
+/// What a runtime reports about itself.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RuntimeStatus {
+    pub pid: i32,
+    /// `run`, `record` or `daemon`.
+    pub mode: String,
+    pub policy: String,
+    pub model_dir: String,
+    pub service: Option<String>,
+    /// fanotify level (`PreContent`, `Open`) or `explicit`.
+    pub events_from: String,
+    pub elapsed_s: f64,
+    pub events: u64,
+    pub prefetched_bytes: u64,
+    pub evicted_bytes: u64,
+    pub superseded_bytes: u64,
+    pub pending_bytes: u64,
+    /// The latest reader position: file and offset.
+    pub reader: Option<(String, u64)>,
+    /// Why the policy was disabled, if it was.
+    pub policy_fault: Option<String>,
+}
+
+/// The run directory (see the module docs).
+pub fn run_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("SLUICE_RUN_DIR") {
+        return PathBuf::from(dir);
+    }
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    if uid == 0 {
+        return PathBuf::from("/run/sluice/warm");
+    }
+    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR") {
+        return PathBuf::from(dir).join("sluice/warm");
+    }
+    PathBuf::from(format!("/tmp/sluice-warm-{uid}"))
+}
+
+/// Writes `status` as `DIR/PID.json`, atomically.
+pub fn publish(dir: &Path, status: &RuntimeStatus) -> Result<(), WarmError> {
+    std::fs::create_dir_all(dir).map_err(WarmError::io(dir))?;
+    let path = dir.join(format!("{}.json", status.pid));
+    let tmp = dir.join(format!(".{}.json.tmp", status.pid));
+    let text = serde_json::to_vec(status).map_err(|e| WarmError::Config(e.to_string()))?;
+    std::fs::write(&tmp, text).map_err(WarmError::io(&tmp))?;
+    std::fs::rename(&tmp, &path).map_err(WarmError::io(&path))
+}
+
+/// Removes this process's status file.
+pub fn retract(dir: &Path, pid: i32) {
+    let _ = std::fs::remove_file(dir.join(format!("{pid}.json")));
+}
+
+/// The status of every live runtime, by pid; files of dead processes are
+/// removed, unreadable ones skipped with a warning.
+pub fn list(dir: &Path) -> Result<Vec<RuntimeStatus>, WarmError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(WarmError::io(dir)(e)),
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Some(pid) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".json"))
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if !alive(pid) {
+            let _ = std::fs::remove_file(&path);
+            continue;
+        }
+        match std::fs::read(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice::<RuntimeStatus>(&b).map_err(|e| e.to_string()))
+        {
+            Ok(s) => out.push(s),
+            Err(e) => tracing::warn!("{}: {e}", path.display()),
+        }
+    }
+    out.sort_by_key(|s| s.pid);
+    Ok(out)
+}
+
+fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    pid > 0
+        && (unsafe { libc::kill(pid, 0) } == 0
+            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn live_statuses_are_listed_and_dead_ones_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = RuntimeStatus {
+            pid: std::process::id() as i32,
+            mode: "run".into(),
+            policy: "template".into(),
+            prefetched_bytes: 42,
+            reader: Some(("a.safetensors".into(), 7)),
+            ..RuntimeStatus::default()
+        };
+        publish(dir.path(), &me).unwrap();
+        // A pid that cannot exist.
+        let dead = RuntimeStatus {
+            pid: i32::MAX - 1,
+            ..me.clone()
+        };
+        publish(dir.path(), &dead).unwrap();
+        std::fs::write(dir.path().join("garbage.json"), b"{").unwrap();
+        let listed = list(dir.path()).unwrap();
+        assert_eq!(listed, std::slice::from_ref(&me));
+        assert!(!dir.path().join(format!("{}.json", i32::MAX - 1)).exists());
+        retract(dir.path(), me.pid);
+        assert!(list(dir.path()).unwrap().is_empty());
+        assert!(list(&dir.path().join("missing")).unwrap().is_empty());
+    }
+}
