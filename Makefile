@@ -3,6 +3,7 @@
 #   make test   - fmt, clippy, ruff, Rust tests, Python tests (what CI runs)
 #   make bench-load - the full loader benchmark (4 GiB, cold and warm, vs peers)
 #   make bench-sim  - simulator replay throughput vs libCacheSim (10 M requests)
+#   make bench-warm - page-cache policies under an unmodified loader (root; ~20 min)
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -13,7 +14,7 @@ CARGO ?= cargo
 # Stamps record that a set-up step is done and redo it when its inputs change.
 STAMP := $(VENV)/.stamps
 
-.PHONY: all demo test lint rust-test py-test build develop bench-load bench-sim bench-deps fuzz clean
+.PHONY: all demo test lint rust-test py-test build develop bench-load bench-sim bench-warm bench-deps fuzz clean
 
 all: test
 
@@ -70,6 +71,9 @@ bench-load: $(STAMP)/develop $(STAMP)/bench-deps
 
 bench-sim: $(STAMP)/develop
 	$(PY) benches/bench_sim.py --out docs/
+
+bench-warm: $(STAMP)/develop build
+	$(PY) benches/bench_warm.py --data bench-data/warm --size-gib 4 --runs 3 --out docs/
 
 fuzz:
 	cd fuzz && $(CARGO) +nightly fuzz run parse_header -- -max_total_time=60

@@ -59,8 +59,13 @@ impl Default for BuiltinConfig {
     }
 }
 
-/// A built-in policy by name; the error lists the names.
+/// A built-in policy by name, or a Python policy for a `module:Class`
+/// name (started now, see [`crate::python::spawn`]); the error lists the
+/// names.
 pub fn by_name(name: &str, config: &BuiltinConfig) -> Result<Box<dyn Policy>, WarmError> {
+    if name.contains(':') {
+        return Ok(Box::new(crate::python::spawn(name, None)?));
+    }
     Ok(match name {
         "native" => Box::new(Native),
         "eager" => Box::new(Eager::default()),

@@ -18,6 +18,7 @@
 //!   cgroup, events → policy → manager until the service exits.
 //! - [`status`]: the status files behind `sluice warm status`.
 //! - [`builtin`]: `native`, `eager`, `precache` and `template` (MAIO).
+//! - [`python`]: `module:Class` policies, run in an isolated child process.
 
 pub mod builtin;
 pub mod error;
@@ -25,6 +26,7 @@ pub mod fanotify;
 pub mod kernel;
 pub mod manager;
 pub mod policy;
+pub mod python;
 pub mod runtime;
 pub mod status;
 pub mod sys;

@@ -1,0 +1,174 @@
+//! `sluice warm run --policy module:Class` end to end: a Python policy
+//! drives prefetch, a stuck and raising one is disabled without holding the
+//! service back, and one that cannot be imported is refused before launch.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// `$SLUICE_PYTHON`, else the checkout's venv, when it can import
+/// `sluice.warm_host`; `None` (the test skips) otherwise.
+fn python() -> Option<PathBuf> {
+    let python = std::env::var_os("SLUICE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"));
+    let ok = Command::new(&python)
+        .args(["-c", "import sluice.warm_host"])
+        .output()
+        .is_ok_and(|out| out.status.success());
+    if !ok {
+        eprintln!(
+            "skipped: {} cannot import sluice.warm_host (run `make develop`)",
+            python.display()
+        );
+        return None;
+    }
+    Some(python)
+}
+
+const POLICIES: &str = "\
+import time
+from sluice.warm import Policy, Prefetch
+
+class StuckThenRaises(Policy):
+    def on_access(self, event):
+        time.sleep(2)
+        raise RuntimeError('policy bug after a nap')
+
+class WholeModel(Policy):
+    def init(self, ctx):
+        self.files = ctx.files
+        return []
+
+    def on_access(self, event):
+        plan, self.files = self.files, []
+        return [Prefetch(path, 0, size, stream=i) for i, (path, size) in enumerate(plan)]
+";
+
+/// A model on a disk file system (pre-content events need one) and the
+/// policies module beside it.
+struct Setup {
+    dir: tempfile::TempDir,
+    model: PathBuf,
+    python: PathBuf,
+}
+
+fn setup() -> Option<Setup> {
+    let python = python()?;
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    std::fs::write(model.join("model-00001.safetensors"), vec![3u8; 6 << 20]).unwrap();
+    std::fs::write(model.join("model-00002.safetensors"), vec![4u8; 2 << 20]).unwrap();
+    std::fs::write(dir.path().join("warm_e2e_policies.py"), POLICIES).unwrap();
+    Some(Setup { dir, model, python })
+}
+
+impl Setup {
+    fn sluice(&self, policy: &str, service: &str) -> Output {
+        let run = self.dir.path().join("run");
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args([
+                "warm", "run", "--policy", policy, "--events", "auto", "--json",
+            ])
+            .arg("--model")
+            .arg(&self.model)
+            .args(["--", "sh", "-c", service])
+            .env("SLUICE_PYTHON", &self.python)
+            .env("PYTHONPATH", self.dir.path())
+            .env("SLUICE_TEMPLATE_DIR", self.dir.path().join("templates"))
+            .env("SLUICE_RUN_DIR", run)
+            .output()
+            .expect("sluice runs")
+    }
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text} / {}", stderr(out)))
+}
+
+#[test]
+fn a_stuck_and_raising_python_policy_is_disabled_and_the_service_runs_on() {
+    if !is_root() {
+        eprintln!("skipped: needs root for fanotify");
+        return;
+    }
+    let Some(s) = setup() else {
+        return;
+    };
+    // 48 reads of 128 KiB: with pre-content events, one permission event each.
+    let dd = format!(
+        "dd if={} of=/dev/null bs=128k status=none",
+        s.model.join("model-00001.safetensors").display()
+    );
+    let started = Instant::now();
+    let out = s.sluice("warm_e2e_policies:StuckThenRaises", &dd);
+    let wall = started.elapsed();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report = json(&out);
+    let fault = report["policy_fault"].as_str().unwrap_or_else(|| {
+        panic!("policy_fault is set: {report}");
+    });
+    assert!(
+        fault.contains("on_access") && fault.contains("within 500 ms"),
+        "the deadline, not the 2 s nap, ended the call: {fault}"
+    );
+    // The policy's 2 s nap is cut at the 500 ms deadline, and the reader
+    // never waited for it at all.
+    let seconds = report["seconds"].as_f64().unwrap_or(f64::MAX);
+    assert!(seconds < 1.9, "{report}");
+    assert!(wall < Duration::from_secs(10), "{wall:?}");
+}
+
+#[test]
+fn a_python_policy_drives_prefetch() {
+    if !is_root() {
+        eprintln!("skipped: needs root for fanotify");
+        return;
+    }
+    let Some(s) = setup() else {
+        return;
+    };
+    let first = s.model.join("model-00001.safetensors");
+    let read_some = format!("head -c 131072 {} > /dev/null; sleep 0.5", first.display());
+    let out = s.sluice("warm_e2e_policies:WholeModel", &read_some);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report = json(&out);
+    assert!(report["policy_fault"].is_null(), "{report}");
+    assert_eq!(report["policy"], "warm_e2e_policies:WholeModel");
+    let prefetched = report["prefetched_bytes"].as_u64().unwrap_or(0);
+    assert!(
+        prefetched >= 7 << 20,
+        "the whole 8 MiB model, less what was read: {report}"
+    );
+}
+
+#[test]
+fn a_policy_that_cannot_be_imported_is_refused_before_launch() {
+    let Some(s) = setup() else {
+        return;
+    };
+    let marker = s.dir.path().join("launched");
+    let service = format!("touch {}", marker.display());
+    let out = s.sluice("warm_e2e_no_such_module:Policy", &service);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let text = stderr(&out);
+    assert!(
+        text.contains("ModuleNotFoundError: No module named 'warm_e2e_no_such_module'"),
+        "{text}"
+    );
+    let out = s.sluice("warm_e2e_policies:NoSuchClass", &service);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("AttributeError"), "{}", stderr(&out));
+    assert!(!marker.exists(), "the service was never started");
+}
