@@ -39,6 +39,11 @@ pub struct BuiltinConfig {
     pub burn_after_reading: bool,
     /// Record a new template even when one exists (`sluice warm record`).
     pub record: bool,
+    /// Replay from the start of every worker's sequence as soon as the
+    /// runtime starts, without waiting for a first access. Right for `run`,
+    /// which launches the service itself (the launch is the first event); a
+    /// daemon does not know when a service starts and waits for one.
+    pub start_at_launch: bool,
     /// How far behind the reader eviction stops. 1 GiB, seed 000's default:
     /// data just read may not have reached the accelerator yet.
     pub bar_distance: u64,
@@ -54,6 +59,7 @@ impl Default for BuiltinConfig {
             affinity: true,
             burn_after_reading: true,
             record: false,
+            start_at_launch: false,
             bar_distance: 1 << 30,
         }
     }
@@ -99,6 +105,10 @@ impl Policy for Native {
     fn name(&self) -> &str {
         "native"
     }
+
+    fn needs_read_ranges(&self) -> bool {
+        false
+    }
 }
 
 /// Everything, at the first sign of a reader.
@@ -111,6 +121,10 @@ pub struct Eager {
 impl Policy for Eager {
     fn name(&self) -> &str {
         "eager"
+    }
+
+    fn needs_read_ranges(&self) -> bool {
+        false
     }
 
     fn init(&mut self, ctx: &PolicyContext) -> Result<Vec<Prefetch>, WarmError> {
@@ -133,6 +147,10 @@ pub struct Precache;
 impl Policy for Precache {
     fn name(&self) -> &str {
         "precache"
+    }
+
+    fn needs_read_ranges(&self) -> bool {
+        false
     }
 
     fn init(&mut self, ctx: &PolicyContext) -> Result<Vec<Prefetch>, WarmError> {
@@ -249,6 +267,15 @@ impl Policy for TemplatePolicy {
         "template"
     }
 
+    /// Recording needs every read's exact range (pre-content events).
+    /// Replay follows readers through opens and the samplers (file position,
+    /// pagemap): pre-content events would make each read wait for an answer
+    /// and turn the kernel's readahead off for whatever prefetch has not
+    /// reached yet.
+    fn needs_read_ranges(&self) -> bool {
+        !matches!(self.mode, Mode::Replay(_))
+    }
+
     fn init(&mut self, ctx: &PolicyContext) -> Result<Vec<Prefetch>, WarmError> {
         self.model_dir = ctx.model_dir.clone();
         let (Some(service), Some(dir)) = (&self.config.service, &self.config.template_dir) else {
@@ -262,10 +289,22 @@ impl Policy for TemplatePolicy {
         } else {
             store.load(service)?
         };
+        let mut first = Vec::new();
         self.mode = match existing {
             Some(template) => {
                 check_model_matches(&template, ctx)?;
-                Mode::Replay(Box::new(Replay::new(template)))
+                let mut replay = Replay::new(template);
+                if self.config.start_at_launch && self.config.prefetch {
+                    for state in 0..replay.workers.len() {
+                        let target = if self.config.affinity {
+                            Target::Accelerator(replay.workers[state].worker)
+                        } else {
+                            Target::Any
+                        };
+                        first.extend(replay.plan_from_reader(state, &ctx.model_dir, target));
+                    }
+                }
+                Mode::Replay(Box::new(replay))
             }
             None => {
                 tracing::info!(
@@ -288,7 +327,7 @@ impl Policy for TemplatePolicy {
                 }))
             }
         };
-        Ok(Vec::new())
+        Ok(first)
     }
 
     fn on_access(&mut self, event: &AccessEvent) -> Result<Vec<Prefetch>, WarmError> {
@@ -309,7 +348,7 @@ impl Policy for TemplatePolicy {
                 let Some(state) = replay.locate(worker, &rel, event) else {
                     return Ok(Vec::new());
                 };
-                if !self.config.prefetch || event.kind == AccessKind::Open {
+                if !self.config.prefetch {
                     return Ok(Vec::new());
                 }
                 let target = if self.config.affinity {
@@ -441,13 +480,22 @@ impl Replay {
             r.file == file && event.offset >= r.offset && event.offset < r.offset + r.len.max(1)
         };
         // Readers move forward: look from the last position on, then from
-        // the start (a worker that re-reads).
-        let index = (ws.at..ranges.len())
-            .find(|&i| contains(i))
-            .or_else(|| (0..ws.at).find(|&i| contains(i)))?;
+        // the start (a worker that re-reads). An open or a mapping says
+        // where the reader is headed, not what it read: it never moves the
+        // reader back.
+        let announce = matches!(event.kind, AccessKind::Open | AccessKind::Mmap);
+        let index = (ws.at..ranges.len()).find(|&i| contains(i)).or_else(|| {
+            (!announce)
+                .then(|| (0..ws.at).find(|&i| contains(i)))
+                .flatten()
+        })?;
         let r = &ranges[index];
+        let position = ws.starts[index] + (event.offset - r.offset).min(r.len);
+        if announce && position < ws.reader {
+            return Some(state);
+        }
         ws.at = index;
-        ws.reader = ws.starts[index] + (event.offset - r.offset).min(r.len);
+        ws.reader = position;
         Some(state)
     }
 

@@ -34,6 +34,9 @@ pub enum Mechanism {
     WillNeed,
     /// `madvise(MADV_POPULATE_READ)` on a temporary mapping, synchronous.
     Populate,
+    /// `pread` into a scratch buffer, synchronous: the read path's
+    /// readahead builds large folios, as `cat` does.
+    Read,
 }
 
 impl std::str::FromStr for Mechanism {
@@ -43,8 +46,9 @@ impl std::str::FromStr for Mechanism {
         match s {
             "willneed" => Ok(Mechanism::WillNeed),
             "populate" => Ok(Mechanism::Populate),
+            "read" => Ok(Mechanism::Read),
             other => Err(WarmError::Config(format!(
-                "unknown prefetch mechanism {other:?}: use willneed or populate"
+                "unknown prefetch mechanism {other:?}: use willneed, read or populate"
             ))),
         }
     }
@@ -71,6 +75,8 @@ pub struct KernelCache {
     bound_node: Option<u32>,
     /// Processes whose mappings eviction pages out.
     readers: Vec<i32>,
+    /// Scratch buffer of the `read` mechanism.
+    scratch: Vec<u8>,
 }
 
 impl KernelCache {
@@ -94,6 +100,7 @@ impl KernelCache {
             numa,
             bound_node: None,
             readers: Vec::new(),
+            scratch: Vec::new(),
         }
     }
 
@@ -161,6 +168,30 @@ impl PageCache for KernelCache {
             Mechanism::Populate => {
                 let file = self.file(&range.path)?;
                 sys::populate_read(file, &range.path, range.offset, range.len)
+            }
+            Mechanism::Read => {
+                use std::os::unix::fs::FileExt;
+                let chunk = self.chunk as usize;
+                if self.scratch.len() < chunk {
+                    self.scratch = vec![0u8; chunk];
+                }
+                let mut scratch = std::mem::take(&mut self.scratch);
+                let outcome = (|| {
+                    let file = self.file(&range.path)?;
+                    let mut at = range.offset;
+                    while at < range.end() {
+                        let n = (range.end() - at).min(chunk as u64) as usize;
+                        match file.read_at(&mut scratch[..n], at) {
+                            Ok(0) => break,
+                            Ok(got) => at += got as u64,
+                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                            Err(e) => return Err(WarmError::io(&range.path)(e)),
+                        }
+                    }
+                    Ok(at - range.offset)
+                })();
+                self.scratch = scratch;
+                outcome
             }
             Mechanism::WillNeed => {
                 let chunk = self.chunk;

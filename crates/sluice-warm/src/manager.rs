@@ -50,6 +50,9 @@ pub struct ManagerConfig {
     /// Share of the memory limit above which prefetch pauses and the policy
     /// is asked to evict. 0.8, seed 000's threshold.
     pub watermark: f64,
+    /// Memory usage is re-read after this many prefetched bytes (and while
+    /// paused). 32 MiB: a few chunks past the watermark at most.
+    pub memory_check_bytes: u64,
 }
 
 impl Default for ManagerConfig {
@@ -57,6 +60,7 @@ impl Default for ManagerConfig {
         ManagerConfig {
             chunk_bytes: 8 << 20,
             watermark: 0.8,
+            memory_check_bytes: 32 << 20,
         }
     }
 }
@@ -94,8 +98,10 @@ impl Queues {
     fn submit(&mut self, plan: Vec<Prefetch>) -> Vec<FileRange> {
         let mut fresh: BTreeMap<u32, VecDeque<FileRange>> = BTreeMap::new();
         for p in plan {
+            // A stream named with nothing left to fetch still replaces its queue.
+            let queue = fresh.entry(p.stream).or_default();
             if p.range.len > 0 {
-                fresh.entry(p.stream).or_default().push_back(p.range);
+                queue.push_back(p.range);
             }
         }
         let mut dropped = Vec::new();
@@ -156,6 +162,10 @@ impl Queues {
 
     fn pending_bytes(&self) -> u64 {
         self.streams.values().flatten().map(|r| r.len).sum()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.streams.values().all(VecDeque::is_empty)
     }
 }
 
@@ -257,6 +267,8 @@ pub struct Manager<C: PageCache> {
     resident: Resident,
     stats: Stats,
     paused: bool,
+    /// Bytes prefetched since memory usage was last read.
+    since_check: u64,
 }
 
 impl<C: PageCache> Manager<C> {
@@ -269,6 +281,7 @@ impl<C: PageCache> Manager<C> {
             resident: Resident::default(),
             stats: Stats::default(),
             paused: false,
+            since_check: u64::MAX,
         }
     }
 
@@ -276,6 +289,11 @@ impl<C: PageCache> Manager<C> {
     pub fn start(&mut self, ctx: &PolicyContext) {
         let plan = self.policy.init(ctx);
         self.submit(plan);
+    }
+
+    /// Whether the policy needs exact read ranges (pre-content events).
+    pub fn needs_read_ranges(&self) -> bool {
+        self.policy.needs_read_ranges()
     }
 
     /// Whether the service should wait for [`Manager::drain`] before it starts.
@@ -295,7 +313,34 @@ impl<C: PageCache> Manager<C> {
     /// Queues a plan; what it drops from older plans and was not prefetched
     /// yet counts as superseded.
     fn submit(&mut self, plan: Vec<Prefetch>) {
-        for r in self.queues.submit(plan) {
+        // Queue only what is not prefetched yet: a re-plan from a reader
+        // position inside prefetched data then costs one interval pass.
+        let mut missing_plan = Vec::with_capacity(plan.len());
+        for p in plan {
+            let pieces = self.resident.missing(&p.range);
+            let needed: u64 = pieces.iter().map(|(a, b)| b - a).sum();
+            self.stats.skipped_bytes += p.range.len - needed;
+            if pieces.is_empty() {
+                missing_plan.push(Prefetch {
+                    stream: p.stream,
+                    range: FileRange {
+                        len: 0,
+                        ..p.range.clone()
+                    },
+                });
+            }
+            for (a, b) in pieces {
+                missing_plan.push(Prefetch {
+                    stream: p.stream,
+                    range: FileRange {
+                        offset: a,
+                        len: b - a,
+                        ..p.range.clone()
+                    },
+                });
+            }
+        }
+        for r in self.queues.submit(missing_plan) {
             let missing: u64 = self.resident.missing(&r).iter().map(|(a, b)| b - a).sum();
             self.stats.superseded_bytes += missing;
         }
@@ -311,8 +356,20 @@ impl<C: PageCache> Manager<C> {
     pub fn pump(&mut self, max_chunks: usize) -> usize {
         let mut done = 0;
         while done < max_chunks {
-            if self.check_memory(None) {
+            // Nothing queued: no need to read memory usage (a no-op policy
+            // must cost nothing).
+            if self.queues.is_empty() {
                 break;
+            }
+            // Reading memory usage parses cgroup files: do it when paused
+            // (to resume) and after every `memory_check_bytes` prefetched.
+            if (self.paused || self.since_check >= self.config.memory_check_bytes)
+                && self.check_memory(None)
+            {
+                break;
+            }
+            if self.since_check >= self.config.memory_check_bytes {
+                self.since_check = 0;
             }
             let Some(piece) = self.queues.next(self.config.chunk_bytes) else {
                 break;
@@ -329,6 +386,7 @@ impl<C: PageCache> Manager<C> {
                 match self.cache.prefetch(&part) {
                     Ok(bytes) => {
                         self.stats.prefetched_bytes += bytes;
+                        self.since_check += bytes;
                         self.resident.add(&part.path, a, b);
                     }
                     Err(err) => {
@@ -345,6 +403,11 @@ impl<C: PageCache> Manager<C> {
     /// Runs every queued prefetch (for `precache`), pausing only for memory.
     pub fn drain(&mut self) {
         while self.pump(64) > 0 {}
+    }
+
+    /// Whether prefetch is paused over the watermark.
+    pub fn is_paused(&self) -> bool {
+        self.paused
     }
 
     /// Queued prefetch bytes.
@@ -507,6 +570,7 @@ pub(crate) mod tests {
         let config = ManagerConfig {
             chunk_bytes: 8,
             watermark: 0.8,
+            memory_check_bytes: 0,
         };
         Manager::new(
             Guarded::new(Box::new(RestOfFile { reader: 0 })),

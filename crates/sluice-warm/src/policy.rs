@@ -140,6 +140,14 @@ pub trait Policy: Send {
         Ok(Vec::new())
     }
 
+    /// Whether the policy needs exact read ranges (fanotify pre-content
+    /// events, which make every read wait for an answer). Policies that act
+    /// on opens alone say no, and the runtime then watches opens only, at
+    /// no cost to the reader.
+    fn needs_read_ranges(&self) -> bool {
+        true
+    }
+
     /// Whether the service must wait until `init`'s prefetches are done
     /// before it starts (`precache`).
     fn wait_for_init(&self) -> bool {
@@ -196,6 +204,10 @@ impl Guarded {
 
     pub fn wait_for_init(&self) -> bool {
         self.fault.is_none() && self.inner.wait_for_init()
+    }
+
+    pub fn needs_read_ranges(&self) -> bool {
+        self.inner.needs_read_ranges()
     }
 
     pub fn on_access(&mut self, event: &AccessEvent) -> Vec<Prefetch> {

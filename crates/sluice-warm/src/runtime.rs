@@ -181,10 +181,21 @@ fn run_in(
     let manager_config = ManagerConfig {
         chunk_bytes: chunk,
         watermark: config.watermark,
+        ..ManagerConfig::default()
     };
     let mut manager = Manager::new(Guarded::new(policy), cache, manager_config);
+    // The policy decides at init what it needs (a template records or
+    // replays), so it starts before the watch.
+    manager.start(ctx);
     let paths: Vec<PathBuf> = ctx.files.iter().map(|(p, _)| p.clone()).collect();
-    let watch = match Watch::open(&paths, config.level, 4096) {
+    // Pre-content events make every read wait for our answer, and the
+    // kernel turns readahead off for files watched so: ask for them only
+    // when the policy needs exact read ranges (or the user insists).
+    let level = match config.level {
+        None if !manager.needs_read_ranges() => Some(Level::Open),
+        level => level,
+    };
+    let watch = match Watch::open(&paths, level, 4096) {
         _ if config.explicit => None,
         Ok(w) => Some(w),
         Err(err) if config.level.is_none() => {
@@ -193,7 +204,6 @@ fn run_in(
         }
         Err(err) => return Err(err),
     };
-    manager.start(ctx);
     if manager.wait_for_init() {
         manager.drain();
     }
@@ -201,7 +211,7 @@ fn run_in(
         true => None,
         false => Some(spawn(&config.command)?),
     };
-    let mut sampler = MmapSampler::default();
+    let mut sampler = Samplers::default();
     let mut last_tick = Instant::now();
     let mut last_status = Instant::now();
     let exit_code = loop {
@@ -219,12 +229,14 @@ fn run_in(
             }
             break 0;
         }
-        let busy = manager.pending_bytes() > 0;
+        // Paused over the watermark, there is nothing to do until the next
+        // event or tick: wait rather than spin.
+        let busy = manager.pending_bytes() > 0 && !manager.is_paused();
         if let Some(w) = &watch {
             let wait = if busy {
                 Duration::ZERO
             } else {
-                Duration::from_millis(5)
+                Duration::from_millis(20)
             };
             let first = if wait.is_zero() {
                 None
@@ -235,7 +247,7 @@ fn run_in(
                 handle(&mut manager, &mut sampler, &event);
             }
         } else if !busy {
-            std::thread::sleep(Duration::from_millis(5));
+            std::thread::sleep(Duration::from_millis(20));
         }
         manager.pump(4);
         if last_tick.elapsed() >= Duration::from_millis(50) {
@@ -281,9 +293,17 @@ fn run_in(
     })
 }
 
-fn handle(manager: &mut Manager<KernelCache>, sampler: &mut MmapSampler, event: &AccessEvent) {
-    if event.kind == AccessKind::Mmap {
-        sampler.watch(event.pid, &event.path, event.len);
+fn handle(manager: &mut Manager<KernelCache>, sampler: &mut Samplers, event: &AccessEvent) {
+    match event.kind {
+        AccessKind::Mmap => sampler.mmap.watch(event.pid, &event.path, event.len),
+        // Without read ranges, the file position of read() loaders and the
+        // pagemap of mmap loaders are the progress signals.
+        AccessKind::Open => {
+            sampler.reads.watch(event.pid, &event.path, None);
+            let len = std::fs::metadata(&event.path).map_or(0, |m| m.len());
+            sampler.mmap.watch(event.pid, &event.path, len);
+        }
+        _ => {}
     }
     manager.cache_mut().add_reader(event.pid);
     manager.on_event(event);
@@ -330,50 +350,113 @@ fn leave_cgroup(cgroup: Cgroup) {
     }
 }
 
-/// Follows mmap readers through their mappings: the furthest page a reader
-/// has faulted in (pagemap present bit), sampled one page per 2 MiB.
+/// Progress samplers: pagemap for mmap readers, fdinfo for read() readers.
 #[derive(Default)]
-struct MmapSampler {
-    /// (pid, path, file length, furthest offset reported)
-    readers: Vec<(i32, PathBuf, u64, u64)>,
+struct Samplers {
+    /// State: the file's length.
+    mmap: Follower<u64>,
+    /// State: the descriptor the reader opened the file with, once found.
+    reads: Follower<Option<u32>>,
 }
 
-const SAMPLE_STRIDE: u64 = 2 << 20;
+impl Samplers {
+    fn sample(&mut self) -> Vec<AccessEvent> {
+        let mut events = self
+            .mmap
+            .sample(|pid, path, len, from| furthest_present(pid, path, *len, from));
+        events.extend(self.reads.sample(read_position));
+        events
+    }
+}
 
-impl MmapSampler {
-    fn watch(&mut self, pid: i32, path: &Path, len: u64) {
-        if !self
-            .readers
-            .iter()
-            .any(|(p, f, _, _)| *p == pid && f == path)
-        {
-            self.readers.push((pid, path.to_path_buf(), len, 0));
+/// Readers followed through one progress signal: for each (pid, file), a
+/// sampler state and the furthest offset reported as a `Progress` event.
+struct Follower<S> {
+    readers: Vec<(i32, PathBuf, S, u64)>,
+}
+
+impl<S> Default for Follower<S> {
+    fn default() -> Follower<S> {
+        Follower {
+            readers: Vec::new(),
+        }
+    }
+}
+
+impl<S> Follower<S> {
+    fn watch(&mut self, pid: i32, path: &Path, state: S) {
+        if !self.readers.iter().any(|r| r.0 == pid && r.1 == path) {
+            self.readers.push((pid, path.to_path_buf(), state, 0));
         }
     }
 
-    fn sample(&mut self) -> Vec<AccessEvent> {
-        let mut events = Vec::new();
+    /// Asks `position(pid, path, state, reported)` where each live reader
+    /// is; a position past the last one reported becomes an event.
+    fn sample(
+        &mut self,
+        mut position: impl FnMut(i32, &Path, &mut S, u64) -> Option<u64>,
+    ) -> Vec<AccessEvent> {
         self.readers
-            .retain(|(pid, _, _, _)| Path::new(&format!("/proc/{pid}")).exists());
-        for (pid, path, len, reported) in &mut self.readers {
-            let Some(at) = furthest_present(*pid, path, *len, *reported) else {
-                continue;
-            };
-            if at > *reported {
-                *reported = at;
-                events.push(AccessEvent {
-                    pid: *pid,
-                    worker: None,
-                    path: path.clone(),
-                    offset: at,
-                    len: 0,
-                    kind: AccessKind::Progress,
-                });
+            .retain(|r| Path::new(&format!("/proc/{}", r.0)).exists());
+        let mut events = Vec::new();
+        for (pid, path, state, reported) in &mut self.readers {
+            match position(*pid, path, state, *reported) {
+                Some(at) if at > *reported => {
+                    *reported = at;
+                    events.push(AccessEvent {
+                        pid: *pid,
+                        worker: None,
+                        path: path.clone(),
+                        offset: at,
+                        len: 0,
+                        kind: AccessKind::Progress,
+                    });
+                }
+                _ => {}
             }
         }
         events
     }
 }
+
+/// A read() loader's file position (`/proc/PID/fdinfo/FD`, `pos:`) on the
+/// descriptor it opened the model file with. pread() does not move it, so
+/// pread loaders are invisible here (pre-content events cover them).
+fn read_position(pid: i32, path: &Path, fd: &mut Option<u32>, _: u64) -> Option<u64> {
+    if fd.is_none() {
+        *fd = find_fd(pid, path);
+    }
+    let n = (*fd)?;
+    match std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{n}")) {
+        Ok(info) => fdinfo_pos(&info),
+        Err(_) => {
+            *fd = None; // closed: look for it again next time
+            None
+        }
+    }
+}
+
+/// The descriptor through which `pid` has `path` open, if any.
+fn find_fd(pid: i32, path: &Path) -> Option<u32> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    for entry in dir.flatten() {
+        if std::fs::read_link(entry.path()).ok().as_deref() == Some(path) {
+            return entry.file_name().to_str()?.parse().ok();
+        }
+    }
+    None
+}
+
+/// The `pos:` field of an fdinfo file.
+fn fdinfo_pos(info: &str) -> Option<u64> {
+    info.lines()
+        .find_map(|l| l.strip_prefix("pos:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Mmap readers are followed through their mappings: the furthest page a
+/// reader has faulted in (pagemap present bit), sampled one page per 2 MiB.
+const SAMPLE_STRIDE: u64 = 2 << 20;
 
 /// The end of the furthest sampled block of `path` that `pid` has present
 /// in its mapping, scanning from `from`.
@@ -414,6 +497,18 @@ mod tests {
         m
     }
 
+    /// A model on a disk file system, when running as root (else `None`:
+    /// the caller skips, as fanotify needs root).
+    fn root_model() -> Option<(tempfile::TempDir, PathBuf)> {
+        if !is_root() {
+            eprintln!("skipped: needs root for fanotify");
+            return None;
+        }
+        let dir = crate::sys::test_util::disk_tempdir()?;
+        let m = model(dir.path());
+        Some((dir, m))
+    }
+
     fn config(model_dir: &Path, command: &[&str]) -> RunConfig {
         RunConfig {
             model_dir: model_dir.to_path_buf(),
@@ -448,6 +543,63 @@ mod tests {
     }
 
     #[test]
+    fn fdinfo_positions_parse_and_garbage_does_not() {
+        assert_eq!(fdinfo_pos("pos:\t4096\nflags:\t02100000\n"), Some(4096));
+        assert_eq!(fdinfo_pos("flags: 0\n"), None);
+        assert_eq!(fdinfo_pos("pos: lots\n"), None);
+        assert_eq!(find_fd(i32::MAX, Path::new("/x")), None);
+    }
+
+    #[test]
+    fn read_loaders_are_followed_through_their_file_position_with_open_events_only() {
+        let Some((_dir, m)) = root_model() else {
+            return;
+        };
+        let a = m.join("a.safetensors");
+        // Read 3 MiB through one descriptor, then hold it open a moment.
+        let cmd = format!(
+            "exec 3< {}; dd bs=1M count=3 <&3 >/dev/null 2>&1; sleep 0.4",
+            a.display()
+        );
+        let mut c = config(&m, &["sh", "-c", &cmd]);
+        c.level = Some(Level::Open);
+        let stop = AtomicBool::new(false);
+        let report = run(&c, &stop, &mut |_| {}).unwrap();
+        assert_eq!(report.level, Some(Level::Open));
+        let (path, at) = report.stats.last_reader.clone().expect("progress seen");
+        assert_eq!(path, a.canonicalize().unwrap());
+        assert_eq!(at, 3 << 20, "{report:?}");
+    }
+
+    #[test]
+    fn policies_without_read_ranges_watch_opens_only() {
+        let Some((_dir, m)) = root_model() else {
+            return;
+        };
+        let cat = format!("cat {} > /dev/null", m.join("a.safetensors").display());
+        let stop = AtomicBool::new(false);
+        let mut c = config(&m, &["sh", "-c", &cat]);
+        let native = run(&c, &stop, &mut |_| {}).unwrap();
+        assert_eq!(
+            native.level,
+            Some(Level::Open),
+            "a no-op policy costs readers nothing"
+        );
+        assert_eq!(native.watch_answered, 0);
+        let custom = run_with(&c, Box::new(Stuck { calls: 10 }), &stop, &mut |_| {}).unwrap();
+        if custom.level == Some(Level::PreContent) {
+            assert!(custom.watch_answered > 0);
+        }
+        c.level = Some(Level::PreContent);
+        let forced = run(&c, &stop, &mut |_| {}).unwrap();
+        assert_eq!(
+            forced.level,
+            Some(Level::PreContent),
+            "--events pre-content is obeyed"
+        );
+    }
+
+    #[test]
     fn model_files_are_sorted_sized_and_skip_hidden_entries() {
         let dir = tempfile::tempdir().unwrap();
         let m = model(dir.path());
@@ -475,14 +627,9 @@ mod tests {
 
     #[test]
     fn a_stuck_and_panicking_policy_never_holds_the_reader_back() {
-        if !is_root() {
-            eprintln!("skipped: needs root for fanotify");
-            return;
-        }
-        let Some(dir) = crate::sys::test_util::disk_tempdir() else {
+        let Some((_dir, m)) = root_model() else {
             return;
         };
-        let m = model(dir.path());
         let a = m.join("a.safetensors");
         // 64 reads of 128 KiB: far more events than the policy can take at 20 ms each.
         let cmd = format!("dd if={} of=/dev/null bs=128k status=none", a.display());
@@ -546,14 +693,9 @@ mod tests {
 
     #[test]
     fn a_template_run_prefetches_the_recorded_sequence() {
-        if !is_root() {
-            eprintln!("skipped: needs root for fanotify");
-            return;
-        }
-        let Some(dir) = crate::sys::test_util::disk_tempdir() else {
+        let Some((dir, m)) = root_model() else {
             return;
         };
-        let m = model(dir.path());
         let templates = dir.path().join("templates");
         let read_all = format!(
             "cat {} {} > /dev/null",

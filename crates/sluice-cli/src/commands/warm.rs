@@ -121,7 +121,11 @@ fn run_config(
             affinity: !common.no_affinity,
             burn_after_reading: !common.no_burn,
             record: false,
-            bar_distance: bytes(&common.bar_distance)?,
+            start_at_launch: common.start_at_launch && !command.is_empty(),
+            bar_distance: match common.bar_distance.as_str() {
+                "auto" => memory_limit.map_or(1 << 30, |l| (l / 8).min(1 << 30)),
+                other => bytes(other)?,
+            },
         },
         memory_limit,
         watermark: common.watermark,
