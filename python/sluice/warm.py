@@ -38,7 +38,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-__all__ = ["Context", "Event", "Evict", "Policy", "Prefetch", "Target"]
+__all__ = [
+    "Context",
+    "Event",
+    "Evict",
+    "Policy",
+    "Prefetch",
+    "Target",
+    "run_dir",
+    "running",
+    "trigger",
+]
 
 ACCESS_KINDS = ("open", "read", "mmap", "progress", "explicit")
 
@@ -223,3 +233,67 @@ class Policy:
 
     def exit(self) -> None:
         """Called once when the runtime stops."""
+
+
+def run_dir() -> str:
+    """Where running ``sluice warm`` runtimes publish their status and trigger pipes:
+    ``$SLUICE_RUN_DIR``, else ``/run/sluice/warm`` for root, else
+    ``$XDG_RUNTIME_DIR/sluice/warm``, else ``/tmp/sluice-warm-UID``."""
+    import os
+
+    if os.environ.get("SLUICE_RUN_DIR"):
+        return os.environ["SLUICE_RUN_DIR"]
+    if os.geteuid() == 0:
+        return "/run/sluice/warm"
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return os.path.join(os.environ["XDG_RUNTIME_DIR"], "sluice", "warm")
+    return f"/tmp/sluice-warm-{os.geteuid()}"
+
+
+def running() -> list[int]:
+    """Pids of the live ``sluice warm`` runtimes."""
+    import os
+
+    pids = []
+    try:
+        names = os.listdir(run_dir())
+    except FileNotFoundError:
+        return []
+    for name in names:
+        stem = name.removesuffix(".json")
+        if stem != name and stem.isdigit() and os.path.exists(f"/proc/{stem}"):
+            pids.append(int(stem))
+    return sorted(pids)
+
+
+def trigger(
+    path: str,
+    offset: Optional[int] = None,
+    length: Optional[int] = None,
+    *,
+    worker: Optional[int] = None,
+    pid: Optional[int] = None,
+) -> None:
+    """Tells a running runtime that ``path`` (absolute, or relative to its model directory)
+    is about to be read from ``offset`` for ``length`` bytes (default: the rest of the file):
+    an explicit access event for its policy, as ``sluice warm trigger`` sends.
+
+    ``pid`` picks the runtime when several run. Raises ``RuntimeError`` when none (or more
+    than one, without ``pid``) is running, ``OSError`` when its pipe cannot be written.
+    """
+    import json
+    import os
+
+    if pid is None:
+        pids = running()
+        if len(pids) != 1:
+            found = ", ".join(map(str, pids)) or "none"
+            raise RuntimeError(f"sluice.warm.trigger: pass pid= (running runtimes: {found})")
+        pid = pids[0]
+    line = {"path": os.fspath(path), "offset": offset, "len": length, "worker": worker}
+    fifo = os.path.join(run_dir(), f"{pid}.trigger")
+    fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        os.write(fd, (json.dumps(line) + "\n").encode())
+    finally:
+        os.close(fd)

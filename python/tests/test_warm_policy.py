@@ -212,3 +212,29 @@ def test_the_module_docstring_example_is_a_working_policy(tmp_path: Path) -> Non
     assert reply["ok"] == [
         {"stream": 0, "path": "/m/a", "offset": 25, "len": 75, "target": {"accelerator": 0}}
     ]
+
+
+def test_trigger_writes_one_json_line_to_the_runtimes_pipe(tmp_path, monkeypatch) -> None:
+    import json
+    import os
+
+    from sluice import warm
+
+    monkeypatch.setenv("SLUICE_RUN_DIR", str(tmp_path))
+    with pytest.raises(RuntimeError, match="none"):
+        warm.trigger("a.bin")
+    me = os.getpid()
+    (tmp_path / f"{me}.json").write_text("{}")
+    (tmp_path / f"{2**22 + 12345}.json").write_text("{}")  # a pid that does not exist
+    assert warm.running() == [me]
+    fifo = tmp_path / f"{me}.trigger"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        warm.trigger("a.bin", 4096, worker=1)
+        line = os.read(reader, 4096).decode()
+    finally:
+        os.close(reader)
+    assert json.loads(line) == {"path": "a.bin", "offset": 4096, "len": None, "worker": 1}
+    with pytest.raises(OSError):
+        warm.trigger("a.bin", pid=2**22 + 12345)

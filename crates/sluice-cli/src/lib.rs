@@ -55,6 +55,27 @@ pub enum WarmCommand {
     Daemon(WarmDaemonArgs),
     /// Show the running warm runtimes: policy, prefetched, evicted, reader position.
     Status(WarmStatusArgs),
+    /// Tell a running runtime that a range is about to be read (an explicit access event).
+    Trigger(WarmTriggerArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct WarmTriggerArgs {
+    /// The file, absolute or relative to the runtime's model directory.
+    #[arg(long)]
+    pub path: String,
+    /// First byte (default 0).
+    #[arg(long)]
+    pub offset: Option<u64>,
+    /// Bytes (default: to the end of the file).
+    #[arg(long)]
+    pub len: Option<u64>,
+    /// The loader worker this access belongs to.
+    #[arg(long)]
+    pub worker: Option<u32>,
+    /// The runtime's pid (see `sluice warm status`); needed when several run.
+    #[arg(long)]
+    pub pid: Option<i32>,
 }
 
 /// Options every warm runtime takes.

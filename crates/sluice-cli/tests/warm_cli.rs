@@ -334,4 +334,17 @@ fn status_lists_nothing_when_nothing_runs() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("no warm runtime"));
     let out = sluice(&["warm", "status", "--json"], &templates);
     assert_eq!(json(&out), serde_json::json!([]));
+    let out = sluice(&["warm", "trigger", "--path", "a.safetensors"], &templates);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no warm runtime"), "{}", stderr(&out));
+    let out = sluice(
+        &["warm", "trigger", "--path", "a.safetensors", "--pid", "1"],
+        &templates,
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "no pipe for pid 1: {}",
+        stderr(&out)
+    );
 }

@@ -16,6 +16,7 @@
 //!   bounded window or POPULATE_READ, DONTNEED + PAGEOUT, cgroup memory).
 //! - [`runtime`]: `run`/`record`: the service and the runtime in one
 //!   cgroup, events → policy → manager until the service exits.
+//! - [`trigger`]: explicit triggers through a named pipe.
 //! - [`status`]: the status files behind `sluice warm status`.
 //! - [`builtin`]: `native`, `eager`, `precache` and `template` (MAIO).
 //! - [`python`]: `module:Class` policies, run in an isolated child process.
@@ -31,5 +32,6 @@ pub mod runtime;
 pub mod status;
 pub mod sys;
 pub mod template;
+pub mod trigger;
 
 pub use error::WarmError;

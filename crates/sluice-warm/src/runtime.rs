@@ -42,6 +42,8 @@ pub struct RunConfig {
     /// The service command line; empty for a daemon, which runs until
     /// `stop` is set.
     pub command: Vec<OsString>,
+    /// Where to listen for explicit triggers (a named pipe), if anywhere.
+    pub trigger_pipe: Option<PathBuf>,
 }
 
 /// Live state, for the summary line.
@@ -214,6 +216,16 @@ fn run_in(
     let mut sampler = Samplers::default();
     let mut last_tick = Instant::now();
     let mut last_status = Instant::now();
+    let mut triggers = match &config.trigger_pipe {
+        Some(path) => match crate::trigger::TriggerPipe::create(path) {
+            Ok(p) => Some(p),
+            Err(err) => {
+                tracing::warn!("explicit triggers unavailable: {err}");
+                None
+            }
+        },
+        None => None,
+    };
     let exit_code = loop {
         if let Some(c) = child.as_mut() {
             if let Some(status) = c.try_wait().map_err(|e| WarmError::Config(e.to_string()))? {
@@ -248,6 +260,11 @@ fn run_in(
             }
         } else if !busy {
             std::thread::sleep(Duration::from_millis(20));
+        }
+        if let Some(t) = triggers.as_mut() {
+            for event in t.poll(&ctx.model_dir) {
+                handle(&mut manager, &mut sampler, &event);
+            }
         }
         manager.pump(4);
         if last_tick.elapsed() >= Duration::from_millis(50) {
@@ -305,7 +322,9 @@ fn handle(manager: &mut Manager<KernelCache>, sampler: &mut Samplers, event: &Ac
         }
         _ => {}
     }
-    manager.cache_mut().add_reader(event.pid);
+    if event.pid > 0 {
+        manager.cache_mut().add_reader(event.pid);
+    }
     manager.on_event(event);
 }
 
@@ -521,6 +540,7 @@ mod tests {
             level: None,
             explicit: false,
             command: command.iter().map(Into::into).collect(),
+            trigger_pipe: None,
         }
     }
 
@@ -597,6 +617,31 @@ mod tests {
             Some(Level::PreContent),
             "--events pre-content is obeyed"
         );
+    }
+
+    #[test]
+    fn explicit_triggers_reach_the_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = model(dir.path());
+        let fifo = dir.path().join("run/t.trigger");
+        let cmd = format!(
+            "sleep 0.3; echo '{{\"path\": \"b.safetensors\"}}' > {}; sleep 0.5",
+            fifo.display()
+        );
+        let mut c = config(&m, &["sh", "-c", &cmd]);
+        c.policy = "eager".into();
+        c.explicit = true;
+        c.trigger_pipe = Some(fifo.clone());
+        let stop = AtomicBool::new(false);
+        let report = run(&c, &stop, &mut |_| {}).unwrap();
+        assert_eq!(report.exit_code, 0);
+        assert_eq!(report.stats.events, 1, "{report:?}");
+        assert_eq!(
+            report.stats.prefetched_bytes,
+            12 << 20,
+            "eager fetched the model"
+        );
+        assert!(!fifo.exists(), "the pipe is removed at exit");
     }
 
     #[test]

@@ -16,7 +16,40 @@ use sluice_warm::status::{self as warm_status, RuntimeStatus};
 use sluice_warm::template::{ServiceId, TemplateStore};
 use sluice_warm::WarmError;
 
-use crate::{WarmCommand, WarmCommonArgs, WarmStatusArgs};
+use crate::{WarmCommand, WarmCommonArgs, WarmStatusArgs, WarmTriggerArgs};
+
+/// The trigger pipe of the runtime with this pid.
+fn trigger_pipe_of(pid: i32) -> PathBuf {
+    warm_status::run_dir().join(format!("{pid}.trigger"))
+}
+
+fn trigger(args: &WarmTriggerArgs) -> Result<(), WarmError> {
+    let pid = match args.pid {
+        Some(pid) => pid,
+        None => {
+            let running = warm_status::list(&warm_status::run_dir())?;
+            match running.as_slice() {
+                [one] => one.pid,
+                [] => return Err(WarmError::Config("no warm runtime is running".into())),
+                many => {
+                    let pids: Vec<String> = many.iter().map(|s| s.pid.to_string()).collect();
+                    return Err(WarmError::Config(format!(
+                        "{} runtimes are running (pids {}): choose one with --pid",
+                        many.len(),
+                        pids.join(", ")
+                    )));
+                }
+            }
+        }
+    };
+    let line = serde_json::json!({
+        "path": args.path,
+        "offset": args.offset,
+        "len": args.len,
+        "worker": args.worker,
+    });
+    sluice_warm::trigger::send(&trigger_pipe_of(pid), &line.to_string())
+}
 
 /// Set by SIGINT/SIGTERM: the runtime stops (and stops the service).
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -37,6 +70,7 @@ fn install_signal_handlers() {
 pub fn run(command: WarmCommand) -> Result<i32, WarmError> {
     match command {
         WarmCommand::Status(args) => status(&args).map(|()| 0),
+        WarmCommand::Trigger(args) => trigger(&args).map(|()| 0),
         WarmCommand::Record(args) => {
             let mut config = run_config(&args.common, "template", None, args.model, args.command)?;
             config.builtin.record = true;
@@ -134,6 +168,7 @@ fn run_config(
         level,
         explicit,
         command,
+        trigger_pipe: Some(trigger_pipe_of(std::process::id() as i32)),
     })
 }
 

@@ -1,0 +1,208 @@
+//! Explicit triggers: a running runtime listens on a named pipe for
+//! accesses announced by the CLI (`sluice warm trigger`) or the API
+//! (`sluice.warm.trigger`), one JSON object per line:
+//!
+//! ```json
+//! {"path": "model-00001-of-00004.safetensors", "offset": 0, "len": 1048576}
+//! ```
+//!
+//! `path` is absolute or relative to the model directory; `offset` and `len`
+//! default to 0 and the whole file. Each line becomes an `Explicit` access
+//! event for the policy, as if a loader had read that range. Malformed
+//! lines are logged and skipped; the pipe never blocks the runtime (it is
+//! read non-blocking, and the runtime holds a writer end itself so a
+//! departed writer does not make it spin on end-of-file).
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use crate::error::WarmError;
+use crate::policy::{AccessEvent, AccessKind};
+
+/// The listening end of a trigger pipe; removes the pipe when dropped.
+pub struct TriggerPipe {
+    path: PathBuf,
+    reader: File,
+    _keepalive: File,
+    pending: Vec<u8>,
+}
+
+impl TriggerPipe {
+    /// Creates the named pipe at `path` (replacing a stale one) and opens it.
+    pub fn create(path: &Path) -> Result<TriggerPipe, WarmError> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(WarmError::io(dir))?;
+        }
+        let _ = std::fs::remove_file(path);
+        let c = CString::new(path.as_os_str().as_bytes())
+            .map_err(|_| WarmError::Config(format!("{}: NUL in path", path.display())))?;
+        // SAFETY: mkfifo with a valid NUL-terminated path.
+        if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
+            return Err(WarmError::io(path)(std::io::Error::last_os_error()));
+        }
+        let reader = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map_err(WarmError::io(path))?;
+        let keepalive = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map_err(WarmError::io(path))?;
+        Ok(TriggerPipe {
+            path: path.to_path_buf(),
+            reader,
+            _keepalive: keepalive,
+            pending: Vec::new(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Every complete line written so far, as events for files under
+    /// `model_dir`.
+    pub fn poll(&mut self, model_dir: &Path) -> Vec<AccessEvent> {
+        let mut buf = [0u8; 4096];
+        loop {
+            match self.reader.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => self.pending.extend_from_slice(&buf[..n]),
+                Err(_) => break, // EAGAIN: nothing more now
+            }
+            if self.pending.len() > 1 << 20 {
+                tracing::warn!("trigger pipe: over 1 MiB without a newline; dropped");
+                self.pending.clear();
+            }
+        }
+        let mut events = Vec::new();
+        while let Some(end) = self.pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.pending.drain(..=end).collect();
+            match parse_line(&line[..end], model_dir) {
+                Ok(Some(e)) => events.push(e),
+                Ok(None) => {}
+                Err(message) => tracing::warn!("trigger pipe: {message}"),
+            }
+        }
+        events
+    }
+}
+
+impl Drop for TriggerPipe {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// One trigger line as an event; `Ok(None)` for a blank line.
+pub fn parse_line(line: &[u8], model_dir: &Path) -> Result<Option<AccessEvent>, String> {
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let value: serde_json::Value =
+        serde_json::from_slice(line).map_err(|e| format!("not JSON ({e})"))?;
+    let path = value
+        .get("path")
+        .and_then(|p| p.as_str())
+        .ok_or("no \"path\" string")?;
+    let field = |name: &str| -> Result<Option<u64>, String> {
+        match value.get(name) {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .map(Some)
+                .ok_or(format!("{name} {v} is not an unsigned integer")),
+        }
+    };
+    let path = model_dir.join(path);
+    let Ok(path) = path.canonicalize() else {
+        return Err(format!("{}: no such file", path.display()));
+    };
+    if !path.starts_with(model_dir) {
+        return Err(format!("{}: not in the model directory", path.display()));
+    }
+    let size = std::fs::metadata(&path).map_or(0, |m| m.len());
+    let offset = field("offset")?.unwrap_or(0);
+    let len = field("len")?.unwrap_or(size.saturating_sub(offset));
+    Ok(Some(AccessEvent {
+        pid: 0,
+        worker: value
+            .get("worker")
+            .and_then(|w| w.as_u64())
+            .and_then(|w| u32::try_from(w).ok()),
+        path,
+        offset,
+        len,
+        kind: AccessKind::Explicit,
+    }))
+}
+
+/// Writes one trigger line to the pipe of a running runtime. Fails when no
+/// runtime listens there (`ENXIO`) or the pipe is gone.
+pub fn send(pipe: &Path, line: &str) -> Result<(), WarmError> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(pipe)
+        .map_err(WarmError::io(pipe))?;
+    let mut text = line.trim_end().to_string();
+    text.push('\n');
+    f.write_all(text.as_bytes()).map_err(WarmError::io(pipe))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_become_explicit_events_and_bad_lines_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = dir.path().canonicalize().unwrap();
+        std::fs::write(m.join("a.bin"), vec![0u8; 100]).unwrap();
+        let e = parse_line(br#"{"path": "a.bin", "offset": 10}"#, &m)
+            .unwrap()
+            .unwrap();
+        assert_eq!((e.offset, e.len, e.kind), (10, 90, AccessKind::Explicit));
+        assert_eq!(e.path, m.join("a.bin"));
+        assert!(parse_line(b"  ", &m).unwrap().is_none());
+        for (line, needle) in [
+            (&br#"{"offset": 1}"#[..], "path"),
+            (br#"{"path": "nope.bin"}"#, "no such file"),
+            (br#"{"path": "a.bin", "len": -1}"#, "len"),
+            (b"garbage", "not JSON"),
+            (
+                br#"{"path": "/etc/hostname"}"#,
+                "not in the model directory",
+            ),
+        ] {
+            let err = parse_line(line, &m).unwrap_err();
+            assert!(err.contains(needle), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_pipe_carries_lines_and_is_removed_when_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = dir.path().canonicalize().unwrap();
+        std::fs::write(m.join("a.bin"), vec![0u8; 100]).unwrap();
+        let fifo = m.join("run/1.trigger");
+        let mut pipe = TriggerPipe::create(&fifo).unwrap();
+        assert!(pipe.poll(&m).is_empty());
+        send(&fifo, r#"{"path": "a.bin", "len": 5}"#).unwrap();
+        send(&fifo, "not json").unwrap();
+        let events = pipe.poll(&m);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].len, 5);
+        drop(pipe);
+        assert!(!fifo.exists());
+        let err = send(&fifo, "{}").unwrap_err();
+        assert!(err.to_string().contains("1.trigger"), "{err}");
+    }
+}
