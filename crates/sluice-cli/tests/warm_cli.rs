@@ -75,6 +75,15 @@ fn record_then_replay_a_template() {
         size < 1024,
         "a template of 8 MiB read sequentially is tiny: {size} B"
     );
+    // Replay from a cold cache: the loader opens its first shard, initializes
+    // for a moment (as frameworks do), then reads everything.
+    // SAFETY: sync has no preconditions; it makes the pages clean so they drop.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
+    let slow = format!(
+        "head -c 4096 {}/model-00001.safetensors > /dev/null; sleep 0.3; {read}",
+        m.display()
+    );
     let out = sluice(
         &[
             "warm",
@@ -87,7 +96,7 @@ fn record_then_replay_a_template() {
             "--",
             "sh",
             "-c",
-            &read,
+            &slow,
         ],
         &templates,
     );

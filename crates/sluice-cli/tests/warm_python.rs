@@ -140,6 +140,10 @@ fn a_python_policy_drives_prefetch() {
         return;
     };
     let first = s.model.join("model-00001.safetensors");
+    // Prefetch counts only bytes not cached yet: start cold.
+    // SAFETY: sync has no preconditions; it makes the pages clean so they drop.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
     let read_some = format!("head -c 131072 {} > /dev/null; sleep 0.5", first.display());
     let out = s.sluice("warm_e2e_policies:WholeModel", &read_some);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));

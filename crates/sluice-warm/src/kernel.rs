@@ -163,6 +163,17 @@ impl KernelCache {
 
 impl PageCache for KernelCache {
     fn prefetch(&mut self, range: &FileRange) -> Result<u64, WarmError> {
+        // Residency from cachestat: a range already cached (read by the
+        // service, or left by an earlier run) costs no I/O. Where cachestat
+        // is refused the range is simply prefetched.
+        let file = self.file(&range.path)?;
+        if let Ok(stat) = sys::cachestat(file, range.offset, range.len) {
+            let page = sys::page_size();
+            let pages = range.len.div_ceil(page);
+            if stat.cache >= pages {
+                return Ok(0);
+            }
+        }
         self.place(range.target);
         match self.mechanism {
             Mechanism::Populate => {

@@ -69,6 +69,8 @@ impl Default for ManagerConfig {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
     pub events: u64,
+    /// Bytes prefetch asked the kernel to read (ranges already in the page
+    /// cache cost nothing and do not count).
     pub prefetched_bytes: u64,
     /// Queued bytes, not yet prefetched, that a newer answer for their
     /// stream no longer asked for (the reader jumped past them).

@@ -310,7 +310,29 @@ fn run_in(
     })
 }
 
+/// The loader worker a process is bound to, from its environment:
+/// `SLUICE_WORKER`, else `LOCAL_RANK` (torchrun, vLLM and SGLang set it per
+/// accelerator). `None` leaves the policy to number workers by spawn order.
+fn worker_from_environ(pid: i32) -> Option<u32> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    worker_in_environ(&environ)
+}
+
+fn worker_in_environ(environ: &[u8]) -> Option<u32> {
+    let vars: Vec<&[u8]> = environ.split(|&b| b == 0).collect();
+    ["SLUICE_WORKER=", "LOCAL_RANK="].iter().find_map(|key| {
+        vars.iter()
+            .find_map(|v| v.strip_prefix(key.as_bytes()))
+            .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok())
+    })
+}
+
 fn handle(manager: &mut Manager<KernelCache>, sampler: &mut Samplers, event: &AccessEvent) {
+    let mut event = event.clone();
+    if event.worker.is_none() && event.pid > 0 {
+        event.worker = worker_from_environ(event.pid);
+    }
+    let event = &event;
     match event.kind {
         AccessKind::Mmap => sampler.mmap.watch(event.pid, &event.path, event.len),
         // Without read ranges, the file position of read() loaders and the
@@ -507,11 +529,18 @@ mod tests {
     use crate::policy::{Policy, Prefetch};
     use crate::sys::test_util::is_root;
 
+    /// A two-file model, synced and dropped from the page cache (clean
+    /// pages only can be dropped), so prefetch has something to do.
     fn model(dir: &Path) -> PathBuf {
         let m = dir.join("model");
         std::fs::create_dir(&m).unwrap();
-        std::fs::write(m.join("a.safetensors"), vec![1u8; 8 << 20]).unwrap();
-        std::fs::write(m.join("b.safetensors"), vec![2u8; 4 << 20]).unwrap();
+        for (name, len) in [("a.safetensors", 8usize << 20), ("b.safetensors", 4 << 20)] {
+            let path = m.join(name);
+            let f = std::fs::File::create(&path).unwrap();
+            std::io::Write::write_all(&mut &f, &vec![1u8; len]).unwrap();
+            f.sync_all().unwrap();
+            crate::sys::dontneed(&f, &path, 0, u64::MAX).unwrap();
+        }
         std::fs::write(m.join(".hidden"), b"x").unwrap();
         m
     }
@@ -560,6 +589,42 @@ mod tests {
             assert!(self.calls < 5, "policy bug");
             Ok(Vec::new())
         }
+    }
+
+    #[test]
+    fn workers_come_from_the_loader_environment() {
+        assert_eq!(worker_in_environ(b"PATH=/bin\0LOCAL_RANK=3\0"), Some(3));
+        assert_eq!(
+            worker_in_environ(b"LOCAL_RANK=3\0SLUICE_WORKER=1\0"),
+            Some(1)
+        );
+        assert_eq!(worker_in_environ(b"LOCAL_RANK=x\0"), None);
+        assert_eq!(worker_in_environ(b""), None);
+        assert_eq!(worker_from_environ(i32::MAX), None);
+    }
+
+    #[test]
+    fn a_vanished_model_file_is_counted_and_the_rest_is_prefetched() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = model(dir.path());
+        let fifo = dir.path().join("run/v.trigger");
+        // The service deletes b, then asks for the model: eager fetches a and
+        // fails on b without stopping.
+        let cmd = format!(
+            "rm {}; echo '{{\"path\": \"a.safetensors\"}}' > {}; sleep 0.5",
+            m.join("b.safetensors").display(),
+            fifo.display()
+        );
+        let mut c = config(&m, &["sh", "-c", &cmd]);
+        c.policy = "eager".into();
+        c.explicit = true;
+        c.trigger_pipe = Some(fifo);
+        let stop = AtomicBool::new(false);
+        let report = run(&c, &stop, &mut |_| {}).unwrap();
+        assert_eq!(report.exit_code, 0);
+        assert!(report.stats.prefetch_errors >= 1, "{report:?}");
+        // a is 8 MiB; it may already be cached (the test wrote it), so at most.
+        assert!(report.stats.prefetched_bytes <= 8 << 20, "{report:?}");
     }
 
     #[test]
