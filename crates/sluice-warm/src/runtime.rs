@@ -226,6 +226,8 @@ fn run_in(
         },
         None => None,
     };
+    let daemon = config.command.is_empty() && cgroup.is_none();
+    let mut joined = false;
     let exit_code = loop {
         if let Some(c) = child.as_mut() {
             if let Some(status) = c.try_wait().map_err(|e| WarmError::Config(e.to_string()))? {
@@ -256,6 +258,10 @@ fn run_in(
                 w.recv_timeout(wait)
             };
             for event in first.into_iter().chain(w.drain()) {
+                if daemon && !joined && event.pid > 0 {
+                    joined = true;
+                    join_reader_cgroup(event.pid);
+                }
                 handle(&mut manager, &mut sampler, &event);
             }
         } else if !busy {
@@ -325,6 +331,35 @@ fn worker_in_environ(environ: &[u8]) -> Option<u32> {
             .find_map(|v| v.strip_prefix(key.as_bytes()))
             .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok())
     })
+}
+
+/// A daemon prefetches for services it did not start: it joins the memory
+/// cgroup of the first reader it sees, so the page cache it fills is
+/// charged where that service's limit applies (and its watermark is the
+/// service's). Returns whether it moved.
+fn join_reader_cgroup(pid: i32) -> bool {
+    let (Some(theirs), mine) = (
+        sys::memory_cgroup_of(pid),
+        sys::memory_cgroup_of(std::process::id() as i32),
+    ) else {
+        return false;
+    };
+    if mine.as_ref() == Some(&theirs) {
+        return false;
+    }
+    match theirs.add_pid(std::process::id() as i32) {
+        Ok(()) => {
+            tracing::info!(cgroup = %theirs.path.display(), pid, "prefetch now charged to the reader's cgroup");
+            true
+        }
+        Err(err) => {
+            tracing::warn!(
+                "cannot join the reader's cgroup {}: {err}",
+                theirs.path.display()
+            );
+            false
+        }
+    }
 }
 
 fn handle(manager: &mut Manager<KernelCache>, sampler: &mut Samplers, event: &AccessEvent) {

@@ -153,6 +153,22 @@ pub fn memory_limit_in(
     }
 }
 
+/// The memory cgroup `pid` belongs to, when it has one (v1 memory
+/// controller, or v2 with memory enabled).
+pub fn memory_cgroup_of(pid: i32) -> Option<Cgroup> {
+    let cgroup_file = PathBuf::from(format!("/proc/{pid}/cgroup"));
+    let text = std::fs::read_to_string(&cgroup_file).ok()?;
+    let memberships = parse_proc_cgroup(&text, &cgroup_file).ok()?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|text| parse_mountinfo(&text, Path::new("/sys")))
+        .unwrap_or_default();
+    let place = locate(&memberships, &mounts, Path::new("/sys"))?;
+    Some(Cgroup {
+        version: place.version,
+        path: place.dir,
+    })
+}
+
 /// One line of `/proc/<pid>/cgroup`.
 #[derive(Debug)]
 struct Membership {
@@ -698,6 +714,16 @@ mod tests {
             }
             other => panic!("expected InvalidData naming {file}, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn memory_cgroup_of_a_process_is_found_or_none() {
+        // This process: a directory that exists when it has a memory cgroup.
+        if let Some(cg) = memory_cgroup_of(std::process::id() as i32) {
+            assert!(cg.path.is_dir(), "{cg:?}");
+            assert!(cg.usage().is_ok());
+        }
+        assert_eq!(memory_cgroup_of(i32::MAX), None);
     }
 
     #[test]

@@ -54,7 +54,7 @@ pub use advise::{
 };
 pub use cachestat::{cachestat, resident_bytes, resident_bytes_mincore, CacheStat};
 pub use memory::{
-    create_cgroup, create_cgroup_at, memory_limit_for_pid, memory_limit_in,
+    create_cgroup, create_cgroup_at, memory_cgroup_of, memory_limit_for_pid, memory_limit_in,
     own_cgroup_memory_limit, Cgroup, CgroupVersion, MemoryLimit, Watermark,
 };
 pub use numa::{bind_thread_to_node, NumaMap};
