@@ -14,22 +14,64 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use crate::aligned_buf::page_size;
 
+/// `cachestat` on x86_64 and arm64 (both use the generic table from 451 on).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 const SYS_CACHESTAT: libc::c_long = 451;
 
+/// `struct cachestat_range` of the UAPI.
 #[repr(C)]
 struct CachestatRange {
     off: u64,
     len: u64,
 }
 
+/// Pages of a range by page-cache state, as `cachestat(2)` reports them
+/// (the UAPI's `struct cachestat`). Counts are in base pages.
 #[repr(C)]
-#[derive(Default)]
-struct Cachestat {
-    nr_cache: u64,
-    nr_dirty: u64,
-    nr_writeback: u64,
-    nr_evicted: u64,
-    nr_recently_evicted: u64,
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStat {
+    /// Pages in the page cache, including those with a read in flight.
+    pub cache: u64,
+    /// Cached pages that are dirty.
+    pub dirty: u64,
+    /// Cached pages being written back.
+    pub writeback: u64,
+    /// Pages evicted by reclaim (DONTNEED leaves no shadow entry, so it does
+    /// not count here).
+    pub evicted: u64,
+    /// Evicted pages that would still be in memory with a bit more of it
+    /// (refaults in the making).
+    pub recently_evicted: u64,
+}
+
+/// Page-cache state of `[off, off + len)` of `fd`; `len` 0 means to the end
+/// of the file. `ENOSYS` before Linux 6.5 (or on other architectures),
+/// `EPERM` where the caller may not see residency.
+pub fn cachestat(fd: RawFd, off: u64, len: u64) -> std::io::Result<CacheStat> {
+    let range = CachestatRange { off, len };
+    let mut out = CacheStat::default();
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    // SAFETY: both pointers refer to live `repr(C)` structs laid out as the
+    // UAPI's; the kernel reads `range` and writes `out` only; flags must be 0.
+    let rc = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            fd,
+            &range as *const CachestatRange,
+            &mut out as *mut CacheStat,
+            0 as libc::c_uint,
+        )
+    };
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let rc: libc::c_long = {
+        let _ = (fd, &range);
+        return Err(std::io::Error::from_raw_os_error(libc::ENOSYS));
+    };
+    if rc == 0 {
+        Ok(out)
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Pages of `fd` in the page cache, or `None` where cachestat is missing.
@@ -47,20 +89,7 @@ pub fn range_is_cached(fd: RawFd, offset: u64, len: u64) -> bool {
 }
 
 fn cached_pages_in(fd: RawFd, off: u64, len: u64) -> Option<u64> {
-    let range = CachestatRange { off, len };
-    let mut out = Cachestat::default();
-    // SAFETY: both pointers refer to live, correctly laid out structs; the
-    // kernel only writes `out`.
-    let rc = unsafe {
-        libc::syscall(
-            SYS_CACHESTAT,
-            fd,
-            &range as *const CachestatRange,
-            &mut out as *mut Cachestat,
-            0,
-        )
-    };
-    (rc == 0).then_some(out.nr_cache)
+    cachestat(fd, off, len).ok().map(|s| s.cache)
 }
 
 /// Fraction of the first `len` bytes of `file` that are cached, if known.

@@ -274,11 +274,7 @@ impl Policy for Arc {
     }
 
     fn for_each_resident(&self, f: &mut dyn FnMut(Evicted)) {
-        for list in [&self.t1, &self.t2] {
-            for e in self.slab.iter(list) {
-                f(e.evicted());
-            }
-        }
+        self.slab.report(&[&self.t1, &self.t2], f);
     }
 
     fn name(&self) -> &'static str {

@@ -147,9 +147,7 @@ impl Policy for Clock {
     }
 
     fn for_each_resident(&self, f: &mut dyn FnMut(Evicted)) {
-        for e in self.slab.iter(&self.queue) {
-            f(e.evicted());
-        }
+        self.slab.report(&[&self.queue], f);
     }
 
     fn name(&self) -> &'static str {

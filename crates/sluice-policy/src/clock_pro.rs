@@ -353,9 +353,7 @@ impl Policy for ClockPro {
     }
 
     fn for_each_resident(&self, f: &mut dyn FnMut(Evicted)) {
-        for e in self.slab.iter(&self.hot).chain(self.slab.iter(&self.cold)) {
-            f(e.evicted());
-        }
+        self.slab.report(&[&self.hot, &self.cold], f);
     }
 
     fn name(&self) -> &'static str {

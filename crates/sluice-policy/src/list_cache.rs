@@ -73,9 +73,7 @@ impl<const PROMOTE: bool> Policy for ListCache<PROMOTE> {
     }
 
     fn for_each_resident(&self, f: &mut dyn FnMut(Evicted)) {
-        for e in self.slab.iter(&self.list) {
-            f(e.evicted());
-        }
+        self.slab.report(&[&self.list], f);
     }
 
     fn name(&self) -> &'static str {

@@ -310,6 +310,15 @@ pub fn split_specs(list: &str) -> Vec<String> {
     out
 }
 
+/// Parses a comma-separated list of specs, keeping each spec's text (for
+/// reports) next to its config.
+pub fn parse_specs(list: &str) -> Result<Vec<(String, PolicyConfig)>, PolicyError> {
+    split_specs(list)
+        .into_iter()
+        .map(|spec| Ok((spec.clone(), PolicyConfig::parse(&spec)?)))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -336,11 +336,7 @@ impl Policy for S3Fifo {
     }
 
     fn for_each_resident(&self, f: &mut dyn FnMut(Evicted)) {
-        for list in [&self.small, &self.main] {
-            for e in self.slab.iter(list) {
-                f(e.evicted());
-            }
-        }
+        self.slab.report(&[&self.small, &self.main], f);
     }
 
     fn name(&self) -> &'static str {

@@ -265,6 +265,16 @@ impl<M: Copy> Slab<M> {
             Some(e)
         })
     }
+
+    /// Reports every entry of `lists` as it would leave the cache: the body
+    /// of `Policy::for_each_resident` for list-based policies.
+    pub fn report(&self, lists: &[&List], f: &mut dyn FnMut(Evicted)) {
+        for list in lists {
+            for e in self.iter(list) {
+                f(e.evicted());
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -194,11 +194,7 @@ impl Policy for Slru {
     }
 
     fn for_each_resident(&self, f: &mut dyn FnMut(Evicted)) {
-        for list in [&self.probation, &self.protected] {
-            for e in self.slab.iter(list) {
-                f(e.evicted());
-            }
-        }
+        self.slab.report(&[&self.probation, &self.protected], f);
     }
 
     fn name(&self) -> &'static str {

@@ -428,11 +428,8 @@ impl Policy for WTinyLfu {
     }
 
     fn for_each_resident(&self, f: &mut dyn FnMut(Evicted)) {
-        for list in [&self.window, &self.probation, &self.protected] {
-            for e in self.slab.iter(list) {
-                f(e.evicted());
-            }
-        }
+        self.slab
+            .report(&[&self.window, &self.probation, &self.protected], f);
     }
 
     fn name(&self) -> &'static str {

@@ -290,11 +290,7 @@ impl Policy for TwoQ {
     }
 
     fn for_each_resident(&self, f: &mut dyn FnMut(Evicted)) {
-        for list in [&self.a_in, &self.am] {
-            for e in self.slab.iter(list) {
-                f(e.evicted());
-            }
-        }
+        self.slab.report(&[&self.a_in, &self.am], f);
     }
 
     fn name(&self) -> &'static str {

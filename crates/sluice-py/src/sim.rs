@@ -6,8 +6,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use pyo3::prelude::*;
-use sluice_policy::registry::split_specs;
-use sluice_policy::PolicyConfig;
+use sluice_policy::registry::parse_specs;
 use sluice_sim::source::{open_trace, TraceOptions};
 use sluice_sim::{run_grid, GridConfig, SimError};
 
@@ -39,10 +38,7 @@ pub fn sim_run(
             model,
             block_tokens,
         };
-        let policies = split_specs(policies)
-            .into_iter()
-            .map(|s| Ok((s.clone(), PolicyConfig::parse(&s)?)))
-            .collect::<Result<Vec<_>, SimError>>()?;
+        let policies = parse_specs(policies)?;
         let mut loaded = traces
             .iter()
             .map(|p| open_trace(p, &options))

@@ -309,7 +309,11 @@ impl<C: PageCache> Manager<C> {
         self.stats.last_reader = Some((event.path.clone(), event.offset + event.len));
         let plan = self.policy.on_access(event);
         self.submit(plan);
-        self.check_memory(Some(event));
+        // Same rule as the pump: memory is read while paused or after
+        // `memory_check_bytes` of prefetch, not on every event.
+        if self.paused || self.since_check >= self.config.memory_check_bytes {
+            self.check_memory(Some(event));
+        }
     }
 
     /// Queues a plan; what it drops from older plans and was not prefetched
@@ -410,6 +414,11 @@ impl<C: PageCache> Manager<C> {
     /// Whether prefetch is paused over the watermark.
     pub fn is_paused(&self) -> bool {
         self.paused
+    }
+
+    /// Whether any prefetch is queued (cheaper than [`Manager::pending_bytes`]).
+    pub fn has_pending(&self) -> bool {
+        !self.queues.is_empty()
     }
 
     /// Queued prefetch bytes.

@@ -201,6 +201,19 @@ pub fn validate_spec(spec: &str) -> Result<(), WarmError> {
     }
 }
 
+/// Interpreters to try when none is configured: `python3`, then the
+/// checkout's `.venv/bin/python` when this binary was built in
+/// `target/{debug,release}`.
+pub fn default_interpreters() -> Vec<PathBuf> {
+    let mut candidates = vec![PathBuf::from("python3")];
+    let venv = std::env::current_exe().ok().and_then(|exe| {
+        let checkout = exe.parent()?.parent()?.parent()?;
+        Some(checkout.join(".venv/bin/python"))
+    });
+    candidates.extend(venv.filter(|p| p.is_file()));
+    candidates
+}
+
 /// The configured interpreter; else the first candidate that can import
 /// `sluice.warm_host` (probed, so a `python3` without the package does not
 /// print its ImportError when the checkout's venv has it).
@@ -208,14 +221,8 @@ fn interpreter(spec: &str, config: &PythonConfig) -> Result<PathBuf, WarmError> 
     if let Some(python) = &config.python {
         return Ok(python.clone());
     }
-    let mut candidates = vec![PathBuf::from("python3")];
-    let venv = std::env::current_exe().ok().and_then(|exe| {
-        let checkout = exe.parent()?.parent()?.parent()?;
-        Some(checkout.join(".venv/bin/python"))
-    });
-    candidates.extend(venv.filter(|p| p.is_file()));
     let mut failures = Vec::new();
-    for python in candidates {
+    for python in default_interpreters() {
         let probe = Command::new(&python)
             .args(["-c", "import sluice.warm_host"])
             .env("PYTHONPATH", python_path(config))

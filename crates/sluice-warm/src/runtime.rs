@@ -245,7 +245,7 @@ fn run_in(
         }
         // Paused over the watermark, there is nothing to do until the next
         // event or tick: wait rather than spin.
-        let busy = manager.pending_bytes() > 0 && !manager.is_paused();
+        let busy = manager.has_pending() && !manager.is_paused();
         if let Some(w) = &watch {
             let wait = if busy {
                 Duration::ZERO
@@ -365,7 +365,10 @@ fn join_reader_cgroup(pid: i32) -> bool {
 fn handle(manager: &mut Manager<KernelCache>, sampler: &mut Samplers, event: &AccessEvent) {
     let mut event = event.clone();
     if event.worker.is_none() && event.pid > 0 {
-        event.worker = worker_from_environ(event.pid);
+        event.worker = *sampler
+            .workers
+            .entry(event.pid)
+            .or_insert_with(|| worker_from_environ(event.pid));
     }
     let event = &event;
     match event.kind {
@@ -433,6 +436,8 @@ struct Samplers {
     mmap: Follower<u64>,
     /// State: the descriptor the reader opened the file with, once found.
     reads: Follower<Option<u32>>,
+    /// Each reader's worker from its environment, read once per pid.
+    workers: std::collections::HashMap<i32, Option<u32>>,
 }
 
 impl Samplers {

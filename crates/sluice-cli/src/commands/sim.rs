@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use sluice_policy::registry::split_specs;
+use sluice_policy::registry::parse_specs;
 use sluice_policy::PolicyConfig;
 use sluice_sim::report::{write_results, StudyMeta};
 use sluice_sim::source::{open_trace, TraceOptions};
@@ -114,14 +114,11 @@ pub fn run(args: &SimRunArgs) -> Result<(), SimError> {
 
 /// Parses `--policies`, keeping each spec's text for the report.
 pub fn parse_policies(list: &str) -> Result<Vec<(String, PolicyConfig)>, SimError> {
-    let specs = split_specs(list);
-    if specs.is_empty() {
+    let policies = parse_specs(list)?;
+    if policies.is_empty() {
         return Err(SimError::Config("--policies is empty".into()));
     }
-    specs
-        .into_iter()
-        .map(|spec| Ok((spec.clone(), PolicyConfig::parse(&spec)?)))
-        .collect()
+    Ok(policies)
 }
 
 /// Parses `--fractions`, e.g. `0.01,0.1,0.5`.
@@ -236,16 +233,10 @@ fn draw_plots(dir: &Path) {
 }
 
 /// `$SLUICE_PYTHON` alone when set; else `python3`, then the checkout's
-/// `.venv/bin/python` when this binary was built in `target/{debug,release}`.
+/// `.venv/bin/python` (the same search as Python policies).
 fn python_candidates() -> Vec<PathBuf> {
-    if let Some(python) = std::env::var_os("SLUICE_PYTHON") {
-        return vec![PathBuf::from(python)];
+    match std::env::var_os("SLUICE_PYTHON") {
+        Some(python) => vec![PathBuf::from(python)],
+        None => sluice_warm::python::default_interpreters(),
     }
-    let mut candidates = vec![PathBuf::from("python3")];
-    let venv = std::env::current_exe().ok().and_then(|exe| {
-        let checkout = exe.parent()?.parent()?.parent()?;
-        Some(checkout.join(".venv/bin/python"))
-    });
-    candidates.extend(venv.filter(|p| p.is_file()));
-    candidates
 }

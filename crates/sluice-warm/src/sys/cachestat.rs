@@ -26,46 +26,9 @@ use std::path::Path;
 use crate::error::WarmError;
 use crate::sys::{clamp_range, errno, fd_path, file_size, page_size};
 
-/// `cachestat` system call number on x86_64 and aarch64 (both use the
-/// generic table from 451 on).
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-const SYS_CACHESTAT: libc::c_long = 451;
-
-/// Pages of a range by page-cache state, as `cachestat(2)` reports them.
-/// Counts are in base pages ([`super::page_size`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CacheStat {
-    /// Pages in the page cache, including those with a read in flight.
-    pub cache: u64,
-    /// Cached pages that are dirty.
-    pub dirty: u64,
-    /// Cached pages being written back.
-    pub writeback: u64,
-    /// Pages evicted by reclaim (DONTNEED leaves no shadow entry, so it does
-    /// not count here).
-    pub evicted: u64,
-    /// Evicted pages that would still be in memory with a bit more of it
-    /// (refaults in the making).
-    pub recently_evicted: u64,
-}
-
-/// `struct cachestat_range` of the UAPI.
-#[repr(C)]
-struct RawRange {
-    off: u64,
-    len: u64,
-}
-
-/// `struct cachestat` of the UAPI.
-#[repr(C)]
-#[derive(Default)]
-struct RawStat {
-    nr_cache: u64,
-    nr_dirty: u64,
-    nr_writeback: u64,
-    nr_evicted: u64,
-    nr_recently_evicted: u64,
-}
+/// Pages of a range by page-cache state: the engine's wrapper of the
+/// system call, shared by the loader and the warm plane.
+pub use sluice_engine::page_cache::CacheStat;
 
 /// Page-cache state of `[offset, offset + len)` of `file`; `len` 0 means to
 /// the end of the file, as in the system call.
@@ -74,12 +37,8 @@ struct RawStat {
 /// where the caller may not see residency (`EPERM`); [`WarmError::Io`]
 /// naming the file otherwise (a bad descriptor, an offset past `i64`).
 pub fn cachestat(file: &File, offset: u64, len: u64) -> Result<CacheStat, WarmError> {
-    let range = RawRange { off: offset, len };
-    let mut raw = RawStat::default();
-    let rc = raw_cachestat(file, &range, &mut raw);
-    if rc != 0 {
-        let err = errno();
-        return Err(match err.raw_os_error() {
+    sluice_engine::page_cache::cachestat(file.as_raw_fd(), offset, len).map_err(|err| {
+        match err.raw_os_error() {
             Some(libc::ENOSYS) => WarmError::Unsupported {
                 feature: "cachestat",
                 reason: "kernel < 6.5".to_string(),
@@ -96,39 +55,8 @@ pub fn cachestat(file: &File, offset: u64, len: u64) -> Result<CacheStat, WarmEr
                 path: fd_path(file),
                 source: err,
             },
-        });
-    }
-    Ok(CacheStat {
-        cache: raw.nr_cache,
-        dirty: raw.nr_dirty,
-        writeback: raw.nr_writeback,
-        evicted: raw.nr_evicted,
-        recently_evicted: raw.nr_recently_evicted,
+        }
     })
-}
-
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-fn raw_cachestat(file: &File, range: &RawRange, out: &mut RawStat) -> libc::c_long {
-    // SAFETY: both pointers point to live `repr(C)` structs laid out as the
-    // UAPI's; the kernel reads `range` and writes `out` only; flags must be 0.
-    unsafe {
-        libc::syscall(
-            SYS_CACHESTAT,
-            file.as_raw_fd(),
-            range as *const RawRange,
-            out as *mut RawStat,
-            0 as libc::c_uint,
-        )
-    }
-}
-
-#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-fn raw_cachestat(_file: &File, _range: &RawRange, _out: &mut RawStat) -> libc::c_long {
-    // The number is only known for the two architectures we ship; report
-    // the call as missing so callers fall back to mincore.
-    // SAFETY: writing errno of this thread.
-    unsafe { *libc::__errno_location() = libc::ENOSYS };
-    -1
 }
 
 /// Bytes of `[offset, offset + len)` in the page cache according to

@@ -59,12 +59,9 @@ pub use memory::{
 };
 pub use numa::{bind_thread_to_node, NumaMap};
 
-/// Size of a base page in bytes, from `sysconf(_SC_PAGESIZE)`; 4096 if
-/// sysconf fails, which it does not on Linux.
+/// Size of a base page in bytes (the engine's, as a `u64`).
 pub fn page_size() -> u64 {
-    // SAFETY: sysconf reads a constant and has no memory side effects.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u64::try_from(size).ok().filter(|&s| s > 0).unwrap_or(4096)
+    sluice_engine::page_size() as u64
 }
 
 /// The size of `file` in bytes, errors naming `path`.
