@@ -105,6 +105,30 @@ fn record_then_replay_a_template() {
     assert_eq!(run["policy"], "template");
     assert!(run["prefetched_bytes"].as_u64().unwrap() > 0, "{run}");
     assert!(run["policy_fault"].is_null(), "{run}");
+    // The same replay on a (pretend) two-node machine: worker 0's
+    // accelerator sits on node 1, so a loader thread for node 1 prefetches.
+    // Node 1 does not exist here: its memory policy and CPU pinning are
+    // refused (logged) and prefetch goes on.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["warm", "run", "--service", "llama-tp1", "--model", m_str])
+        .args(["--json", "--", "sh", "-c", &slow])
+        .env("SLUICE_TEMPLATE_DIR", &templates)
+        .env("SLUICE_RUN_DIR", templates.join("run"))
+        .env("SLUICE_NUMA_MAP", "0:1")
+        .env("SLUICE_LOG", "sluice_warm=debug")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let numa = json(&out);
+    assert!(numa["prefetched_bytes"].as_u64().unwrap() > 0, "{numa}");
+    assert_eq!(numa["prefetch_errors"], 0, "{numa}");
+    assert!(
+        stderr(&out).contains("prefetch lane 1"),
+        "the node-1 loader thread ran: {}",
+        stderr(&out)
+    );
     // A corrupt template is refused with status 3, naming it.
     std::fs::write(&template, b"SLTPL\0garbage").unwrap();
     let out = sluice(
@@ -356,4 +380,109 @@ fn status_lists_nothing_when_nothing_runs() {
         "no pipe for pid 1: {}",
         stderr(&out)
     );
+}
+
+/// Drops a file's clean pages, so prefetch has work to do.
+fn drop_cached(path: &Path) {
+    let f = std::fs::File::open(path).unwrap();
+    f.sync_all().unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid descriptor; fadvise only advises.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(rc, 0);
+}
+
+/// A v1 memory cgroup the test owns, removed on drop.
+struct TestCgroup(PathBuf);
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn a_daemon_prefetches_for_a_service_it_did_not_start_charged_to_its_cgroup() {
+    if !is_root() {
+        eprintln!("skipped: needs root for fanotify and cgroups");
+        return;
+    }
+    let v1 = Path::new("/sys/fs/cgroup/memory");
+    if !v1.join("cgroup.procs").exists() {
+        eprintln!("skipped: no cgroup v1 memory controller");
+        return;
+    }
+    let (_dir, m, templates) = model();
+    for f in ["model-00001.safetensors", "model-00002.safetensors"] {
+        drop_cached(&m.join(f));
+    }
+    let daemon = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["warm", "daemon", "--policy", "eager", "--json", "--watch"])
+        .arg(&m)
+        .env("SLUICE_TEMPLATE_DIR", &templates)
+        .env("SLUICE_RUN_DIR", templates.join("run"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = daemon.id() as i32;
+    // `status` lists the daemon once it watches.
+    let listed = |min_prefetched: u64| {
+        let out = sluice(&["warm", "status", "--json"], &templates);
+        json(&out).as_array().unwrap().iter().any(|s| {
+            s["pid"] == pid
+                && s["mode"] == "daemon"
+                && s["prefetched_bytes"].as_u64().unwrap_or(0) >= min_prefetched
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !listed(0) {
+        assert!(std::time::Instant::now() < deadline, "daemon never listed");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // The service, in its own cgroup: opens the first shard and stays up a
+    // moment.
+    let cgroup = TestCgroup(v1.join(format!("sluice-test-daemon-{}", std::process::id())));
+    std::fs::create_dir(&cgroup.0).unwrap();
+    let reader = format!(
+        "echo $$ > {}/cgroup.procs && exec 3< {}/model-00001.safetensors && sleep 1",
+        cgroup.0.display(),
+        m.display()
+    );
+    let mut service = Command::new("sh").args(["-c", &reader]).spawn().unwrap();
+    // Eager fetches the whole model (8 MiB) for it, from inside its cgroup.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !listed(6 << 20) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "daemon prefetched too little"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let daemon_cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let name = cgroup.0.file_name().unwrap().to_str().unwrap();
+    assert!(
+        daemon_cgroups.contains(name),
+        "daemon joined the reader's cgroup: {daemon_cgroups}"
+    );
+    // The peak, not the current usage: another test may drop caches.
+    let peak: u64 = std::fs::read_to_string(cgroup.0.join("memory.max_usage_in_bytes"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(peak >= 6 << 20, "prefetch charged to the service: {peak}");
+    assert!(service.wait().unwrap().success());
+    // SIGTERM: a clean exit with its report, and no status file left.
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let out = daemon.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report = json(&out);
+    assert_eq!(report["mode"], "daemon");
+    assert!(
+        report["prefetched_bytes"].as_u64().unwrap() >= 6 << 20,
+        "{report}"
+    );
+    assert!(!listed(0), "status retracted");
 }

@@ -33,6 +33,12 @@ pub trait PageCache {
     fn evict(&mut self, range: &FileRange) -> Result<(), WarmError>;
     /// Memory usage and limit of the service's cgroup (or the machine).
     fn memory(&mut self) -> Result<Memory, WarmError>;
+    /// Prefetches that failed on loader threads since the last call (they
+    /// were counted as prefetched when handed over; each is logged where it
+    /// failed).
+    fn take_errors(&mut self) -> u64 {
+        0
+    }
 }
 
 /// Memory usage against its limit, in bytes.
@@ -360,6 +366,7 @@ impl<C: PageCache> Manager<C> {
     /// Performs up to `max_chunks` prefetch pieces; returns how many ran.
     /// Stops early when over the watermark or out of work.
     pub fn pump(&mut self, max_chunks: usize) -> usize {
+        self.stats.prefetch_errors += self.cache.take_errors();
         let mut done = 0;
         while done < max_chunks {
             // Nothing queued: no need to read memory usage (a no-op policy
@@ -444,6 +451,7 @@ impl<C: PageCache> Manager<C> {
 
     /// Stops the policy (templates are written here).
     pub fn stop(&mut self) {
+        self.stats.prefetch_errors += self.cache.take_errors();
         self.policy.exit();
     }
 
@@ -499,6 +507,8 @@ pub(crate) mod tests {
         pub limit: u64,
         pub fail_prefetch_on: Option<PathBuf>,
         pub fail_memory: bool,
+        /// Failures a loader thread would report later.
+        pub async_errors: u64,
     }
 
     impl FakeCache {
@@ -539,6 +549,10 @@ pub(crate) mod tests {
                 usage: self.base_usage + self.resident_bytes(),
                 limit: self.limit,
             })
+        }
+
+        fn take_errors(&mut self) -> u64 {
+            std::mem::take(&mut self.async_errors)
         }
     }
 
@@ -672,6 +686,21 @@ pub(crate) mod tests {
             0,
             "failed pieces are dropped, not retried forever"
         );
+    }
+
+    #[test]
+    fn failures_on_loader_threads_reach_the_stats() {
+        let cache = FakeCache {
+            async_errors: 2,
+            ..FakeCache::default()
+        };
+        let mut m = manager(cache);
+        m.on_event(&read(0));
+        m.pump(1);
+        assert_eq!(m.stats().prefetch_errors, 2);
+        m.cache_mut().async_errors = 3;
+        m.stop();
+        assert_eq!(m.stats().prefetch_errors, 5, "counted at stop too");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! which sits in the service's cgroup, so the page cache it fills is
 //! charged where the limit applies.
 
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -259,8 +260,7 @@ fn run_in(
             };
             for event in first.into_iter().chain(w.drain()) {
                 if daemon && !joined && event.pid > 0 {
-                    joined = true;
-                    join_reader_cgroup(event.pid);
+                    joined = join_reader_cgroup(event.pid).is_some();
                 }
                 handle(&mut manager, &mut sampler, &event);
             }
@@ -336,28 +336,25 @@ fn worker_in_environ(environ: &[u8]) -> Option<u32> {
 /// A daemon prefetches for services it did not start: it joins the memory
 /// cgroup of the first reader it sees, so the page cache it fills is
 /// charged where that service's limit applies (and its watermark is the
-/// service's). Returns whether it moved.
-fn join_reader_cgroup(pid: i32) -> bool {
-    let (Some(theirs), mine) = (
-        sys::memory_cgroup_of(pid),
-        sys::memory_cgroup_of(std::process::id() as i32),
-    ) else {
-        return false;
-    };
-    if mine.as_ref() == Some(&theirs) {
-        return false;
+/// service's). Returns whether it moved, or `None` when the reader's
+/// cgroup could not be read (it already exited: a short-lived `cat` of a
+/// config file), so the next reader is tried.
+fn join_reader_cgroup(pid: i32) -> Option<bool> {
+    let theirs = sys::memory_cgroup_of(pid)?;
+    if sys::memory_cgroup_of(std::process::id() as i32).as_ref() == Some(&theirs) {
+        return Some(false);
     }
     match theirs.add_pid(std::process::id() as i32) {
         Ok(()) => {
             tracing::info!(cgroup = %theirs.path.display(), pid, "prefetch now charged to the reader's cgroup");
-            true
+            Some(true)
         }
         Err(err) => {
             tracing::warn!(
                 "cannot join the reader's cgroup {}: {err}",
                 theirs.path.display()
             );
-            false
+            Some(false)
         }
     }
 }
@@ -437,7 +434,7 @@ struct Samplers {
     /// State: the descriptor the reader opened the file with, once found.
     reads: Follower<Option<u32>>,
     /// Each reader's worker from its environment, read once per pid.
-    workers: std::collections::HashMap<i32, Option<u32>>,
+    workers: HashMap<i32, Option<u32>>,
 }
 
 impl Samplers {
@@ -445,7 +442,23 @@ impl Samplers {
         let mut events = self
             .mmap
             .sample(|pid, path, len, from| furthest_present(pid, path, *len, from));
-        events.extend(self.reads.sample(read_position));
+        // pread() loaders leave the file position alone: where one of their
+        // threads is blocked in a pread-family call, its offset is the
+        // position (sampled once per process for all its files).
+        let mut preads: HashMap<i32, Vec<(PathBuf, u64)>> = HashMap::new();
+        for (pid, ..) in &self.reads.readers {
+            preads.entry(*pid).or_insert_with(|| blocked_preads(*pid));
+        }
+        events.extend(self.reads.sample(|pid, path, fd, reported| {
+            let pread = preads
+                .get(&pid)
+                .into_iter()
+                .flatten()
+                .filter(|(p, _)| p == path)
+                .map(|&(_, at)| at)
+                .max();
+            read_position(pid, path, fd, reported).max(pread)
+        }));
         events
     }
 }
@@ -501,8 +514,8 @@ impl<S> Follower<S> {
 }
 
 /// A read() loader's file position (`/proc/PID/fdinfo/FD`, `pos:`) on the
-/// descriptor it opened the model file with. pread() does not move it, so
-/// pread loaders are invisible here (pre-content events cover them).
+/// descriptor it opened the model file with. pread() does not move it:
+/// [`blocked_preads`] covers those loaders.
 fn read_position(pid: i32, path: &Path, fd: &mut Option<u32>, _: u64) -> Option<u64> {
     if fd.is_none() {
         *fd = find_fd(pid, path);
@@ -515,6 +528,52 @@ fn read_position(pid: i32, path: &Path, fd: &mut Option<u32>, _: u64) -> Option<
             None
         }
     }
+}
+
+/// The files and offsets of the pread-family calls (`pread64`, `preadv`,
+/// `preadv2`) that `pid`'s threads are blocked in now, from
+/// `/proc/PID/task/TID/syscall`. The kernel shows a thread's call only
+/// while it sleeps (a cold read waiting for the disk, which is when the
+/// position matters: the reader caught up with prefetch); a running thread
+/// reads `running`. io_uring reads are not system calls of the reader and
+/// stay invisible.
+fn blocked_preads(pid: i32) -> Vec<(PathBuf, u64)> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for task in tasks.flatten() {
+        let Ok(line) = std::fs::read_to_string(task.path().join("syscall")) else {
+            continue;
+        };
+        let Some((fd, at)) = pread_in_syscall(&line) else {
+            continue;
+        };
+        if let Ok(path) = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")) {
+            found.push((path, at));
+        }
+    }
+    found
+}
+
+/// `(fd, offset)` of a `/proc/PID/task/TID/syscall` line when the call is
+/// in the pread family: `NR fd buf count pos ...` for pread64, `NR fd iov
+/// iovcnt pos_l ...` for preadv and preadv2 (the low word is the whole
+/// offset on 64-bit kernels).
+fn pread_in_syscall(line: &str) -> Option<(u32, u64)> {
+    let mut fields = line.split_whitespace();
+    let nr: i64 = fields.next()?.parse().ok()?;
+    if ![libc::SYS_pread64, libc::SYS_preadv, libc::SYS_preadv2].contains(&nr) {
+        return None;
+    }
+    let args: Vec<u64> = fields
+        .take(4)
+        .map(|a| u64::from_str_radix(a.strip_prefix("0x")?, 16).ok())
+        .collect::<Option<_>>()?;
+    let [fd, _, _, at] = args[..] else {
+        return None;
+    };
+    Some((u32::try_from(fd).ok()?, at))
 }
 
 /// The descriptor through which `pid` has `path` open, if any.
@@ -644,6 +703,16 @@ mod tests {
     }
 
     #[test]
+    fn a_reader_gone_before_its_cgroup_is_read_leaves_the_join_to_the_next() {
+        assert_eq!(join_reader_cgroup(i32::MAX), None);
+        // Our own cgroup: decided, nothing to move.
+        let me = std::process::id() as i32;
+        if sys::memory_cgroup_of(me).is_some() {
+            assert_eq!(join_reader_cgroup(me), Some(false));
+        }
+    }
+
+    #[test]
     fn a_vanished_model_file_is_counted_and_the_rest_is_prefetched() {
         let dir = tempfile::tempdir().unwrap();
         let m = model(dir.path());
@@ -694,6 +763,70 @@ mod tests {
         let (path, at) = report.stats.last_reader.clone().expect("progress seen");
         assert_eq!(path, a.canonicalize().unwrap());
         assert_eq!(at, 3 << 20, "{report:?}");
+    }
+
+    #[test]
+    fn pread_calls_parse_from_the_syscall_file_and_others_do_not() {
+        let pread = format!(
+            "{} 0x7 0x7f00 0x100000 0x500000 0x0 0x0 0x7ffd 0x7f01",
+            libc::SYS_pread64
+        );
+        assert_eq!(pread_in_syscall(&pread), Some((7, 5 << 20)));
+        let preadv2 = format!(
+            "{} 0x3 0x7f00 0x2 0x1000 0x0 0x8 0x7ffd 0x7f01",
+            libc::SYS_preadv2
+        );
+        assert_eq!(pread_in_syscall(&preadv2), Some((3, 4096)));
+        let read = format!(
+            "{} 0x3 0x7f00 0x1000 0x0 0x0 0x0 0x7ffd 0x7f01",
+            libc::SYS_read
+        );
+        for line in [
+            read.as_str(),
+            "running",
+            "-1 0x7ffd 0x7f01",
+            "",
+            "17 0x3 zz 0x1 0x2",
+        ] {
+            assert_eq!(pread_in_syscall(line), None, "{line:?}");
+        }
+        assert!(blocked_preads(i32::MAX).is_empty());
+    }
+
+    #[test]
+    fn pread_loaders_are_followed_through_their_blocked_calls_with_open_events_only() {
+        let Some((_dir, m)) = root_model() else {
+            return;
+        };
+        let Some(python) = ["python3", "python"].into_iter().find(|p| {
+            Command::new(p)
+                .arg("-c")
+                .arg("")
+                .status()
+                .is_ok_and(|s| s.success())
+        }) else {
+            eprintln!("skipped: no python3 to run a pread loader");
+            return;
+        };
+        let a = m.join("a.safetensors");
+        // A pread() loader that keeps rereading 1 MiB at 5 MiB from a cold
+        // cache: its file position never moves, each call waits for the disk.
+        let script = format!(
+            "import os, time\n\
+             fd = os.open({a:?}, os.O_RDONLY)\n\
+             end = time.monotonic() + 0.8\n\
+             while time.monotonic() < end:\n\
+             \x20   os.posix_fadvise(fd, 5 << 20, 1 << 20, os.POSIX_FADV_DONTNEED)\n\
+             \x20   os.pread(fd, 1 << 20, 5 << 20)\n"
+        );
+        let mut c = config(&m, &[python, "-c", &script]);
+        c.level = Some(Level::Open);
+        let stop = AtomicBool::new(false);
+        let report = run(&c, &stop, &mut |_| {}).unwrap();
+        assert_eq!(report.exit_code, 0, "{report:?}");
+        let (path, at) = report.stats.last_reader.clone().expect("progress seen");
+        assert_eq!(path, a.canonicalize().unwrap());
+        assert_eq!(at, 5 << 20, "{report:?}");
     }
 
     #[test]

@@ -57,7 +57,7 @@ pub use memory::{
     create_cgroup, create_cgroup_at, memory_cgroup_of, memory_limit_for_pid, memory_limit_in,
     own_cgroup_memory_limit, Cgroup, CgroupVersion, MemoryLimit, Watermark,
 };
-pub use numa::{bind_thread_to_node, NumaMap};
+pub use numa::{bind_thread_to_node, pin_thread_to_node_cpus, NumaMap};
 
 /// Size of a base page in bytes (the engine's, as a `u64`).
 pub fn page_size() -> u64 {

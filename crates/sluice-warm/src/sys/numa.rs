@@ -182,18 +182,7 @@ fn is_accelerator(dir: &Path) -> bool {
 /// Number of nodes in a kernel node list (`0`, `0-3`, `0-1,4`); `None` when
 /// malformed or empty.
 fn count_node_list(list: &str) -> Option<u32> {
-    let mut count = 0u32;
-    for part in list.split(',') {
-        let (lo, hi) = match part.split_once('-') {
-            Some((lo, hi)) => (lo.parse::<u32>().ok()?, hi.parse::<u32>().ok()?),
-            None => {
-                let n = part.parse::<u32>().ok()?;
-                (n, n)
-            }
-        };
-        count = count.checked_add(hi.checked_sub(lo)?.checked_add(1)?)?;
-    }
-    (count > 0).then_some(count)
+    parse_id_list(list).map(|ids| ids.len() as u32)
 }
 
 /// Makes the calling thread prefer memory on `node`
@@ -242,9 +231,83 @@ pub fn bind_thread_to_node(node: u32) -> Result<(), WarmError> {
     })
 }
 
+/// Runs the calling thread on the CPUs of `node` (its
+/// `/sys/devices/system/node/nodeN/cpulist`), so the reads it issues and
+/// the pages it allocates stay next to that node's memory controller.
+///
+/// Errors: [`WarmError::Io`] naming the cpulist file when it cannot be
+/// read (no such node, no sysfs); [`WarmError::Config`] naming it when it
+/// is malformed or empty; [`WarmError::Unsupported`] when
+/// `sched_setaffinity` refuses (a container's cpuset excludes them all).
+pub fn pin_thread_to_node_cpus(node: u32) -> Result<(), WarmError> {
+    let list = std::path::PathBuf::from(format!("/sys/devices/system/node/node{node}/cpulist"));
+    let text = std::fs::read_to_string(&list).map_err(WarmError::io(&list))?;
+    let cpus = parse_id_list(text.trim()).ok_or_else(|| {
+        WarmError::Config(format!(
+            "{}: not a CPU list: {:?}",
+            list.display(),
+            text.trim()
+        ))
+    })?;
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let capacity = 8 * std::mem::size_of::<libc::cpu_set_t>();
+    for cpu in cpus.into_iter().filter(|&c| (c as usize) < capacity) {
+        // SAFETY: `cpu` is below the set's capacity.
+        unsafe { libc::CPU_SET(cpu as usize, &mut set) };
+    }
+    // SAFETY: the set outlives the call; 0 is the calling thread.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+    if rc == 0 {
+        return Ok(());
+    }
+    Err(WarmError::Unsupported {
+        feature: "sched_setaffinity",
+        reason: format!("node {node}: {}", std::io::Error::last_os_error()),
+    })
+}
+
+/// The ids of a kernel CPU or node list (`0-3,8,10-11`); `None` when
+/// malformed or empty.
+fn parse_id_list(list: &str) -> Option<Vec<u32>> {
+    let mut cpus = Vec::new();
+    for part in list.split(',') {
+        let (lo, hi) = match part.split_once('-') {
+            Some((lo, hi)) => (lo.parse::<u32>().ok()?, hi.parse::<u32>().ok()?),
+            None => {
+                let n = part.parse::<u32>().ok()?;
+                (n, n)
+            }
+        };
+        if hi < lo || hi - lo >= 1 << 16 {
+            return None;
+        }
+        cpus.extend(lo..=hi);
+    }
+    (!cpus.is_empty()).then_some(cpus)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_lists_parse_and_bad_ones_do_not() {
+        assert_eq!(
+            parse_id_list("0-3,8,10-11"),
+            Some(vec![0, 1, 2, 3, 8, 10, 11])
+        );
+        assert_eq!(parse_id_list("5"), Some(vec![5]));
+        for bad in ["", "3-1", "a", "0-", "0,,1", "0-99999999"] {
+            assert_eq!(parse_id_list(bad), None, "{bad:?}");
+        }
+        match pin_thread_to_node_cpus(MAX_NUMA_NODES + 7) {
+            Err(WarmError::Io { path, .. }) => {
+                assert!(path.to_string_lossy().contains("node1031"), "{path:?}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn spec_parses_pairs_and_counts_nodes() {
