@@ -247,6 +247,8 @@ pub struct KernelCache {
     bound_node: Option<u32>,
     /// Processes whose mappings eviction pages out.
     readers: Vec<i32>,
+    /// Model files that are symlinks → the file `/proc/PID/maps` names.
+    real_names: HashMap<PathBuf, PathBuf>,
 }
 
 impl KernelCache {
@@ -274,7 +276,14 @@ impl KernelCache {
             numa,
             bound_node: None,
             readers: Vec::new(),
+            real_names: HashMap::new(),
         }
+    }
+
+    /// How the kernel names model files that are symlinks (model path →
+    /// target), so eviction finds them in readers' mappings.
+    pub fn set_real_names(&mut self, names: HashMap<PathBuf, PathBuf>) {
+        self.real_names = names;
     }
 
     /// Prefetches targeted ranges on per-node loader threads even on a
@@ -384,8 +393,9 @@ impl PageCache for KernelCache {
     fn evict(&mut self, range: &FileRange) -> Result<(), WarmError> {
         let file = self.inline.file(&range.path)?;
         sys::dontneed(file, &range.path, range.offset, range.len)?;
+        let shown = self.real_names.get(&range.path).unwrap_or(&range.path);
         for &pid in &self.readers {
-            for (addr, len) in mapped_addresses(pid, &range.path, range.offset, range.len) {
+            for (addr, len) in mapped_addresses(pid, shown, range.offset, range.len) {
                 if let Err(err) = sys::pageout(pid, addr, len) {
                     tracing::debug!("pageout in pid {pid}: {err}");
                 }

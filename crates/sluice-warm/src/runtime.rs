@@ -75,7 +75,9 @@ pub struct RunReport {
 }
 
 /// Every regular file under `dir`, sorted, with its size; hidden entries
-/// are skipped.
+/// are skipped. Symlinks to files count (a Hugging Face snapshot links each
+/// file to a blob elsewhere in the cache) and keep their name in `dir`;
+/// symlinked directories are not followed (no loops).
 pub fn model_files(dir: &Path) -> Result<Vec<(PathBuf, u64)>, WarmError> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -87,11 +89,19 @@ pub fn model_files(dir: &Path) -> Result<Vec<(PathBuf, u64)>, WarmError> {
                 continue;
             }
             let path = entry.path();
-            let meta = entry.metadata().map_err(WarmError::io(&path))?;
-            if meta.is_dir() {
+            let kind = entry.file_type().map_err(WarmError::io(&path))?;
+            if kind.is_dir() {
                 stack.push(path);
-            } else if meta.is_file() {
-                out.push((path, meta.len()));
+                continue;
+            }
+            // Follows a symlink; a dangling one is skipped, as a vanished file.
+            match std::fs::metadata(&path) {
+                Ok(meta) if meta.is_file() => out.push((path, meta.len())),
+                Ok(_) => {}
+                Err(err) if kind.is_symlink() => {
+                    tracing::warn!("{}: dangling link skipped: {err}", path.display());
+                }
+                Err(err) => return Err(WarmError::io(&path)(err)),
             }
         }
     }
@@ -103,6 +113,45 @@ pub fn model_files(dir: &Path) -> Result<Vec<(PathBuf, u64)>, WarmError> {
         )));
     }
     Ok(out)
+}
+
+/// A model file's two names: where it sits in the model directory (what
+/// policies, templates and triggers use) and the file the kernel reports
+/// (fanotify's descriptor, `/proc/PID/fd`, `/proc/PID/maps`), which differ
+/// when the entry is a symlink.
+#[derive(Default)]
+struct Names {
+    to_model: HashMap<PathBuf, PathBuf>,
+    to_real: HashMap<PathBuf, PathBuf>,
+}
+
+impl Names {
+    fn new(files: &[(PathBuf, u64)]) -> Names {
+        let mut names = Names::default();
+        for (path, _) in files {
+            match path.canonicalize() {
+                Ok(real) if &real != path => {
+                    names.to_model.insert(real.clone(), path.clone());
+                    names.to_real.insert(path.clone(), real);
+                }
+                _ => {}
+            }
+        }
+        names
+    }
+
+    /// The model-directory name of a file the kernel reported.
+    fn model(&self, real: PathBuf) -> PathBuf {
+        match self.to_model.get(&real) {
+            Some(model) => model.clone(),
+            None => real,
+        }
+    }
+
+    /// The name the kernel reports for a model file.
+    fn real<'a>(&'a self, model: &'a Path) -> &'a Path {
+        self.to_real.get(model).map_or(model, PathBuf::as_path)
+    }
 }
 
 /// Runs the service under the policy until it exits (or, with no command,
@@ -173,14 +222,16 @@ fn run_in(
         },
         None => MemorySource::Pid(std::process::id() as i32),
     };
+    let names = Names::new(&ctx.files);
     let chunk = sys::read_ahead_limit(&ctx.files[0].0);
-    let cache = KernelCache::new(
+    let mut cache = KernelCache::new(
         config.mechanism,
         chunk,
         config.in_flight_bytes,
         memory,
         NumaMap::detect(),
     );
+    cache.set_real_names(names.to_real.clone());
     let manager_config = ManagerConfig {
         chunk_bytes: chunk,
         watermark: config.watermark,
@@ -262,19 +313,20 @@ fn run_in(
                 if daemon && !joined && event.pid > 0 {
                     joined = join_reader_cgroup(event.pid).is_some();
                 }
-                handle(&mut manager, &mut sampler, &event);
+                handle(&mut manager, &mut sampler, &names, event);
             }
         } else if !busy {
             std::thread::sleep(Duration::from_millis(20));
         }
         if let Some(t) = triggers.as_mut() {
             for event in t.poll(&ctx.model_dir) {
-                handle(&mut manager, &mut sampler, &event);
+                handle(&mut manager, &mut sampler, &names, event);
             }
         }
         manager.pump(4);
         if last_tick.elapsed() >= Duration::from_millis(50) {
-            for event in sampler.sample() {
+            for mut event in sampler.sample() {
+                event.path = names.model(event.path);
                 manager.on_event(&event);
             }
             manager.tick();
@@ -293,7 +345,7 @@ fn run_in(
     // recording must not lose the last reads).
     if let Some(w) = &watch {
         while let Some(event) = w.recv_timeout(Duration::from_millis(20)) {
-            handle(&mut manager, &mut sampler, &event);
+            handle(&mut manager, &mut sampler, &names, event);
         }
     }
     manager.stop();
@@ -359,8 +411,16 @@ fn join_reader_cgroup(pid: i32) -> Option<bool> {
     }
 }
 
-fn handle(manager: &mut Manager<KernelCache>, sampler: &mut Samplers, event: &AccessEvent) {
-    let mut event = event.clone();
+/// One access event (from fanotify, named as the kernel names the file,
+/// or from a trigger, named in the model directory): samplers follow the
+/// real file, the policy sees the model-directory name.
+fn handle(
+    manager: &mut Manager<KernelCache>,
+    sampler: &mut Samplers,
+    names: &Names,
+    mut event: AccessEvent,
+) {
+    event.path = names.model(event.path);
     if event.worker.is_none() && event.pid > 0 {
         event.worker = *sampler
             .workers
@@ -368,14 +428,15 @@ fn handle(manager: &mut Manager<KernelCache>, sampler: &mut Samplers, event: &Ac
             .or_insert_with(|| worker_from_environ(event.pid));
     }
     let event = &event;
+    let real = names.real(&event.path);
     match event.kind {
-        AccessKind::Mmap => sampler.mmap.watch(event.pid, &event.path, event.len),
+        AccessKind::Mmap => sampler.mmap.watch(event.pid, real, event.len),
         // Without read ranges, the file position of read() loaders and the
         // pagemap of mmap loaders are the progress signals.
         AccessKind::Open => {
-            sampler.reads.watch(event.pid, &event.path, None);
-            let len = std::fs::metadata(&event.path).map_or(0, |m| m.len());
-            sampler.mmap.watch(event.pid, &event.path, len);
+            sampler.reads.watch(event.pid, real, None);
+            let len = std::fs::metadata(real).map_or(0, |m| m.len());
+            sampler.mmap.watch(event.pid, real, len);
         }
         _ => {}
     }
@@ -906,6 +967,76 @@ mod tests {
             .contains("no model files"));
         let err = model_files(&dir.path().join("missing")).unwrap_err();
         assert!(matches!(err, WarmError::Io { .. }), "{err}");
+    }
+
+    /// A Hugging Face cache: `snapshots/rev/*.safetensors` are symlinks to
+    /// `blobs/*`. Returns the snapshot directory.
+    fn hf_layout(dir: &Path) -> PathBuf {
+        let m = model(dir);
+        let blobs = dir.join("blobs");
+        let snap = dir.join("snapshots/rev");
+        std::fs::create_dir_all(&snap).unwrap();
+        std::fs::rename(&m, &blobs).unwrap();
+        for (name, blob) in [
+            ("a.safetensors", "a.safetensors"),
+            ("b.safetensors", "b.safetensors"),
+        ] {
+            std::os::unix::fs::symlink(format!("../../blobs/{blob}"), snap.join(name)).unwrap();
+        }
+        snap
+    }
+
+    #[test]
+    fn symlinked_model_files_count_under_their_names_and_dangling_links_do_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let snap = hf_layout(dir.path());
+        std::os::unix::fs::symlink("../../blobs/gone", snap.join("c.safetensors")).unwrap();
+        std::os::unix::fs::symlink("../../blobs", snap.join("linked-dir")).unwrap();
+        let files = model_files(&snap).unwrap();
+        assert_eq!(
+            files,
+            [
+                (snap.join("a.safetensors"), 8 << 20),
+                (snap.join("b.safetensors"), 4 << 20)
+            ]
+        );
+        let names = Names::new(&files);
+        let real = dir
+            .path()
+            .canonicalize()
+            .unwrap()
+            .join("blobs/a.safetensors");
+        assert_eq!(names.model(real.clone()), snap.join("a.safetensors"));
+        assert_eq!(names.real(&snap.join("a.safetensors")), real);
+        let other = PathBuf::from("/elsewhere");
+        assert_eq!(names.model(other.clone()), other);
+    }
+
+    #[test]
+    fn readers_of_a_symlinked_model_are_followed_under_the_model_names() {
+        if !is_root() {
+            eprintln!("skipped: needs root for fanotify");
+            return;
+        }
+        let Some(dir) = crate::sys::test_util::disk_tempdir() else {
+            return;
+        };
+        let snap = hf_layout(dir.path());
+        let a = snap.join("a.safetensors");
+        let cmd = format!(
+            "exec 3< {}; dd bs=1M count=3 <&3 >/dev/null 2>&1; sleep 0.4",
+            a.display()
+        );
+        let mut c = config(&snap, &["sh", "-c", &cmd]);
+        c.policy = "eager".into();
+        let stop = AtomicBool::new(false);
+        let report = run(&c, &stop, &mut |_| {}).unwrap();
+        assert_eq!(report.level, Some(Level::Open));
+        let (path, at) = report.stats.last_reader.clone().expect("progress seen");
+        assert_eq!(path, snap.canonicalize().unwrap().join("a.safetensors"));
+        assert_eq!(at, 3 << 20, "{report:?}");
+        assert!(report.stats.prefetched_bytes > 0, "{report:?}");
+        assert_eq!(report.stats.prefetch_errors, 0, "{report:?}");
     }
 
     #[test]

@@ -120,14 +120,32 @@ pub fn parse_line(line: &[u8], model_dir: &Path) -> Result<Option<AccessEvent>, 
                 .ok_or(format!("{name} {v} is not an unsigned integer")),
         }
     };
-    let path = model_dir.join(path);
-    let Ok(path) = path.canonicalize() else {
-        return Err(format!("{}: no such file", path.display()));
-    };
-    if !path.starts_with(model_dir) {
-        return Err(format!("{}: not in the model directory", path.display()));
+    // Named inside the model directory, without climbing out of it; the
+    // entry itself may be a symlink (a Hugging Face snapshot's files are).
+    let outside = || format!("{path}: not in the model directory");
+    let mut relative = Path::new(path);
+    if relative.is_absolute() {
+        relative = relative.strip_prefix(model_dir).map_err(|_| outside())?;
     }
-    let size = std::fs::metadata(&path).map_or(0, |m| m.len());
+    let lexical = |c: std::path::Component| {
+        matches!(
+            c,
+            std::path::Component::Normal(_) | std::path::Component::CurDir
+        )
+    };
+    if !relative.components().all(lexical) {
+        return Err(outside());
+    }
+    let path = model_dir.join(
+        relative
+            .components()
+            .filter(|c| matches!(c, std::path::Component::Normal(_)))
+            .collect::<PathBuf>(),
+    );
+    let size = match std::fs::metadata(&path) {
+        Ok(meta) if meta.is_file() => meta.len(),
+        _ => return Err(format!("{}: no such file", path.display())),
+    };
     let offset = field("offset")?.unwrap_or(0);
     let len = field("len")?.unwrap_or(size.saturating_sub(offset));
     Ok(Some(AccessEvent {
@@ -172,6 +190,18 @@ mod tests {
         assert_eq!((e.offset, e.len, e.kind), (10, 90, AccessKind::Explicit));
         assert_eq!(e.path, m.join("a.bin"));
         assert!(parse_line(b"  ", &m).unwrap().is_none());
+        // Absolute inside the model directory, and a symlinked entry (kept
+        // under its name in the directory, as a Hugging Face snapshot's).
+        let abs = format!(r#"{{"path": "{}"}}"#, m.join("a.bin").display());
+        let e = parse_line(abs.as_bytes(), &m).unwrap().unwrap();
+        assert_eq!(e.path, m.join("a.bin"));
+        let blob = tempfile::tempdir().unwrap();
+        std::fs::write(blob.path().join("blob"), vec![0u8; 7]).unwrap();
+        std::os::unix::fs::symlink(blob.path().join("blob"), m.join("link.bin")).unwrap();
+        let e = parse_line(br#"{"path": "./link.bin"}"#, &m)
+            .unwrap()
+            .unwrap();
+        assert_eq!((e.path, e.len), (m.join("link.bin"), 7));
         for (line, needle) in [
             (&br#"{"offset": 1}"#[..], "path"),
             (br#"{"path": "nope.bin"}"#, "no such file"),
@@ -179,6 +209,10 @@ mod tests {
             (b"garbage", "not JSON"),
             (
                 br#"{"path": "/etc/hostname"}"#,
+                "not in the model directory",
+            ),
+            (
+                br#"{"path": "../../etc/hostname"}"#,
                 "not in the model directory",
             ),
         ] {
