@@ -110,11 +110,13 @@ pub struct WarmCommonArgs {
     /// Template breakdown: no burn-after-reading eviction.
     #[arg(long)]
     pub no_burn: bool,
-    /// Prefetch mechanism: willneed (async, bounded window) or populate (synchronous, 2 MiB folios).
-    #[arg(long, default_value = "willneed")]
+    /// Prefetch mechanism: populate (MADV_POPULATE_READ on loader threads, 2 MiB folios),
+    /// willneed (fadvise, asynchronous, 4 KiB folios) or read (pread into a scratch buffer).
+    #[arg(long, default_value = "populate")]
     pub mechanism: String,
-    /// WILLNEED bytes in flight. 16 MiB measured best here: deeper queues delay the service's
-    /// own start-up reads (libraries, configs) behind prefetch.
+    /// Prefetch bytes in flight (populate and read: one loader thread per read_ahead_kb
+    /// chunk of it). 16 MiB measured best here: deeper queues delay the service's own
+    /// start-up reads (libraries, configs) behind prefetch.
     #[arg(long, default_value = "16MiB")]
     pub in_flight: String,
     /// Access events: auto (best available), pre-content, open, or explicit (none).

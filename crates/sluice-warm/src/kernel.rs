@@ -1,21 +1,22 @@
-//! The real [`PageCache`]: prefetch with WILLNEED or MADV_POPULATE_READ,
-//! evict with DONTNEED plus MADV_PAGEOUT on readers' mappings, memory from
-//! the service's cgroup, NUMA placement per target.
+//! The real [`PageCache`]: prefetch with MADV_POPULATE_READ, pread or
+//! WILLNEED, evict with DONTNEED plus MADV_PAGEOUT on readers' mappings,
+//! memory from the service's cgroup, NUMA placement per target.
 //!
-//! **Mechanism.** `willneed` queues a chunk (≤ `read_ahead_kb`) and returns
-//! before the I/O completes, so one thread keeps the device queue full; the
-//! window of chunks in flight is bounded by probing the last page of the
-//! oldest chunk with `preadv2(RWF_NOWAIT)` before submitting a new one, so
-//! a jump of the reader takes effect within one window (research notes:
-//! 32-64 MiB kept 75-95% of unbounded throughput). `populate` reads each
-//! chunk synchronously into 2 MiB folios, which evict and read back faster
-//! (DONTNEED of 2 GiB: 5-20 ms against 200-575 ms for WILLNEED's 4 KiB
-//! folios) but needs threads for depth. Which wins depends on the device
-//! (what we measured is in docs/design/warm.md).
+//! **Mechanism.** `populate` (the default) reads each chunk (≤
+//! `read_ahead_kb`) synchronously into 2 MiB folios, which cost less CPU to
+//! build, evict faster (DONTNEED of 2 GiB: 5-20 ms against 200-575 ms for
+//! 4 KiB folios) and map faster for mmap loaders; depth comes from loader
+//! threads, one per chunk of the in-flight window. `willneed` queues a
+//! chunk and returns before the I/O completes, so one thread keeps the
+//! device queue full; its window is bounded by probing the last page of
+//! the oldest chunk with `preadv2(RWF_NOWAIT)` before submitting a new one.
+//! Either way a jump of the reader takes effect within one window
+//! (research notes: 32-64 MiB kept 75-95% of unbounded throughput). What
+//! we measured is in docs/design/warm.md.
 //!
 //! **NUMA.** Folios land on the node of the thread that reads them in,
 //! following its memory policy. On a machine with more than one node each
-//! node a range targets gets its own loader thread, bound to the node's
+//! node a range targets gets its own loader threads, bound to the node's
 //! memory and CPUs once at start: placement is then a property of the
 //! thread, and nodes (each with its own PCIe root and often its own
 //! drives) prefetch in parallel, each with its own bounded window.
@@ -28,8 +29,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender};
-use std::sync::Arc;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -177,57 +178,93 @@ impl Loader {
     }
 }
 
-/// A loader thread working for one NUMA node: it sets its memory policy to
+/// Loader threads working for one NUMA node (or for none: a one-node
+/// machine with a synchronous mechanism). Each sets its memory policy to
 /// the node and runs on the node's CPUs once, at start, so every page it
-/// reads in lands there. Its queue holds one chunk: with the loader's own
-/// window that bounds what is committed per node, and a full queue holds
-/// the sender back (backpressure).
+/// reads in lands there. They share one queue; WILLNEED needs one thread
+/// (it is asynchronous, its loader keeps a window in flight) and its queue
+/// holds one chunk; `populate` and `read` are synchronous, so depth comes
+/// from threads, and their queue holds nothing: a chunk is handed over
+/// only to an idle thread. Either way a full lane holds the sender back
+/// (backpressure) and what is committed stays within the window.
 struct Lane {
     jobs: Option<SyncSender<FileRange>>,
-    thread: Option<JoinHandle<()>>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl Lane {
     fn spawn(
-        node: u32,
-        loader: Loader,
+        node: Option<u32>,
+        loaders: Vec<Loader>,
+        queue: usize,
         errors: Arc<AtomicU64>,
         cancel: Arc<AtomicBool>,
     ) -> std::io::Result<Lane> {
-        let (tx, rx) = sync_channel::<FileRange>(1);
-        let thread = std::thread::Builder::new()
-            .name(format!("sluice-prefetch-node{node}"))
-            .spawn(move || {
-                let mut loader = loader;
-                if let Err(err) = sys::bind_thread_to_node(node) {
-                    tracing::debug!("prefetch lane {node}: memory policy not set: {err}");
-                }
-                if let Err(err) = sys::pin_thread_to_node_cpus(node) {
-                    tracing::debug!("prefetch lane {node}: not pinned: {err}");
-                }
-                for range in rx {
-                    if cancel.load(Ordering::Relaxed) {
-                        continue;
-                    }
-                    if let Err(err) = loader.fetch(&range) {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!("prefetch {} on node {node}: {err}", range.path.display());
-                    }
-                }
-            })?;
+        let (tx, rx) = sync_channel::<FileRange>(queue);
+        let rx = Arc::new(Mutex::new(rx));
+        let name = node.map_or("any".to_string(), |n| format!("node{n}"));
+        let mut threads = Vec::new();
+        for (k, loader) in loaders.into_iter().enumerate() {
+            let (rx, errors, cancel) = (rx.clone(), errors.clone(), cancel.clone());
+            let label = name.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("sluice-prefetch-{name}-{k}"))
+                .spawn(move || lane_main(node, &label, loader, &rx, &errors, &cancel));
+            match thread {
+                Ok(t) => threads.push(t),
+                // Some threads are better than none; with none, the caller
+                // prefetches inline.
+                Err(err) if threads.is_empty() => return Err(err),
+                Err(err) => tracing::warn!("prefetch lane {name}: thread {k}: {err}"),
+            }
+        }
         Ok(Lane {
             jobs: Some(tx),
-            thread: Some(thread),
+            threads,
         })
+    }
+}
+
+fn lane_main(
+    node: Option<u32>,
+    name: &str,
+    mut loader: Loader,
+    jobs: &Mutex<Receiver<FileRange>>,
+    errors: &AtomicU64,
+    cancel: &AtomicBool,
+) {
+    if let Some(node) = node {
+        if let Err(err) = sys::bind_thread_to_node(node) {
+            tracing::debug!("prefetch lane {node}: memory policy not set: {err}");
+        }
+        if let Err(err) = sys::pin_thread_to_node_cpus(node) {
+            tracing::debug!("prefetch lane {node}: not pinned: {err}");
+        }
+    }
+    loop {
+        // The lock is held only while waiting for the next chunk.
+        let next = match jobs.lock() {
+            Ok(rx) => rx.recv(),
+            Err(_) => return,
+        };
+        let Ok(range) = next else { return };
+        if cancel.load(Ordering::Relaxed) {
+            continue;
+        }
+        if let Err(err) = loader.fetch(&range) {
+            errors.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!("prefetch {} ({name}): {err}", range.path.display());
+        }
     }
 }
 
 /// Page-cache operations on the running kernel.
 ///
-/// Prefetch runs on the caller's thread, or, on a machine with more than
-/// one NUMA node, on one loader thread per node a range targets (a
+/// WILLNEED prefetch runs on the caller's thread, or, on a machine with
+/// more than one NUMA node, on a loader thread per node a range targets (a
 /// [`Lane`]), so placement is a property of the thread and nodes load in
-/// parallel. Ranges with no target stay on the caller's thread.
+/// parallel. The synchronous mechanisms always run on lanes, with as many
+/// threads per lane as the window has chunks.
 pub struct KernelCache {
     mechanism: Mechanism,
     chunk: u64,
@@ -235,7 +272,8 @@ pub struct KernelCache {
     /// The caller's thread: untargeted ranges, one-node machines, and the
     /// file handles for residency and eviction.
     inline: Loader,
-    lanes: BTreeMap<u32, Lane>,
+    /// By node (`None`: unbound, on a one-node machine).
+    lanes: BTreeMap<Option<u32>, Lane>,
     /// Use lanes even on one node (tests).
     force_lanes: bool,
     /// Lane failures not yet reported to the manager.
@@ -292,9 +330,14 @@ impl KernelCache {
         self.force_lanes = true;
     }
 
-    /// The nodes that have a loader thread.
+    /// The nodes that have loader threads.
     pub fn lane_nodes(&self) -> Vec<u32> {
-        self.lanes.keys().copied().collect()
+        self.lanes.keys().filter_map(|n| *n).collect()
+    }
+
+    /// Loader threads running now, over all lanes.
+    pub fn lane_threads(&self) -> usize {
+        self.lanes.values().map(|l| l.threads.len()).sum()
     }
 
     /// Eviction will also page the range out of this process's mappings.
@@ -325,22 +368,46 @@ impl KernelCache {
         self.bound_node = Some(node);
     }
 
-    /// The lane for `node`, started on first use; `None` when its thread
-    /// cannot be started (logged; the caller prefetches inline).
-    fn lane(&mut self, node: u32) -> Option<&SyncSender<FileRange>> {
+    /// The lane for `node`, started on first use; `None` when no thread
+    /// can be started (logged; the caller prefetches inline).
+    fn lane(&mut self, node: Option<u32>) -> Option<&SyncSender<FileRange>> {
         if !self.lanes.contains_key(&node) {
-            let loader = Loader::new(self.mechanism, self.chunk, self.window);
-            match Lane::spawn(node, loader, self.lane_errors.clone(), self.cancel.clone()) {
+            let (threads, queue) = match self.mechanism {
+                Mechanism::WillNeed => (1, 1),
+                Mechanism::Populate | Mechanism::Read => (self.window, 0),
+            };
+            let loaders = (0..threads)
+                .map(|_| Loader::new(self.mechanism, self.chunk, self.window))
+                .collect();
+            match Lane::spawn(
+                node,
+                loaders,
+                queue,
+                self.lane_errors.clone(),
+                self.cancel.clone(),
+            ) {
                 Ok(lane) => {
                     self.lanes.insert(node, lane);
                 }
                 Err(err) => {
-                    tracing::warn!("prefetch thread for node {node}: {err}; prefetching inline");
+                    tracing::warn!("prefetch thread for {node:?}: {err}; prefetching inline");
                     return None;
                 }
             }
         }
         self.lanes.get(&node)?.jobs.as_ref()
+    }
+
+    /// The lane a range goes to: `Some(node)` per target on a multi-node
+    /// machine, `Some(None)` (unbound) for synchronous mechanisms
+    /// otherwise, `None` for the caller's thread.
+    fn route(&self, node: Option<u32>) -> Option<Option<u32>> {
+        let numa = self.force_lanes || self.numa.nodes() > 1;
+        match (numa, node, self.mechanism) {
+            (true, Some(n), _) => Some(Some(n)),
+            (_, _, Mechanism::Populate | Mechanism::Read) => Some(None),
+            _ => None,
+        }
     }
 }
 
@@ -351,7 +418,7 @@ impl Drop for KernelCache {
             lane.jobs = None;
         }
         for lane in self.lanes.values_mut() {
-            if let Some(t) = lane.thread.take() {
+            for t in lane.threads.drain(..) {
                 let _ = t.join();
             }
         }
@@ -372,14 +439,14 @@ impl PageCache for KernelCache {
             }
         }
         let node = self.node_of(range.target);
-        if let Some(n) = node.filter(|_| self.force_lanes || self.numa.nodes() > 1) {
-            if let Some(jobs) = self.lane(n) {
-                // Blocks while the lane is a chunk behind: backpressure.
+        if let Some(key) = self.route(node) {
+            if let Some(jobs) = self.lane(key) {
+                // Blocks while the lane is full: backpressure.
                 if jobs.send(range.clone()).is_ok() {
                     return Ok(range.len);
                 }
-                tracing::warn!("prefetch thread for node {n} is gone; prefetching inline");
-                self.lanes.remove(&n);
+                tracing::warn!("prefetch threads for {key:?} are gone; prefetching inline");
+                self.lanes.remove(&key);
             }
         }
         self.place(node);
@@ -587,6 +654,43 @@ garbage line
         range.target = Target::Accelerator(0);
         cache.prefetch(&range).unwrap();
         assert!(cache.lane_nodes().is_empty());
+        assert!(wait_cached(&b));
+    }
+
+    #[test]
+    fn synchronous_mechanisms_get_a_thread_per_window_chunk_and_willneed_stays_inline() {
+        let Some(dir) = sys::test_util::disk_tempdir() else {
+            return;
+        };
+        let one_node = |mechanism| {
+            KernelCache::new(
+                mechanism,
+                1 << 20,
+                3 << 20, // a window of 3 chunks
+                MemorySource::Pid(std::process::id() as i32),
+                NumaMap::from_spec("0:0").unwrap(),
+            )
+        };
+        for mechanism in [Mechanism::Populate, Mechanism::Read] {
+            let a = cold_file(dir.path(), "a", 6 << 20);
+            let mut cache = one_node(mechanism);
+            let mut handed = 0;
+            for k in 0..6u64 {
+                let mut piece = FileRange::new(&a, k << 20, 1 << 20);
+                piece.target = Target::Accelerator(0);
+                // A piece the kernel's readahead already brought in costs 0.
+                handed += cache.prefetch(&piece).unwrap();
+            }
+            assert!(handed >= 1 << 20, "{mechanism:?}");
+            assert_eq!(cache.lane_threads(), 3, "{mechanism:?}");
+            assert!(cache.lane_nodes().is_empty(), "one node: threads unbound");
+            assert!(wait_cached(&a), "{mechanism:?}");
+            assert_eq!(cache.take_errors(), 0);
+        }
+        let b = cold_file(dir.path(), "b", 2 << 20);
+        let mut cache = one_node(Mechanism::WillNeed);
+        cache.prefetch(&FileRange::new(&b, 0, 2 << 20)).unwrap();
+        assert_eq!(cache.lane_threads(), 0, "WILLNEED is asynchronous already");
         assert!(wait_cached(&b));
     }
 
