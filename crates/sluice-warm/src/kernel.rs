@@ -74,15 +74,16 @@ pub enum MemorySource {
     Pid(i32),
 }
 
-/// One thread's prefetch state: its open files, its WILLNEED window and
-/// the `read` mechanism's scratch buffer.
+/// One thread's prefetch state: its WILLNEED window and the `read`
+/// mechanism's scratch buffer. Files are opened once, by [`KernelCache`],
+/// and shared: a 160-shard model on 8 loader threads must not hold 1,280
+/// descriptors (the default soft limit is 1,024).
 struct Loader {
     mechanism: Mechanism,
     chunk: u64,
     /// Most WILLNEED chunks in flight.
     window: usize,
-    files: HashMap<PathBuf, File>,
-    in_flight: VecDeque<(PathBuf, u64)>,
+    in_flight: VecDeque<(Arc<File>, u64)>,
     scratch: Vec<u8>,
 }
 
@@ -92,35 +93,21 @@ impl Loader {
             mechanism,
             chunk,
             window,
-            files: HashMap::new(),
             in_flight: VecDeque::new(),
             scratch: Vec::new(),
         }
-    }
-
-    fn file(&mut self, path: &Path) -> Result<&File, WarmError> {
-        if !self.files.contains_key(path) {
-            let f = File::open(path).map_err(WarmError::io(path))?;
-            self.files.insert(path.to_path_buf(), f);
-        }
-        self.files
-            .get(path)
-            .ok_or_else(|| WarmError::Config(format!("{}: not open", path.display())))
     }
 
     /// Waits until the oldest chunk in flight is readable (at most 2 s, so a
     /// lost probe never stalls prefetch for good).
     fn wait_for_window(&mut self) {
         while self.in_flight.len() >= self.window {
-            let Some((path, last_page)) = self.in_flight.pop_front() else {
+            let Some((file, last_page)) = self.in_flight.pop_front() else {
                 return;
-            };
-            let Some(file) = self.files.get(&path) else {
-                continue;
             };
             let deadline = Instant::now() + Duration::from_secs(2);
             while Instant::now() < deadline {
-                match sys::probe_ready(file, last_page) {
+                match sys::probe_ready(&file, last_page) {
                     Ok(true) | Err(_) => break,
                     Ok(false) => std::thread::sleep(Duration::from_micros(500)),
                 }
@@ -128,37 +115,28 @@ impl Loader {
         }
     }
 
-    /// Reads `range` into the page cache with this loader's mechanism;
-    /// returns the bytes asked of the kernel.
-    fn fetch(&mut self, range: &FileRange) -> Result<u64, WarmError> {
+    /// Reads `range` of `file` into the page cache with this loader's
+    /// mechanism; returns the bytes asked of the kernel.
+    fn fetch(&mut self, file: &Arc<File>, range: &FileRange) -> Result<u64, WarmError> {
         match self.mechanism {
-            Mechanism::Populate => {
-                let file = self.file(&range.path)?;
-                sys::populate_read(file, &range.path, range.offset, range.len)
-            }
+            Mechanism::Populate => sys::populate_read(file, &range.path, range.offset, range.len),
             Mechanism::Read => {
                 use std::os::unix::fs::FileExt;
                 let chunk = self.chunk as usize;
                 if self.scratch.len() < chunk {
                     self.scratch = vec![0u8; chunk];
                 }
-                let mut scratch = std::mem::take(&mut self.scratch);
-                let outcome = (|| {
-                    let file = self.file(&range.path)?;
-                    let mut at = range.offset;
-                    while at < range.end() {
-                        let n = (range.end() - at).min(chunk as u64) as usize;
-                        match file.read_at(&mut scratch[..n], at) {
-                            Ok(0) => break,
-                            Ok(got) => at += got as u64,
-                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                            Err(e) => return Err(WarmError::io(&range.path)(e)),
-                        }
+                let mut at = range.offset;
+                while at < range.end() {
+                    let n = (range.end() - at).min(chunk as u64) as usize;
+                    match file.read_at(&mut self.scratch[..n], at) {
+                        Ok(0) => break,
+                        Ok(got) => at += got as u64,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(WarmError::io(&range.path)(e)),
                     }
-                    Ok(at - range.offset)
-                })();
-                self.scratch = scratch;
-                outcome
+                }
+                Ok(at - range.offset)
             }
             Mechanism::WillNeed => {
                 let chunk = self.chunk;
@@ -166,10 +144,9 @@ impl Loader {
                 while at < range.end() {
                     let n = chunk.min(range.end() - at);
                     self.wait_for_window();
-                    let file = self.file(&range.path)?;
                     sys::willneed(file, &range.path, at, n, chunk)?;
                     let last_page = (at + n - 1) / sys::page_size() * sys::page_size();
-                    self.in_flight.push_back((range.path.clone(), last_page));
+                    self.in_flight.push_back((file.clone(), last_page));
                     at += n;
                 }
                 Ok(range.len)
@@ -187,8 +164,14 @@ impl Loader {
 /// from threads, and their queue holds nothing: a chunk is handed over
 /// only to an idle thread. Either way a full lane holds the sender back
 /// (backpressure) and what is committed stays within the window.
+/// Most loader threads per lane (a huge `--in-flight` asks for more).
+const MAX_LANE_THREADS: usize = 32;
+
+/// A chunk for a loader thread, with the file it is read from.
+type Job = (Arc<File>, FileRange);
+
 struct Lane {
-    jobs: Option<SyncSender<FileRange>>,
+    jobs: Option<SyncSender<Job>>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -200,7 +183,7 @@ impl Lane {
         errors: Arc<AtomicU64>,
         cancel: Arc<AtomicBool>,
     ) -> std::io::Result<Lane> {
-        let (tx, rx) = sync_channel::<FileRange>(queue);
+        let (tx, rx) = sync_channel::<Job>(queue);
         let rx = Arc::new(Mutex::new(rx));
         let name = node.map_or("any".to_string(), |n| format!("node{n}"));
         let mut threads = Vec::new();
@@ -229,7 +212,7 @@ fn lane_main(
     node: Option<u32>,
     name: &str,
     mut loader: Loader,
-    jobs: &Mutex<Receiver<FileRange>>,
+    jobs: &Mutex<Receiver<Job>>,
     errors: &AtomicU64,
     cancel: &AtomicBool,
 ) {
@@ -247,11 +230,11 @@ fn lane_main(
             Ok(rx) => rx.recv(),
             Err(_) => return,
         };
-        let Ok(range) = next else { return };
+        let Ok((file, range)) = next else { return };
         if cancel.load(Ordering::Relaxed) {
             continue;
         }
-        if let Err(err) = loader.fetch(&range) {
+        if let Err(err) = loader.fetch(&file, &range) {
             errors.fetch_add(1, Ordering::Relaxed);
             tracing::warn!("prefetch {} ({name}): {err}", range.path.display());
         }
@@ -269,9 +252,11 @@ pub struct KernelCache {
     mechanism: Mechanism,
     chunk: u64,
     window: usize,
-    /// The caller's thread: untargeted ranges, one-node machines, and the
-    /// file handles for residency and eviction.
+    /// The caller's thread: WILLNEED on one-node machines and untargeted
+    /// ranges.
     inline: Loader,
+    /// One descriptor per model file, shared by every loader thread.
+    files: HashMap<PathBuf, Arc<File>>,
     /// By node (`None`: unbound, on a one-node machine).
     lanes: BTreeMap<Option<u32>, Lane>,
     /// Use lanes even on one node (tests).
@@ -306,6 +291,7 @@ impl KernelCache {
             chunk,
             window,
             inline: Loader::new(mechanism, chunk, window),
+            files: HashMap::new(),
             lanes: BTreeMap::new(),
             force_lanes: false,
             lane_errors: Arc::new(AtomicU64::new(0)),
@@ -340,6 +326,16 @@ impl KernelCache {
         self.lanes.values().map(|l| l.threads.len()).sum()
     }
 
+    /// The shared descriptor of `path`, opened on first use.
+    fn file(&mut self, path: &Path) -> Result<Arc<File>, WarmError> {
+        if let Some(f) = self.files.get(path) {
+            return Ok(f.clone());
+        }
+        let f = Arc::new(File::open(path).map_err(WarmError::io(path))?);
+        self.files.insert(path.to_path_buf(), f.clone());
+        Ok(f)
+    }
+
     /// Eviction will also page the range out of this process's mappings.
     pub fn add_reader(&mut self, pid: i32) {
         if !self.readers.contains(&pid) {
@@ -370,11 +366,11 @@ impl KernelCache {
 
     /// The lane for `node`, started on first use; `None` when no thread
     /// can be started (logged; the caller prefetches inline).
-    fn lane(&mut self, node: Option<u32>) -> Option<&SyncSender<FileRange>> {
+    fn lane(&mut self, node: Option<u32>) -> Option<&SyncSender<Job>> {
         if !self.lanes.contains_key(&node) {
             let (threads, queue) = match self.mechanism {
                 Mechanism::WillNeed => (1, 1),
-                Mechanism::Populate | Mechanism::Read => (self.window, 0),
+                Mechanism::Populate | Mechanism::Read => (self.window.min(MAX_LANE_THREADS), 0),
             };
             let loaders = (0..threads)
                 .map(|_| Loader::new(self.mechanism, self.chunk, self.window))
@@ -430,8 +426,8 @@ impl PageCache for KernelCache {
         // Residency from cachestat: a range already cached (read by the
         // service, or left by an earlier run) costs no I/O. Where cachestat
         // is refused the range is simply prefetched.
-        let file = self.inline.file(&range.path)?;
-        if let Ok(stat) = sys::cachestat(file, range.offset, range.len) {
+        let file = self.file(&range.path)?;
+        if let Ok(stat) = sys::cachestat(&file, range.offset, range.len) {
             let page = sys::page_size();
             let pages = range.len.div_ceil(page);
             if stat.cache >= pages {
@@ -442,7 +438,7 @@ impl PageCache for KernelCache {
         if let Some(key) = self.route(node) {
             if let Some(jobs) = self.lane(key) {
                 // Blocks while the lane is full: backpressure.
-                if jobs.send(range.clone()).is_ok() {
+                if jobs.send((file.clone(), range.clone())).is_ok() {
                     return Ok(range.len);
                 }
                 tracing::warn!("prefetch threads for {key:?} are gone; prefetching inline");
@@ -450,7 +446,7 @@ impl PageCache for KernelCache {
             }
         }
         self.place(node);
-        self.inline.fetch(range)
+        self.inline.fetch(&file, range)
     }
 
     fn take_errors(&mut self) -> u64 {
@@ -458,8 +454,8 @@ impl PageCache for KernelCache {
     }
 
     fn evict(&mut self, range: &FileRange) -> Result<(), WarmError> {
-        let file = self.inline.file(&range.path)?;
-        sys::dontneed(file, &range.path, range.offset, range.len)?;
+        let file = self.file(&range.path)?;
+        sys::dontneed(&file, &range.path, range.offset, range.len)?;
         let shown = self.real_names.get(&range.path).unwrap_or(&range.path);
         for &pid in &self.readers {
             for (addr, len) in mapped_addresses(pid, shown, range.offset, range.len) {
@@ -623,14 +619,11 @@ garbage line
         let Some(dir) = sys::test_util::disk_tempdir() else {
             return;
         };
-        let a = cold_file(dir.path(), "a", 2 << 20);
+        // A directory opens, but reading it fails on the loader thread: an
+        // asynchronous failure, reported by take_errors.
         let mut cache = lane_cache(Mechanism::Read);
-        // The caller opened `a` (residency); the lane opens it by path after
-        // it vanished: an asynchronous failure, reported by take_errors.
-        let mut range = FileRange::new(&a, 0, 2 << 20);
+        let mut range = FileRange::new(dir.path(), 0, 2 << 20);
         range.target = Target::NumaNode(0);
-        cache.inline.file(&a).unwrap();
-        std::fs::remove_file(&a).unwrap();
         assert_eq!(cache.prefetch(&range).unwrap(), 2 << 20);
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut errors = 0;
@@ -683,6 +676,11 @@ garbage line
             }
             assert!(handed >= 1 << 20, "{mechanism:?}");
             assert_eq!(cache.lane_threads(), 3, "{mechanism:?}");
+            assert_eq!(
+                cache.files.len(),
+                1,
+                "one descriptor, shared by the threads"
+            );
             assert!(cache.lane_nodes().is_empty(), "one node: threads unbound");
             assert!(wait_cached(&a), "{mechanism:?}");
             assert_eq!(cache.take_errors(), 0);
