@@ -155,6 +155,12 @@ impl Loader {
     }
 }
 
+/// Most loader threads per lane (a huge `--in-flight` asks for more).
+const MAX_LANE_THREADS: usize = 32;
+
+/// A chunk for a loader thread, with the file it is read from.
+type Job = (Arc<File>, FileRange);
+
 /// Loader threads working for one NUMA node (or for none: a one-node
 /// machine with a synchronous mechanism). Each sets its memory policy to
 /// the node and runs on the node's CPUs once, at start, so every page it
@@ -164,12 +170,6 @@ impl Loader {
 /// from threads, and their queue holds nothing: a chunk is handed over
 /// only to an idle thread. Either way a full lane holds the sender back
 /// (backpressure) and what is committed stays within the window.
-/// Most loader threads per lane (a huge `--in-flight` asks for more).
-const MAX_LANE_THREADS: usize = 32;
-
-/// A chunk for a loader thread, with the file it is read from.
-type Job = (Arc<File>, FileRange);
-
 struct Lane {
     jobs: Option<SyncSender<Job>>,
     threads: Vec<JoinHandle<()>>,
@@ -249,10 +249,8 @@ fn lane_main(
 /// parallel. The synchronous mechanisms always run on lanes, with as many
 /// threads per lane as the window has chunks.
 pub struct KernelCache {
-    mechanism: Mechanism,
-    chunk: u64,
-    window: usize,
-    /// The caller's thread: WILLNEED on one-node machines and untargeted
+    /// The caller's thread (its mechanism, chunk and window are every
+    /// loader's): WILLNEED on one-node machines and untargeted
     /// ranges.
     inline: Loader,
     /// One descriptor per model file, shared by every loader thread.
@@ -267,7 +265,6 @@ pub struct KernelCache {
     cancel: Arc<AtomicBool>,
     memory: MemorySource,
     numa: NumaMap,
-    bound_node: Option<u32>,
     /// Processes whose mappings eviction pages out.
     readers: Vec<i32>,
     /// Model files that are symlinks → the file `/proc/PID/maps` names.
@@ -287,9 +284,6 @@ impl KernelCache {
         let chunk = chunk.max(sys::page_size());
         let window = (in_flight_bytes / chunk).max(1) as usize;
         KernelCache {
-            mechanism,
-            chunk,
-            window,
             inline: Loader::new(mechanism, chunk, window),
             files: HashMap::new(),
             lanes: BTreeMap::new(),
@@ -298,7 +292,6 @@ impl KernelCache {
             cancel: Arc::new(AtomicBool::new(false)),
             memory,
             numa,
-            bound_node: None,
             readers: Vec::new(),
             real_names: HashMap::new(),
         }
@@ -351,29 +344,22 @@ impl KernelCache {
         }
     }
 
-    /// Binds the caller's thread for an inline prefetch (one-node machines:
-    /// a no-op the kernel accepts).
-    fn place(&mut self, node: Option<u32>) {
-        let Some(node) = node else { return };
-        if self.bound_node == Some(node) {
-            return;
-        }
-        if let Err(err) = sys::bind_thread_to_node(node) {
-            tracing::debug!("NUMA placement on node {node} skipped: {err}");
-        }
-        self.bound_node = Some(node);
-    }
-
     /// The lane for `node`, started on first use; `None` when no thread
     /// can be started (logged; the caller prefetches inline).
     fn lane(&mut self, node: Option<u32>) -> Option<&SyncSender<Job>> {
         if !self.lanes.contains_key(&node) {
-            let (threads, queue) = match self.mechanism {
+            let Loader {
+                mechanism,
+                chunk,
+                window,
+                ..
+            } = self.inline;
+            let (threads, queue) = match mechanism {
                 Mechanism::WillNeed => (1, 1),
-                Mechanism::Populate | Mechanism::Read => (self.window.min(MAX_LANE_THREADS), 0),
+                Mechanism::Populate | Mechanism::Read => (window.min(MAX_LANE_THREADS), 0),
             };
             let loaders = (0..threads)
-                .map(|_| Loader::new(self.mechanism, self.chunk, self.window))
+                .map(|_| Loader::new(mechanism, chunk, window))
                 .collect();
             match Lane::spawn(
                 node,
@@ -399,7 +385,7 @@ impl KernelCache {
     /// otherwise, `None` for the caller's thread.
     fn route(&self, node: Option<u32>) -> Option<Option<u32>> {
         let numa = self.force_lanes || self.numa.nodes() > 1;
-        match (numa, node, self.mechanism) {
+        match (numa, node, self.inline.mechanism) {
             (true, Some(n), _) => Some(Some(n)),
             (_, _, Mechanism::Populate | Mechanism::Read) => Some(None),
             _ => None,
@@ -445,7 +431,7 @@ impl PageCache for KernelCache {
                 self.lanes.remove(&key);
             }
         }
-        self.place(node);
+        // Untargeted, or WILLNEED on one node: placement is moot.
         self.inline.fetch(&file, range)
     }
 

@@ -510,7 +510,7 @@ impl Samplers {
         for (pid, ..) in &self.reads.readers {
             preads.entry(*pid).or_insert_with(|| blocked_preads(*pid));
         }
-        events.extend(self.reads.sample(|pid, path, fd, reported| {
+        events.extend(self.reads.sample(|pid, path, fd, _| {
             let pread = preads
                 .get(&pid)
                 .into_iter()
@@ -518,7 +518,7 @@ impl Samplers {
                 .filter(|(p, _)| p == path)
                 .map(|&(_, at)| at)
                 .max();
-            read_position(pid, path, fd, reported).max(pread)
+            read_position(pid, path, fd).max(pread)
         }));
         events
     }
@@ -577,7 +577,7 @@ impl<S> Follower<S> {
 /// A read() loader's file position (`/proc/PID/fdinfo/FD`, `pos:`) on the
 /// descriptor it opened the model file with. pread() does not move it:
 /// [`blocked_preads`] covers those loaders.
-fn read_position(pid: i32, path: &Path, fd: &mut Option<u32>, _: u64) -> Option<u64> {
+fn read_position(pid: i32, path: &Path, fd: &mut Option<u32>) -> Option<u64> {
     if fd.is_none() {
         *fd = find_fd(pid, path);
     }
