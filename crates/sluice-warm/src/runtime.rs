@@ -1139,6 +1139,10 @@ mod tests {
             crate::sys::dontneed(&f, &p, 0, u64::MAX).unwrap();
         }
         c.builtin.record = false;
+        // The default mechanism: synchronous, so what was handed over is in
+        // the cache when `run` returns (WILLNEED's readahead is best effort:
+        // under memory pressure its allocations may give up on a few pages).
+        c.mechanism = Mechanism::Populate;
         let first = format!(
             "head -c 131072 {} > /dev/null; sleep 0.5",
             m.join("a.safetensors").display()
