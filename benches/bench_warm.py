@@ -25,6 +25,9 @@ sequential read() and memcpy out of an mmap, against no runtime; and, for compar
 pre-content events forced on (what the template policy runs with: every read waits for an
 answer).
 
+Memory: on a VM with virtio-balloon free page reporting, reporting is turned off for the run and
+restored after it (``--keep-page-reporting`` leaves it on); see ``free_page_reporting_off``.
+
 Results: ``--out``/bench-warm.{md,json} and bench-warm-*.png. Needs root (fanotify, cgroups,
 drop_caches).
 """
@@ -32,15 +35,18 @@ drop_caches).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +80,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--scenarios", default="enough,constrained")
     p.add_argument("--skip-overhead", action="store_true")
+    p.add_argument(
+        "--keep-page-reporting",
+        action="store_true",
+        help="leave the VM's free page reporting on (see free_page_reporting_off)",
+    )
     p.add_argument("--out", default="docs")
     return p.parse_args()
 
@@ -155,6 +166,41 @@ def model_bytes(model: Path) -> int:
 def drop_caches() -> None:
     os.sync()
     Path("/proc/sys/vm/drop_caches").write_text("3")
+
+
+PAGE_REPORTING = Path("/sys/module/page_reporting/parameters/page_reporting_order")
+
+
+@contextlib.contextmanager
+def free_page_reporting_off(keep: bool, prime_bytes: int) -> Iterator[str]:
+    """Turns a VM's free page reporting off for the benchmark and back on after it.
+
+    With virtio-balloon free page reporting, free memory is handed back to the host about two
+    seconds after it is freed, and the next guest touch of such a page faults on the host.
+    Every round frees the model's page cache (drop_caches) and then allocates it again, so
+    which phase of which run pays for those faults depends on timing, not on the policy: on
+    this VM the same load phase from a fully cached model took 0.5 s or 1.1-2.9 s. Reporting
+    is off while the benchmark runs (``page_reporting_order`` above the largest page order),
+    and ``prime_bytes`` of memory are touched once so the runs start on host-backed pages.
+    Yields a note for the report.
+    """
+    if keep or not PAGE_REPORTING.exists():
+        yield "free page reporting: " + ("left on" if keep else "not present")
+        return
+    before = PAGE_REPORTING.read_text().strip()
+    for order in ("11", "10"):
+        try:
+            PAGE_REPORTING.write_text(order)
+            break
+        except OSError:
+            continue
+    now = PAGE_REPORTING.read_text().strip()
+    try:
+        touched = np.ones(max(0, prime_bytes) // 8, dtype=np.int64)
+        del touched
+        yield f"free page reporting: off (page_reporting_order {before} -> {now}) for the run"
+    finally:
+        PAGE_REPORTING.write_text(before)
 
 
 def block_device(path: Path) -> str | None:
@@ -372,7 +418,6 @@ def main() -> int:
     templates = root / "templates"
     dev = block_device(model)
     backends = [b for b in args.backends.split(",") if b]
-    policies = [p for p in args.policies.split(",") if p]
     scenarios = [s for s in args.scenarios.split(",") if s]
     share = int(size * args.constrained_fraction)
     limits = {}
@@ -382,6 +427,41 @@ def main() -> int:
             limits[backend] = base + share
             print(f"{backend}: loader footprint {base / GIB:.2f} GiB", flush=True)
     print(f"model {model}: {size / GIB:.2f} GiB; model share {share / GIB:.2f} GiB", flush=True)
+    # SIGTERM unwinds like Ctrl-C, so the page-reporting setting is put back.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with free_page_reporting_off(args.keep_page_reporting, prime_bytes(size)) as memory_note:
+        print(memory_note, flush=True)
+        runs, traces, over = measure(args, model, templates, dev, limits)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pngs = []
+    for scenario, tr in traces.items():
+        png = out / f"bench-warm-{scenario}.png"
+        plot_bandwidth(tr, f"disk read bandwidth, {scenario} memory, mmap loader", png)
+        pngs.append(png.name)
+    write_report(args, model, size, limits, runs, over, pngs, out, memory_note)
+    return 0
+
+
+def prime_bytes(model_size: int) -> int:
+    """Memory to touch before the runs: twice the model, at most half of what is available."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return min(2 * model_size, int(line.split()[1]) * 1024 // 2)
+    return 0
+
+
+def measure(
+    args: argparse.Namespace,
+    model: Path,
+    templates: Path,
+    dev: str | None,
+    limits: dict[str, int],
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, list[tuple[float, float]]]], Any]:
+    """Records the templates, runs every round, then the overhead benchmark."""
+    backends = [b for b in args.backends.split(",") if b]
+    policies = [p for p in args.policies.split(",") if p]
+    scenarios = [s for s in args.scenarios.split(",") if s]
     for backend in backends:
         drop_caches()
         warm_run([], model, backend, args.init_seconds, None, templates, record=True)
@@ -408,19 +488,11 @@ def main() -> int:
                         f" end-to-end {r['end_to_end_s']:6.2f} s  load {r['load_s']:6.2f} s",
                         flush=True,
                     )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    pngs = []
-    for scenario, tr in traces.items():
-        png = out / f"bench-warm-{scenario}.png"
-        plot_bandwidth(tr, f"disk read bandwidth, {scenario} memory, mmap loader", png)
-        pngs.append(png.name)
-    over = None if args.skip_overhead else overhead(root, 5)
-    write_report(args, model, size, limits, runs, over, pngs, out)
-    return 0
+    over = None if args.skip_overhead else overhead(Path(args.data), 5)
+    return runs, traces, over
 
 
-def write_report(args, model, size, limits, runs, over, pngs, out: Path) -> None:
+def write_report(args, model, size, limits, runs, over, pngs, out: Path, memory_note: str) -> None:
     def med(sc: str, be: str, po: str, key: str) -> float:
         vals = [r[key] for r in runs if (r["scenario"], r["backend"], r["policy"]) == (sc, be, po)]
         return statistics.median(vals) if vals else float("nan")
@@ -436,6 +508,7 @@ def write_report(args, model, size, limits, runs, over, pngs, out: Path) -> None
         + ", ".join(f"{b} {x / GIB:.2f} GiB" for b, x in limits.items())
         + f" (loader footprint + {args.constrained_fraction} of the model).",
         f"Versions: {', '.join(f'{k} {x}' for k, x in v.items())}.",
+        f"Memory: {memory_note}.",
         f"Command: `python benches/bench_warm.py --runs {args.runs}`. Medians of {args.runs}"
         " interleaved runs, cold page cache each.",
         "",
@@ -499,7 +572,7 @@ def write_report(args, model, size, limits, runs, over, pngs, out: Path) -> None
     lines += [f"Bandwidth over time: {', '.join(pngs)}.", ""]
     text = "\n".join(lines)
     (out / "bench-warm.md").write_text(text)
-    blob = {"runs": runs, "overhead": over, "limits": limits}
+    blob = {"runs": runs, "overhead": over, "limits": limits, "memory": memory_note}
     (out / "bench-warm.json").write_text(json.dumps(blob, indent=1))
     print(text)
 

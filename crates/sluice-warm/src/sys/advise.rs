@@ -8,10 +8,15 @@
 //!   [`read_ahead_limit`]. A call blocks on request tags when the device
 //!   queue is full, and it builds 4 KiB folios.
 //! - [`populate_read`]: `madvise(MADV_POPULATE_READ)` on a temporary
-//!   mapping, synchronous, building the 2 MiB folios `read()` builds (ext4,
-//!   6.16+): these evict 10-50x faster and make cachestat cheap. Before 5.14
-//!   it falls back to `pread` into a 1 MiB buffer, which also builds large
-//!   folios.
+//!   mapping marked `MADV_HUGEPAGE`, synchronous. The hint makes each fault
+//!   read a whole 2 MiB folio where the file system caches large folios
+//!   (ext4 6.16+, xfs): these evict 10-50x faster, make cachestat cheap and
+//!   cost the kernel far less to build. Without it a fault reads around in
+//!   base or 16 KiB folios, and loader threads sharing one descriptor (one
+//!   readahead state) never let the readahead ramp up: a 4 GiB model
+//!   populated by two threads averaged 11 KiB folios and 0.55 s of system
+//!   time, against 203 KiB and 0.04 s with the hint. Before 5.14 it falls
+//!   back to `pread` into a 1 MiB buffer.
 //!
 //! [`probe_ready`] answers "would a read of this page block?" with
 //! `preadv2(RWF_NOWAIT)`: the prefetcher bounds its in-flight window by
@@ -168,8 +173,9 @@ fn fadvise(
 }
 
 /// Reads `[offset, offset + len)` of `file` into the page cache and returns
-/// once it is there, as large folios: `madvise(MADV_POPULATE_READ)` over a
-/// temporary mapping, or `pread` into a 1 MiB buffer on kernels without it
+/// once it is there, as 2 MiB folios where the file system has them:
+/// `madvise(MADV_POPULATE_READ)` over a temporary `MADV_HUGEPAGE` mapping
+/// (see the module notes), or `pread` into a 1 MiB buffer on kernels without it
 /// (before 5.14). Returns the bytes of the range inside the file, now
 /// resident. Note `len` 0 is an empty range here, not "to the end".
 pub fn populate_read(file: &File, path: &Path, offset: u64, len: u64) -> Result<u64, WarmError> {
@@ -178,6 +184,9 @@ pub fn populate_read(file: &File, path: &Path, offset: u64, len: u64) -> Result<
         return Ok(0);
     }
     let map = Mapping::new(file, path, offset, len)?;
+    // SAFETY: advising exactly the live mapping; HUGEPAGE only changes how
+    // its faults read ahead (PMD-sized folios), and failure changes nothing.
+    unsafe { libc::madvise(map.addr.cast(), map.len as usize, libc::MADV_HUGEPAGE) };
     // SAFETY: advising exactly the live mapping; POPULATE_READ only faults
     // pages in, it changes no memory we can observe.
     let rc = unsafe { libc::madvise(map.addr.cast(), map.len as usize, libc::MADV_POPULATE_READ) };
@@ -394,6 +403,83 @@ mod tests {
         assert!(
             got < 16 * MIB,
             "one call read {got} bytes past a {chunk} cap"
+        );
+    }
+
+    /// Folios holding the file's first `len` bytes, all cached: `None` where
+    /// pagemap hides frame numbers (no `CAP_SYS_ADMIN`) or there is no
+    /// /proc/kpageflags.
+    fn folios(file: &File, path: &Path, len: u64) -> Option<u64> {
+        const KPF_COMPOUND_TAIL: u64 = 1 << 16;
+        let map = Mapping::new(file, path, 0, len).unwrap();
+        // SAFETY: advising exactly the live mapping; its pages are cached, so
+        // this only maps them.
+        let rc = unsafe { libc::madvise(map.addr.cast(), len as usize, libc::MADV_POPULATE_READ) };
+        assert_eq!(rc, 0, "{}", errno());
+        let page = page_size();
+        let pagemap = File::open("/proc/self/pagemap").ok()?;
+        let flags = File::open("/proc/kpageflags").ok()?;
+        let mut entries = vec![0u8; (len / page * 8) as usize];
+        pagemap
+            .read_exact_at(&mut entries, map.addr as u64 / page * 8)
+            .ok()?;
+        let mut count = 0;
+        for entry in entries.chunks_exact(8) {
+            let entry = u64::from_ne_bytes(entry.try_into().unwrap());
+            let pfn = entry & ((1 << 55) - 1);
+            if entry >> 63 == 0 || pfn == 0 {
+                return None;
+            }
+            let mut word = [0u8; 8];
+            flags.read_exact_at(&mut word, pfn * 8).ok()?;
+            if u64::from_ne_bytes(word) & KPF_COMPOUND_TAIL == 0 {
+                count += 1;
+            }
+        }
+        Some(count)
+    }
+
+    #[test]
+    fn populate_builds_folios_at_least_as_large_as_a_sequential_read() {
+        let Some(dir) = disk_tempdir() else { return };
+        let (len, chunk) = (32 * MIB, 8 * MIB);
+        let (file, path) = synced_file(&dir, len as usize);
+        dontneed(&file, &path, 0, u64::MAX).unwrap();
+        if resident(&file, &path) != Some(0) {
+            eprintln!("skipped: the file could not be dropped from the cache");
+            return;
+        }
+        // The reference: one sequential reader, whose readahead grows folios.
+        let mut buf = vec![0u8; MIB as usize];
+        for at in (0..len).step_by(MIB as usize) {
+            file.read_exact_at(&mut buf, at).unwrap();
+        }
+        let Some(by_read) = folios(&file, &path, len) else {
+            eprintln!("skipped: no frame numbers in pagemap (not root?) or no kpageflags");
+            return;
+        };
+        if by_read == len / page_size() {
+            eprintln!("skipped: this file system caches only base pages");
+            return;
+        }
+        dontneed(&file, &path, 0, u64::MAX).unwrap();
+        assert_eq!(resident(&file, &path), Some(0));
+        // As the loader threads do: chunks taken in turn by two threads
+        // sharing one descriptor (and so one readahead state).
+        std::thread::scope(|s| {
+            for first in 0..2 {
+                let (file, path) = (&file, &path);
+                s.spawn(move || {
+                    for at in (first * chunk..len).step_by(2 * chunk as usize) {
+                        assert_eq!(populate_read(file, path, at, chunk).unwrap(), chunk);
+                    }
+                });
+            }
+        });
+        let by_populate = folios(&file, &path, len).unwrap();
+        assert!(
+            by_populate <= by_read,
+            "populate cached {len} bytes in {by_populate} folios, read() in {by_read}"
         );
     }
 
