@@ -356,7 +356,20 @@ impl Policy for TemplatePolicy {
                 } else {
                     Target::Any
                 };
-                Ok(replay.plan_from_reader(state, &self.model_dir, target))
+                let plan = replay.plan_from_reader(state, &self.model_dir, target);
+                if !plan.is_empty() {
+                    tracing::debug!(
+                        "worker {}: {:?} by pid {} at {}:{}: reader at byte {} of the sequence, {} bytes planned",
+                        replay.workers[state].worker,
+                        event.kind,
+                        event.pid,
+                        rel.display(),
+                        event.offset,
+                        replay.workers[state].reader,
+                        plan.iter().map(|p| p.range.len).sum::<u64>()
+                    );
+                }
+                Ok(plan)
             }
             Mode::Done => Ok(Vec::new()),
         }

@@ -21,11 +21,12 @@
 //! answered and ignored, so the runtime's own reads can never wait on
 //! themselves.
 
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -58,12 +59,17 @@ pub struct WatchStats {
     pub dropped: AtomicU64,
     /// Events from this process, answered and ignored.
     pub own: AtomicU64,
+    /// Events from processes outside the service's tree (see
+    /// [`Watch::only_tree_of`]), answered and ignored.
+    pub foreign: AtomicU64,
 }
 
 /// A fanotify watch over files, delivering [`AccessEvent`]s.
 pub struct Watch {
     pub level: Level,
     pub stats: Arc<WatchStats>,
+    /// The service's root process, once known (0: every process counts).
+    root: Arc<AtomicI32>,
     events: Receiver<AccessEvent>,
     stop: Arc<AtomicBool>,
     wake: OwnedFd,
@@ -112,22 +118,33 @@ impl Watch {
             unsafe { OwnedFd::from_raw_fd(libc::dup(group.fd.as_raw_fd())) }
         };
         let wake_raw = wake.as_raw_fd();
+        let root = Arc::new(AtomicI32::new(0));
         let thread = {
             let stats = stats.clone();
             let stop = stop.clone();
+            let tree = ProcessTree::new(root.clone());
             std::thread::Builder::new()
                 .name("sluice-fanotify".into())
-                .spawn(move || group.run(tx, &stats, &stop, wake_raw))
+                .spawn(move || group.run(tx, &stats, &stop, wake_raw, tree))
                 .ok()
         };
         Watch {
             level,
             stats,
+            root,
             events: rx,
             stop,
             wake,
             thread,
         }
+    }
+
+    /// From now on only `pid` and its descendants count: other processes'
+    /// events are answered and dropped, so a monitoring tool or a second
+    /// service opening the model files can neither steer a replay nor end
+    /// up in a recording.
+    pub fn only_tree_of(&self, pid: i32) {
+        self.root.store(pid, Ordering::SeqCst);
     }
 
     /// The next event, waiting at most `timeout`.
@@ -208,7 +225,14 @@ impl Group {
     }
 
     /// The reader loop: answer, translate, hand over; until stopped.
-    fn run(self, tx: SyncSender<AccessEvent>, stats: &WatchStats, stop: &AtomicBool, wake: i32) {
+    fn run(
+        self,
+        tx: SyncSender<AccessEvent>,
+        stats: &WatchStats,
+        stop: &AtomicBool,
+        wake: i32,
+        mut tree: ProcessTree,
+    ) {
         let own_pid = std::process::id() as i32;
         let mut buf = vec![0u8; 64 * 1024];
         while !stop.load(Ordering::SeqCst) {
@@ -244,7 +268,7 @@ impl Group {
                     break;
                 }
                 let info = &buf[at + meta.metadata_len as usize..at + len];
-                self.handle(&meta, info, own_pid, &tx, stats);
+                self.handle(&meta, info, own_pid, &mut tree, &tx, stats);
                 at += len;
             }
         }
@@ -255,6 +279,7 @@ impl Group {
         meta: &libc::fanotify_event_metadata,
         info: &[u8],
         own_pid: i32,
+        tree: &mut ProcessTree,
         tx: &SyncSender<AccessEvent>,
         stats: &WatchStats,
     ) {
@@ -284,6 +309,17 @@ impl Group {
             stats.own.fetch_add(1, Ordering::Relaxed);
             return;
         }
+        // Checked while the process is most likely alive: a permission
+        // event's reader was just let go, an opener has only just opened.
+        if !tree.contains(meta.pid) {
+            if stats.foreign.fetch_add(1, Ordering::Relaxed) == 0 {
+                tracing::info!(
+                    "ignoring pid {} and any other process outside the service's tree",
+                    meta.pid
+                );
+            }
+            return;
+        }
         let Ok(path) = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())) else {
             return;
         };
@@ -304,6 +340,81 @@ impl Group {
             stats.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// Whether a process belongs to the service: the root or a descendant.
+struct ProcessTree {
+    root: Arc<AtomicI32>,
+    /// Verdicts per pid, for the current root.
+    known: HashMap<i32, bool>,
+    known_root: i32,
+}
+
+impl ProcessTree {
+    /// Pids remembered at most; a long run with many short processes
+    /// starts over rather than grow.
+    const MAX_KNOWN: usize = 4096;
+
+    fn new(root: Arc<AtomicI32>) -> ProcessTree {
+        ProcessTree {
+            root,
+            known: HashMap::new(),
+            known_root: 0,
+        }
+    }
+
+    /// `pid` is the root or descends from it; `true` for every process
+    /// while no root is set, and for a process already gone (it cannot be
+    /// placed; counting it is the old behaviour, the safe side for a
+    /// recording of a service's short-lived helpers).
+    fn contains(&mut self, pid: i32) -> bool {
+        let root = self.root.load(Ordering::Relaxed);
+        if root <= 0 || pid == root {
+            return true;
+        }
+        if root != self.known_root || self.known.len() >= Self::MAX_KNOWN {
+            self.known.clear();
+            self.known_root = root;
+        }
+        if let Some(&known) = self.known.get(&pid) {
+            return known;
+        }
+        let verdict = descends_from(pid, root, |p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|stat| parent_in_stat(&stat))
+        });
+        if let Some(verdict) = verdict {
+            self.known.insert(pid, verdict);
+        }
+        verdict.unwrap_or(true)
+    }
+}
+
+/// Whether `pid`'s chain of parents reaches `root`; `None` when a process
+/// on the way is gone. An orphan re-parented to init (or to a subreaper
+/// outside the tree) is not in the tree.
+fn descends_from(pid: i32, root: i32, parent_of: impl Fn(i32) -> Option<i32>) -> Option<bool> {
+    let mut at = pid;
+    for _ in 0..128 {
+        let parent = parent_of(at)?;
+        if parent == root {
+            return Some(true);
+        }
+        if parent <= 1 {
+            return Some(false);
+        }
+        at = parent;
+    }
+    Some(false)
+}
+
+/// The parent pid in a `/proc/PID/stat` line: the second field after the
+/// command name, which is in parentheses and may itself hold spaces and
+/// parentheses.
+fn parent_in_stat(stat: &str) -> Option<i32> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn read_metadata(bytes: &[u8]) -> libc::fanotify_event_metadata {
@@ -446,6 +557,54 @@ mod tests {
             let err = pre_content_supported(&f).unwrap_err();
             assert!(matches!(err, WarmError::Unsupported { .. }), "{err}");
         }
+    }
+
+    #[test]
+    fn the_service_tree_is_followed_through_parents() {
+        // 10 launched 11, which launched 12; 20 is unrelated; 30 was
+        // orphaned to init; 40's parent is gone.
+        let parents = HashMap::from([(11, 10), (12, 11), (20, 5), (5, 1), (30, 1), (40, 41)]);
+        let parent_of = |p: i32| parents.get(&p).copied();
+        assert_eq!(descends_from(12, 10, parent_of), Some(true));
+        assert_eq!(descends_from(11, 10, parent_of), Some(true));
+        assert_eq!(descends_from(20, 10, parent_of), Some(false));
+        assert_eq!(descends_from(30, 10, parent_of), Some(false));
+        assert_eq!(descends_from(40, 10, parent_of), None);
+        // A cycle (pids reused mid-walk) ends.
+        let cycle = |p: i32| Some(if p == 50 { 51 } else { 50 });
+        assert_eq!(descends_from(50, 10, cycle), Some(false));
+
+        // Real processes: this one's child is in its tree, this one is not
+        // in its child's.
+        let root = Arc::new(AtomicI32::new(0));
+        let mut tree = ProcessTree::new(root.clone());
+        let me = std::process::id() as i32;
+        assert!(tree.contains(me), "no root yet: everyone counts");
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let kid = child.id() as i32;
+        root.store(me, Ordering::SeqCst);
+        assert!(tree.contains(kid));
+        root.store(kid, Ordering::SeqCst);
+        assert!(
+            !tree.contains(me),
+            "the verdicts of the old root were forgotten"
+        );
+        assert!(tree.contains(kid));
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn parent_pids_parse_from_stat_lines_with_odd_names() {
+        assert_eq!(parent_in_stat("123 (python3) S 77 123 123 0"), Some(77));
+        assert_eq!(parent_in_stat("9 (a b) c) (d) R 42 9 9"), Some(42));
+        assert_eq!(parent_in_stat("9 (no closing S 42"), None);
+        assert_eq!(parent_in_stat("9 (x) S"), None);
+        assert_eq!(parent_in_stat("9 (x) S notanumber"), None);
+        assert_eq!(parent_in_stat(""), None);
     }
 
     #[test]

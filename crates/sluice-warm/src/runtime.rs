@@ -265,6 +265,11 @@ fn run_in(
         true => None,
         false => Some(spawn(&config.command)?),
     };
+    // A launched service is a process tree: other processes opening the
+    // model files (a monitoring tool, a second service) are not its readers.
+    if let (Some(w), Some(c)) = (&watch, &child) {
+        w.only_tree_of(c.id() as i32);
+    }
     let mut sampler = Samplers::default();
     let mut last_tick = Instant::now();
     let mut last_status = Instant::now();
@@ -1103,6 +1108,53 @@ mod tests {
         let report = run(&c, &stop, &mut |_| stop.store(true, Ordering::SeqCst)).unwrap();
         assert_eq!(report.exit_code, 0);
         assert!(calls >= 1);
+    }
+
+    #[test]
+    fn a_recording_ignores_processes_outside_the_service() {
+        let Some((dir, m)) = root_model() else {
+            return;
+        };
+        let (a, b) = (m.join("a.safetensors"), m.join("b.safetensors"));
+        // The service reads a; a process the service did not start (a
+        // monitoring tool, say) reads b meanwhile.
+        let service = format!("sleep 0.3; cat {} > /dev/null; sleep 0.3", a.display());
+        let mut c = config(&m, &["sh", "-c", &service]);
+        c.policy = "template".into();
+        c.builtin.service = Some(crate::template::ServiceId::from_spec("outsiders"));
+        c.builtin.template_dir = Some(dir.path().join("templates"));
+        c.builtin.record = true;
+        let stop = AtomicBool::new(false);
+        let outsider = std::thread::spawn(move || {
+            for _ in 0..6 {
+                std::thread::sleep(Duration::from_millis(100));
+                let done = std::process::Command::new("cat").arg(&b).output().unwrap();
+                assert!(done.status.success());
+            }
+        });
+        let rec = run(&c, &stop, &mut |_| {}).unwrap();
+        outsider.join().unwrap();
+        if rec.level.is_none() {
+            eprintln!("skipped: no fanotify here");
+            return;
+        }
+        let store = crate::template::TemplateStore::new(dir.path().join("templates"));
+        let t = store
+            .load(c.builtin.service.as_ref().unwrap())
+            .unwrap()
+            .expect("a template was written");
+        let read: Vec<&str> = t
+            .workers
+            .iter()
+            .flat_map(|w| &w.ranges)
+            .map(|r| t.files[r.file as usize].path.as_str())
+            .collect();
+        assert_eq!(t.workers.len(), 1, "one worker, the service: {read:?}");
+        assert!(
+            read.iter().all(|p| *p == "a.safetensors"),
+            "only the service's reads: {read:?}"
+        );
+        assert_eq!(t.total_bytes(), 8 << 20);
     }
 
     #[test]
