@@ -258,6 +258,13 @@ fn run_in(
         }
         Err(err) => return Err(err),
     };
+    // A launched service is a process tree: other processes opening the
+    // model files (a monitoring tool, a second service) are not its
+    // readers. Until the service's pid is known, the tree is ours (the
+    // service will be our child); then it is the service's.
+    if let (Some(w), false) = (&watch, config.command.is_empty()) {
+        w.only_tree_of(std::process::id() as i32);
+    }
     if manager.wait_for_init() {
         manager.drain();
     }
@@ -265,8 +272,6 @@ fn run_in(
         true => None,
         false => Some(spawn(&config.command)?),
     };
-    // A launched service is a process tree: other processes opening the
-    // model files (a monitoring tool, a second service) are not its readers.
     if let (Some(w), Some(c)) = (&watch, &child) {
         w.only_tree_of(c.id() as i32);
     }
