@@ -3,7 +3,7 @@
 //! memory from the service's cgroup, NUMA placement per target.
 //!
 //! **Mechanism.** `populate` (the default) reads each chunk (≤
-//! `read_ahead_kb`) synchronously into 2 MiB folios, which cost less CPU to
+//! `read_ahead_kb`) synchronously into 2 MiB folios (see `sys::advise`), which cost less CPU to
 //! build, evict faster (DONTNEED of 2 GiB: 5-20 ms against 200-575 ms for
 //! 4 KiB folios) and map faster for mmap loaders; depth comes from loader
 //! threads, one per chunk of the in-flight window. `willneed` queues a
@@ -167,9 +167,12 @@ type Job = (Arc<File>, FileRange);
 /// reads in lands there. They share one queue; WILLNEED needs one thread
 /// (it is asynchronous, its loader keeps a window in flight) and its queue
 /// holds one chunk; `populate` and `read` are synchronous, so depth comes
-/// from threads, and their queue holds nothing: a chunk is handed over
-/// only to an idle thread. Either way a full lane holds the sender back
-/// (backpressure) and what is committed stays within the window.
+/// from threads, and their queue holds one chunk too, staged while every
+/// thread is busy: a thread that finishes takes it at once instead of
+/// waiting for the runtime thread to be scheduled (on a busy 2-core
+/// machine that hand-over gap cost a template replay 10% of its fill
+/// rate). Either way a full lane holds the sender back (backpressure) and
+/// what is committed stays within the window plus one chunk.
 struct Lane {
     jobs: Option<SyncSender<Job>>,
     threads: Vec<JoinHandle<()>>,
@@ -356,7 +359,7 @@ impl KernelCache {
             } = self.inline;
             let (threads, queue) = match mechanism {
                 Mechanism::WillNeed => (1, 1),
-                Mechanism::Populate | Mechanism::Read => (window.min(MAX_LANE_THREADS), 0),
+                Mechanism::Populate | Mechanism::Read => (window.min(MAX_LANE_THREADS), 1),
             };
             let loaders = (0..threads)
                 .map(|_| Loader::new(mechanism, chunk, window))
