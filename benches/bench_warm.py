@@ -86,7 +86,11 @@ def parse_args() -> argparse.Namespace:
         help="leave the VM's free page reporting on (see free_page_reporting_off)",
     )
     p.add_argument("--out", default="docs")
-    return p.parse_args()
+    args = p.parse_args()
+    # Comma lists, parsed once.
+    for name in ("backends", "policies", "scenarios"):
+        setattr(args, name, [x for x in getattr(args, name).split(",") if x])
+    return args
 
 
 # --------------------------------------------------------------------------- model
@@ -417,8 +421,7 @@ def main() -> int:
     size = model_bytes(model)
     templates = root / "templates"
     dev = block_device(model)
-    backends = [b for b in args.backends.split(",") if b]
-    scenarios = [s for s in args.scenarios.split(",") if s]
+    backends, scenarios = args.backends, args.scenarios
     share = int(size * args.constrained_fraction)
     limits = {}
     if "constrained" in scenarios:
@@ -459,9 +462,7 @@ def measure(
     limits: dict[str, int],
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, list[tuple[float, float]]]], Any]:
     """Records the templates, runs every round, then the overhead benchmark."""
-    backends = [b for b in args.backends.split(",") if b]
-    policies = [p for p in args.policies.split(",") if p]
-    scenarios = [s for s in args.scenarios.split(",") if s]
+    backends, policies, scenarios = args.backends, args.policies, args.scenarios
     for backend in backends:
         drop_caches()
         warm_run([], model, backend, args.init_seconds, None, templates, record=True)

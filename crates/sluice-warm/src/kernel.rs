@@ -3,10 +3,11 @@
 //! memory from the service's cgroup, NUMA placement per target.
 //!
 //! **Mechanism.** `populate` (the default) reads each chunk (≤
-//! `read_ahead_kb`) synchronously into 2 MiB folios (see `sys::advise`), which cost less CPU to
-//! build, evict faster (DONTNEED of 2 GiB: 5-20 ms against 200-575 ms for
-//! 4 KiB folios) and map faster for mmap loaders; depth comes from loader
-//! threads, one per chunk of the in-flight window. `willneed` queues a
+//! `read_ahead_kb`) synchronously into 2 MiB folios (see `sys::advise`),
+//! which cost less CPU to build, evict faster (DONTNEED of 2 GiB: 5-20 ms
+//! against 200-575 ms for 4 KiB folios) and map faster for mmap loaders;
+//! depth comes from loader threads, one per chunk of the in-flight
+//! window. `willneed` queues a
 //! chunk and returns before the I/O completes, so one thread keeps the
 //! device queue full; its window is bounded by probing the last page of
 //! the oldest chunk with `preadv2(RWF_NOWAIT)` before submitting a new one.
