@@ -920,12 +920,20 @@ mod tests {
             assert!(custom.watch_answered > 0);
         }
         c.level = Some(Level::PreContent);
-        let forced = run(&c, &stop, &mut |_| {}).unwrap();
-        assert_eq!(
-            forced.level,
-            Some(Level::PreContent),
-            "--events pre-content is obeyed"
-        );
+        match (custom.level, run(&c, &stop, &mut |_| {})) {
+            (Some(Level::PreContent), Ok(forced)) => assert_eq!(
+                forced.level,
+                Some(Level::PreContent),
+                "--events pre-content is obeyed"
+            ),
+            // Asked for and missing (before 6.14, tmpfs): a typed error,
+            // not a silent downgrade.
+            (_, Err(WarmError::Unsupported { feature, reason })) => {
+                assert_eq!(feature, "fanotify", "{reason}");
+                assert!(reason.contains("a.safetensors"), "{reason}");
+            }
+            (level, other) => panic!("auto chose {level:?}, forced gave {other:?}"),
+        }
     }
 
     #[test]
@@ -1061,6 +1069,12 @@ mod tests {
         let stop = AtomicBool::new(false);
         let report = run_with(&config, Box::new(Stuck { calls: 0 }), &stop, &mut |_| {}).unwrap();
         assert_eq!(report.exit_code, 0);
+        if report.level != Some(Level::PreContent) {
+            // Opens only: too few events to reach the fault, and none of
+            // them holds the reader.
+            eprintln!("skipped: no pre-content events here ({:?})", report.level);
+            return;
+        }
         assert!(
             report
                 .policy_fault
@@ -1069,13 +1083,11 @@ mod tests {
                 .contains("policy bug"),
             "{report:?}"
         );
-        if report.level == Some(Level::PreContent) {
-            assert!(report.watch_events >= 64, "{report:?}");
-            assert_eq!(
-                report.watch_answered, report.watch_events,
-                "every event answered"
-            );
-        }
+        assert!(report.watch_events >= 64, "{report:?}");
+        assert_eq!(
+            report.watch_answered, report.watch_events,
+            "every event answered"
+        );
     }
 
     #[test]
@@ -1139,8 +1151,9 @@ mod tests {
         });
         let rec = run(&c, &stop, &mut |_| {}).unwrap();
         outsider.join().unwrap();
-        if rec.level.is_none() {
-            eprintln!("skipped: no fanotify here");
+        if rec.level != Some(Level::PreContent) {
+            // A read() loader this short is recorded from exact ranges only.
+            eprintln!("skipped: no pre-content events here ({:?})", rec.level);
             return;
         }
         let store = crate::template::TemplateStore::new(dir.path().join("templates"));

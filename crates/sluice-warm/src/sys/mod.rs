@@ -119,12 +119,23 @@ pub(crate) mod test_util {
     /// when `/var/tmp` is tmpfs, where every page is always resident and
     /// the page-cache tests would mean nothing.
     pub fn disk_tempdir() -> Option<tempfile::TempDir> {
-        let dir = tempfile::tempdir_in("/var/tmp").ok()?;
+        let dir = match tempfile::tempdir_in("/var/tmp") {
+            Ok(dir) => dir,
+            Err(err) => {
+                eprintln!("skipped: no directory in /var/tmp for page-cache tests: {err}");
+                return None;
+            }
+        };
         let c_path = std::ffi::CString::new(dir.path().as_os_str().as_encoded_bytes()).ok()?;
         // SAFETY: statfs writes into the zeroed struct we own; the path is a
         // valid NUL-terminated string.
         let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
         if unsafe { libc::statfs(c_path.as_ptr(), &mut fs) } != 0 {
+            eprintln!(
+                "skipped: statfs of {}: {}",
+                dir.path().display(),
+                super::errno()
+            );
             return None;
         }
         if fs.f_type == libc::TMPFS_MAGIC {
