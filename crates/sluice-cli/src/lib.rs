@@ -97,10 +97,16 @@ pub struct WarmCommonArgs {
     #[arg(long, default_value = "auto")]
     pub bar_distance: String,
     /// Template: replay from the start of each worker's sequence as soon as the service is
-    /// launched, instead of at its first model access (MAIO). Helps loaders that touch the
-    /// model late; delays the service's own start-up reads behind prefetch.
+    /// launched, instead of at its first model access (MAIO), in the gaps of the service's own
+    /// start-up reads (--launch-quiet-ms). For services that compute long before they touch
+    /// the model.
     #[arg(long)]
     pub start_at_launch: bool,
+    /// Until the service first touches the model, prefetch (a replay from launch, a Python
+    /// policy's init) runs only once the service's own storage reads (libraries, start-up) have
+    /// stood still this long, in ms; 0: regardless.
+    #[arg(long, default_value_t = 150)]
+    pub launch_quiet_ms: u64,
     /// Template breakdown: do not prefetch.
     #[arg(long)]
     pub no_prefetch: bool,

@@ -14,6 +14,8 @@
 //!   prefetch under a memory watermark, over a [`manager::PageCache`].
 //! - [`kernel`]: the real page cache behind the manager (WILLNEED with a
 //!   bounded window or POPULATE_READ, DONTNEED + PAGEOUT, cgroup memory).
+//! - [`idle_gate`]: before the service's first model access, prefetch only
+//!   while the service itself is not reading from storage.
 //! - [`runtime`]: `run`/`record`: the service and the runtime in one
 //!   cgroup, events → policy → manager until the service exits.
 //! - [`trigger`]: explicit triggers through a named pipe.
@@ -24,6 +26,7 @@
 pub mod builtin;
 pub mod error;
 pub mod fanotify;
+pub mod idle_gate;
 pub mod kernel;
 pub mod manager;
 pub mod policy;

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use crate::builtin::{by_name, BuiltinConfig};
 use crate::error::WarmError;
 use crate::fanotify::{Level, Watch};
+use crate::idle_gate::{IdleGate, ProcessTreeIo};
 use crate::kernel::{mapped_addresses, KernelCache, Mechanism, MemorySource};
 use crate::manager::{Manager, ManagerConfig, Stats};
 use crate::policy::{AccessEvent, AccessKind, Guarded, PolicyContext};
@@ -45,6 +46,10 @@ pub struct RunConfig {
     pub command: Vec<OsString>,
     /// Where to listen for explicit triggers (a named pipe), if anywhere.
     pub trigger_pipe: Option<PathBuf>,
+    /// Until the service first accesses the model, prefetch runs only once
+    /// the service's own storage reads have stood still this long (see
+    /// [`IdleGate`]); zero lets it run regardless.
+    pub launch_quiet: Duration,
 }
 
 /// Live state, for the summary line.
@@ -275,6 +280,18 @@ fn run_in(
     if let (Some(w), Some(c)) = (&watch, &child) {
         w.only_tree_of(c.id() as i32);
     }
+    // What a policy queues before the service's first model access (a
+    // replay from launch) waits for gaps in the service's own start-up I/O.
+    let mut gate = child
+        .as_ref()
+        .filter(|_| !config.launch_quiet.is_zero())
+        .map(|c| {
+            IdleGate::new(
+                ProcessTreeIo::new(c.id() as i32),
+                config.launch_quiet,
+                Instant::now(),
+            )
+        });
     let mut sampler = Samplers::default();
     let mut last_tick = Instant::now();
     let mut last_status = Instant::now();
@@ -305,9 +322,13 @@ fn run_in(
             }
             break 0;
         }
-        // Paused over the watermark, there is nothing to do until the next
-        // event or tick: wait rather than spin.
-        let busy = manager.has_pending() && !manager.is_paused();
+        // Paused over the watermark or held by the gate, there is nothing
+        // to do until the next event or tick: wait rather than spin.
+        let open = match gate.as_mut() {
+            Some(g) if manager.has_pending() => g.is_open(Instant::now()),
+            _ => true,
+        };
+        let busy = manager.has_pending() && !manager.is_paused() && open;
         if let Some(w) = &watch {
             let wait = if busy {
                 Duration::ZERO
@@ -323,6 +344,7 @@ fn run_in(
                 if daemon && !joined && event.pid > 0 {
                     joined = join_reader_cgroup(event.pid).is_some();
                 }
+                gate = None;
                 handle(&mut manager, &mut sampler, &names, event);
             }
         } else if !busy {
@@ -330,10 +352,13 @@ fn run_in(
         }
         if let Some(t) = triggers.as_mut() {
             for event in t.poll(&ctx.model_dir) {
+                gate = None;
                 handle(&mut manager, &mut sampler, &names, event);
             }
         }
-        manager.pump(4);
+        if open || gate.is_none() {
+            manager.pump(4);
+        }
         if last_tick.elapsed() >= Duration::from_millis(50) {
             for mut event in sampler.sample() {
                 event.path = names.model(event.path);
@@ -740,6 +765,7 @@ mod tests {
             explicit: false,
             command: command.iter().map(Into::into).collect(),
             trigger_pipe: None,
+            launch_quiet: IdleGate::<ProcessTreeIo>::DEFAULT_QUIET,
         }
     }
 
@@ -759,6 +785,97 @@ mod tests {
             assert!(self.calls < 5, "policy bug");
             Ok(Vec::new())
         }
+    }
+
+    /// Asks for the whole model at init, as a replay from launch does.
+    struct AtInit;
+
+    impl Policy for AtInit {
+        fn name(&self) -> &str {
+            "at-init"
+        }
+
+        fn needs_read_ranges(&self) -> bool {
+            false
+        }
+
+        fn init(&mut self, ctx: &PolicyContext) -> Result<Vec<Prefetch>, WarmError> {
+            let whole = |(path, len): &(PathBuf, u64)| Prefetch {
+                stream: 0,
+                range: crate::policy::FileRange::new(path, 0, *len),
+            };
+            Ok(ctx.files.iter().map(whole).collect())
+        }
+    }
+
+    /// A model, and a cold 128 MiB file outside it that a service can spend
+    /// its start-up reading; `None` (skip) without a disk file system or
+    /// without /proc/PID/io.
+    fn model_and_startup_file() -> Option<(tempfile::TempDir, PathBuf, PathBuf)> {
+        if !Path::new("/proc/self/io").exists() {
+            eprintln!("skipped: no /proc/PID/io (a kernel without task I/O accounting)");
+            return None;
+        }
+        let dir = crate::sys::test_util::disk_tempdir()?;
+        let m = model(dir.path());
+        let libs = dir.path().join("libraries.bin");
+        let f = std::fs::File::create(&libs).unwrap();
+        for _ in 0..128 {
+            std::io::Write::write_all(&mut &f, &[3u8; 1 << 20]).unwrap();
+        }
+        f.sync_all().unwrap();
+        crate::sys::dontneed(&f, &libs, 0, u64::MAX).unwrap();
+        Some((dir, m, libs))
+    }
+
+    #[test]
+    fn prefetch_queued_before_the_first_access_waits_while_the_service_reads() {
+        let Some((_dir, m, libs)) = model_and_startup_file() else {
+            return;
+        };
+        // The service only starts up (reads its "libraries") and exits
+        // without touching the model: a gate that needs 2 s of quiet holds
+        // the launch prefetch back the whole time.
+        let startup = format!("cat {} > /dev/null", libs.display());
+        let mut c = config(&m, &["sh", "-c", &startup]);
+        c.launch_quiet = Duration::from_secs(2);
+        let stop = AtomicBool::new(false);
+        let held = run_with(&c, Box::new(AtInit), &stop, &mut |_| {}).unwrap();
+        assert_eq!(held.exit_code, 0);
+        assert_eq!(held.stats.prefetched_bytes, 0, "{held:?}");
+        // Without the gate the same prefetch runs alongside the start-up.
+        let f = std::fs::File::open(&libs).unwrap();
+        crate::sys::dontneed(&f, &libs, 0, u64::MAX).unwrap();
+        c.launch_quiet = Duration::ZERO;
+        let free = run_with(&c, Box::new(AtInit), &stop, &mut |_| {}).unwrap();
+        assert!(free.stats.prefetched_bytes > 0, "{free:?}");
+    }
+
+    #[test]
+    fn the_first_model_access_lets_launch_prefetch_run() {
+        if !is_root() {
+            eprintln!("skipped: needs root for fanotify");
+            return;
+        }
+        let Some((_dir, m, libs)) = model_and_startup_file() else {
+            return;
+        };
+        let a = m.join("a.safetensors");
+        let service = format!(
+            "cat {} > /dev/null; head -c 4096 {} > /dev/null; sleep 0.5",
+            libs.display(),
+            a.display()
+        );
+        let mut c = config(&m, &["sh", "-c", &service]);
+        c.launch_quiet = Duration::from_secs(60);
+        let stop = AtomicBool::new(false);
+        let report = run_with(&c, Box::new(AtInit), &stop, &mut |_| {}).unwrap();
+        if report.level.is_none() {
+            eprintln!("skipped: no fanotify here");
+            return;
+        }
+        assert_eq!(report.exit_code, 0);
+        assert!(report.stats.prefetched_bytes > 0, "{report:?}");
     }
 
     #[test]

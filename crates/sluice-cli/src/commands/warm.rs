@@ -169,6 +169,7 @@ fn run_config(
         explicit,
         command,
         trigger_pipe: Some(trigger_pipe_of(std::process::id() as i32)),
+        launch_quiet: std::time::Duration::from_millis(common.launch_quiet_ms),
     })
 }
 
