@@ -14,9 +14,10 @@
 //! caused to be read from storage (`read_bytes` in `/proc/PID/io`, which
 //! counts the block reads a task submits, for read() and page faults alike,
 //! and none of the runtime's own prefetch), and opens once they have stood
-//! still for [`IdleGate::quiet`]. Any growth closes it again at the next
-//! sample. At the service's first model access the gate opens for good:
-//! from then on its reads are the model, which prefetch is there to serve.
+//! still for its quiet time. Any growth closes it again at the next sample.
+//! The runtime drops the gate at the service's first model access: from
+//! then on the service's reads are the model, which prefetch is there to
+//! serve.
 //!
 //! The service is a process tree (vLLM and SGLang start workers), followed
 //! through `/proc/PID/task/TID/children`; where the kernel lacks that file
@@ -95,8 +96,6 @@ pub struct IdleGate<S: ServiceIo> {
     last: Option<u64>,
     /// When they last grew (or the gate started).
     busy_at: Instant,
-    /// The first model access came: open from now on.
-    released: bool,
 }
 
 impl<S: ServiceIo> IdleGate<S> {
@@ -114,25 +113,12 @@ impl<S: ServiceIo> IdleGate<S> {
             quiet,
             last: None,
             busy_at: now,
-            released: false,
         }
-    }
-
-    /// The first model access: prefetch runs freely from now on.
-    pub fn release(&mut self) {
-        self.released = true;
-    }
-
-    pub fn is_released(&self) -> bool {
-        self.released
     }
 
     /// Samples the service's reads and says whether prefetch may run. A
     /// service whose reads cannot be read (gone) holds nothing back.
     pub fn is_open(&mut self, now: Instant) -> bool {
-        if self.released {
-            return true;
-        }
         let Some(read) = self.io.read_bytes() else {
             return true;
         };
@@ -141,10 +127,6 @@ impl<S: ServiceIo> IdleGate<S> {
         }
         self.last = Some(read);
         now.saturating_duration_since(self.busy_at) >= self.quiet
-    }
-
-    pub fn quiet(&self) -> Duration {
-        self.quiet
     }
 }
 
@@ -187,16 +169,6 @@ mod tests {
         assert!(g.is_open(at(t0, 150)), "quiet for 100 ms");
         assert!(g.is_open(at(t0, 400)));
         assert!(!g.is_open(at(t0, 410)), "reading again: closed at once");
-    }
-
-    #[test]
-    fn the_first_model_access_opens_it_for_good() {
-        let (mut g, t0) = gate(&[Some(0), Some(5), Some(9)], 100);
-        assert!(!g.is_open(at(t0, 10)));
-        g.release();
-        assert!(g.is_released());
-        assert!(g.is_open(at(t0, 20)));
-        assert!(g.is_open(at(t0, 30)), "open even while the service reads");
     }
 
     #[test]
