@@ -616,11 +616,8 @@ garbage line
     fn page_nodes(path: &Path) -> Vec<i32> {
         let f = File::open(path).unwrap();
         let len = f.metadata().unwrap().len();
-        let map = sys::cachestat::Mapping::new(&f, path, 0, len).unwrap();
-        // SAFETY: advising exactly the live mapping. The pages are cached, so
-        // this maps them and allocates nothing on this thread's node.
-        let rc = unsafe { libc::madvise(map.addr.cast(), len as usize, libc::MADV_POPULATE_READ) };
-        assert_eq!(rc, 0, "{}", sys::errno());
+        // Mapping cached pages allocates nothing on this thread's node.
+        let map = sys::test_util::map_cached(&f, path, len);
         let page = sys::page_size() as usize;
         let mut pages: Vec<*mut libc::c_void> = (0..len as usize)
             .step_by(page)

@@ -818,12 +818,7 @@ mod tests {
         }
         let dir = crate::sys::test_util::disk_tempdir()?;
         let m = model(dir.path());
-        let libs = dir.path().join("libraries.bin");
-        let f = std::fs::File::create(&libs).unwrap();
-        for _ in 0..128 {
-            std::io::Write::write_all(&mut &f, &[3u8; 1 << 20]).unwrap();
-        }
-        f.sync_all().unwrap();
+        let (f, libs) = crate::sys::test_util::synced_file(&dir, 128 << 20);
         crate::sys::dontneed(&f, &libs, 0, u64::MAX).unwrap();
         Some((dir, m, libs))
     }

@@ -411,11 +411,7 @@ mod tests {
     /// /proc/kpageflags.
     fn folios(file: &File, path: &Path, len: u64) -> Option<u64> {
         const KPF_COMPOUND_TAIL: u64 = 1 << 16;
-        let map = Mapping::new(file, path, 0, len).unwrap();
-        // SAFETY: advising exactly the live mapping; its pages are cached, so
-        // this only maps them.
-        let rc = unsafe { libc::madvise(map.addr.cast(), len as usize, libc::MADV_POPULATE_READ) };
-        assert_eq!(rc, 0, "{}", errno());
+        let map = crate::sys::test_util::map_cached(file, path, len);
         let page = page_size();
         let pagemap = File::open("/proc/self/pagemap").ok()?;
         let flags = File::open("/proc/kpageflags").ok()?;

@@ -145,6 +145,22 @@ pub(crate) mod test_util {
         Some(dir)
     }
 
+    /// A mapping of the first `len` bytes of `file`, which must all be
+    /// cached, with every page mapped (MADV_POPULATE_READ maps cached pages
+    /// and allocates none), for tests that look at the pages behind it.
+    pub fn map_cached(
+        file: &File,
+        path: &std::path::Path,
+        len: u64,
+    ) -> crate::sys::cachestat::Mapping {
+        let map = crate::sys::cachestat::Mapping::new(file, path, 0, len).expect("mmap");
+        // SAFETY: advising exactly the live mapping; its pages are cached, so
+        // this only maps them.
+        let rc = unsafe { libc::madvise(map.addr.cast(), len as usize, libc::MADV_POPULATE_READ) };
+        assert_eq!(rc, 0, "{}", super::errno());
+        map
+    }
+
     /// A file of `len` bytes of a non-zero pattern, synced to disk so its
     /// pages are clean and can be dropped.
     pub fn synced_file(dir: &tempfile::TempDir, len: usize) -> (File, PathBuf) {
