@@ -613,17 +613,21 @@ impl<S> Follower<S> {
 /// descriptor it opened the model file with. pread() does not move it:
 /// [`blocked_preads`] covers those loaders.
 fn read_position(pid: i32, path: &Path, fd: &mut Option<u32>) -> Option<u64> {
-    if fd.is_none() {
+    // The descriptor found before may be closed by now, or its number
+    // reused for another file (a shell's `exec 3< f` may open at one number
+    // and move it to 3; a loader closes a shard after its header and opens
+    // it again): look again unless it still names the model file.
+    let names_path = |n: u32| {
+        std::fs::read_link(format!("/proc/{pid}/fd/{n}"))
+            .ok()
+            .as_deref()
+            == Some(path)
+    };
+    if !fd.is_some_and(names_path) {
         *fd = find_fd(pid, path);
     }
-    let n = (*fd)?;
-    match std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{n}")) {
-        Ok(info) => fdinfo_pos(&info),
-        Err(_) => {
-            *fd = None; // closed: look for it again next time
-            None
-        }
-    }
+    let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", (*fd)?)).ok()?;
+    fdinfo_pos(&info)
 }
 
 /// The files and offsets of the pread-family calls (`pread64`, `preadv`,
@@ -917,6 +921,34 @@ mod tests {
         assert!(report.stats.prefetch_errors >= 1, "{report:?}");
         // a is 8 MiB; it may already be cached (the test wrote it), so at most.
         assert!(report.stats.prefetched_bytes <= 8 << 20, "{report:?}");
+    }
+
+    #[test]
+    fn a_descriptor_number_reused_for_another_file_is_looked_up_again() {
+        use std::io::{Seek, SeekFrom};
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::write(&a, vec![0u8; 8192]).unwrap();
+        std::fs::write(&b, vec![0u8; 8192]).unwrap();
+        let me = std::process::id() as i32;
+        let mut fa = std::fs::File::open(&a).unwrap();
+        fa.seek(SeekFrom::Start(100)).unwrap();
+        let mut fd = None;
+        assert_eq!(read_position(me, &a, &mut fd), Some(100));
+        let first = fd.unwrap();
+        // a's number now holds b, at another position; a lives on elsewhere.
+        let moved = std::fs::File::open(&a).unwrap();
+        let mut fb = std::fs::File::open(&b).unwrap();
+        fb.seek(SeekFrom::Start(7000)).unwrap();
+        // SAFETY: both descriptors are open and owned here; dup2 replaces
+        // `first` (fa's) with a copy of fb's.
+        assert!(unsafe { libc::dup2(fb.as_raw_fd(), first as i32) } >= 0);
+        let mut moved_at = moved;
+        moved_at.seek(SeekFrom::Start(300)).unwrap();
+        assert_eq!(read_position(me, &a, &mut fd), Some(300), "not b's 7000");
+        assert_ne!(fd, Some(first));
+        drop(fa); // closes `first`, which holds b now
     }
 
     #[test]
