@@ -420,8 +420,8 @@ pub fn warm_exit_code(err: &sluice_warm::WarmError) -> i32 {
             std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => EXIT_NOT_FOUND,
             _ => EXIT_FAILED,
         },
-        WarmError::BadTemplate { .. } => EXIT_INVALID,
-        WarmError::Config(_) => 2,
+        WarmError::BadTemplate { .. } | WarmError::NoModelFiles { .. } => EXIT_INVALID,
+        WarmError::Config(_) | WarmError::NoCommand => 2,
         WarmError::Unsupported { .. } | WarmError::Policy { .. } => EXIT_FAILED,
     }
 }

@@ -24,6 +24,12 @@ pub enum WarmError {
     },
     #[error("{0}")]
     Config(String),
+    /// A model directory with no files to serve.
+    #[error("{dir}: no model files in it")]
+    NoModelFiles { dir: PathBuf },
+    /// `run` or `record` without a command to launch.
+    #[error("no service command given (put it after --)")]
+    NoCommand,
     /// A policy failed; it is disabled and the application is unaffected.
     #[error("policy {name}: {message}")]
     Policy { name: String, message: String },

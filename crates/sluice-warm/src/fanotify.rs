@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
@@ -62,6 +62,11 @@ pub struct WatchStats {
     /// Events from processes outside the service's tree (see
     /// [`Watch::only_tree_of`]), answered and ignored.
     pub foreign: AtomicU64,
+    /// Permission events whose answer the kernel did not take (logged).
+    pub unanswered: AtomicU64,
+    /// Events whose lengths did not add up (logged; answered where their
+    /// descriptor could be found).
+    pub malformed: AtomicU64,
 }
 
 /// A fanotify watch over files, delivering [`AccessEvent`]s.
@@ -259,17 +264,15 @@ impl Group {
             if got <= 0 {
                 continue;
             }
-            let mut at = 0usize;
-            let got = got as usize;
-            while at + METADATA_LEN <= got {
-                let meta = read_metadata(&buf[at..]);
-                let len = meta.event_len as usize;
-                if len < METADATA_LEN || at + len > got {
-                    break;
-                }
-                let info = &buf[at + meta.metadata_len as usize..at + len];
+            let events = &buf[..got as usize];
+            let damaged = for_each_event(events, |meta, info| {
                 self.handle(&meta, info, own_pid, &mut tree, &tx, stats);
-                at += len;
+            });
+            if damaged > 0 {
+                stats.malformed.fetch_add(damaged, Ordering::Relaxed);
+                tracing::warn!(
+                    "fanotify: {damaged} event(s) with inconsistent lengths in a {got}-byte read"
+                );
             }
         }
     }
@@ -291,19 +294,7 @@ impl Group {
         let file = unsafe { OwnedFd::from_raw_fd(meta.fd) };
         if meta.mask & FAN_PRE_ACCESS != 0 {
             // Answer first, whatever happens next.
-            let response = libc::fanotify_response {
-                fd: meta.fd,
-                response: libc::FAN_ALLOW,
-            };
-            // SAFETY: writing a response struct to our group descriptor.
-            unsafe {
-                libc::write(
-                    self.fd.as_raw_fd(),
-                    (&response as *const libc::fanotify_response).cast(),
-                    std::mem::size_of::<libc::fanotify_response>(),
-                );
-            }
-            stats.answered.fetch_add(1, Ordering::Relaxed);
+            answer(self.fd.as_raw_fd(), meta, stats);
         }
         if meta.pid == own_pid {
             stats.own.fetch_add(1, Ordering::Relaxed);
@@ -417,10 +408,101 @@ fn parent_in_stat(stat: &str) -> Option<i32> {
     rest.split_whitespace().nth(1)?.parse().ok()
 }
 
-fn read_metadata(bytes: &[u8]) -> libc::fanotify_event_metadata {
-    // SAFETY: the caller checked that METADATA_LEN bytes are available;
-    // read_unaligned copes with any alignment.
-    unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) }
+/// Attempts at writing one permission answer: a write interrupted by a
+/// signal is retried, and two more tries cost nothing next to a reader
+/// blocked for good.
+const ANSWER_ATTEMPTS: u32 = 3;
+
+/// Allows the access of permission event `meta` and counts the answer only
+/// when the kernel took it. A failed answer is logged and counted in
+/// [`WatchStats::unanswered`]: `ENOENT` means the kernel no longer waits
+/// for it (the reader died), anything else leaves the reader blocked until
+/// the group closes, which the runtime reports.
+fn answer(group: RawFd, meta: &libc::fanotify_event_metadata, stats: &WatchStats) {
+    let response = libc::fanotify_response {
+        fd: meta.fd,
+        response: libc::FAN_ALLOW,
+    };
+    let size = std::mem::size_of::<libc::fanotify_response>();
+    let mut last = None;
+    for _ in 0..ANSWER_ATTEMPTS {
+        // SAFETY: writing a response struct that lives across the call to
+        // the group descriptor.
+        let rc = unsafe {
+            libc::write(
+                group,
+                (&response as *const libc::fanotify_response).cast(),
+                size,
+            )
+        };
+        if rc == size as isize {
+            stats.answered.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let err = if rc < 0 {
+            std::io::Error::last_os_error()
+        } else {
+            std::io::Error::new(std::io::ErrorKind::WriteZero, format!("short write: {rc}"))
+        };
+        let retry = err.kind() == std::io::ErrorKind::Interrupted;
+        last = Some(err);
+        if !retry {
+            break;
+        }
+    }
+    stats.unanswered.fetch_add(1, Ordering::Relaxed);
+    if let Some(err) = last {
+        tracing::warn!(
+            "fanotify: could not answer the access of pid {} (event fd {}): {err}",
+            meta.pid,
+            meta.fd
+        );
+    }
+}
+
+/// Calls `f` with each well-formed event of a buffer read from a fanotify
+/// group, and its info records. The kernel's lengths are checked before
+/// anything is sliced: an event whose `metadata_len` is below the struct or
+/// past its `event_len` is still handed over, with no info records (its
+/// descriptor must be answered and closed); an `event_len` below the struct
+/// or past the buffer ends the walk, since neither that event nor anything
+/// after it can be located. Returns how many events were damaged.
+fn for_each_event(buf: &[u8], mut f: impl FnMut(libc::fanotify_event_metadata, &[u8])) -> u64 {
+    let mut damaged = 0;
+    let mut at = 0usize;
+    while let Some(rest) = buf.get(at..).filter(|rest| !rest.is_empty()) {
+        let Some(meta) = read_metadata(rest) else {
+            return damaged + 1;
+        };
+        let len = meta.event_len as usize;
+        // The kernel copies whole events only, so a length below the
+        // struct or past the buffer means nothing in it can be trusted, not
+        // even its descriptor (closing a wrong one would break another part
+        // of this process): stop here.
+        let Some(event) = rest.get(..len).filter(|_| len >= METADATA_LEN) else {
+            return damaged + 1;
+        };
+        let info = match event.get(meta.metadata_len as usize..) {
+            Some(info) if meta.metadata_len as usize >= METADATA_LEN => info,
+            _ => {
+                damaged += 1;
+                &[]
+            }
+        };
+        f(meta, info);
+        at += len;
+    }
+    damaged
+}
+
+/// The event metadata at the start of `bytes`, or `None` when fewer bytes
+/// than the struct are left.
+fn read_metadata(bytes: &[u8]) -> Option<libc::fanotify_event_metadata> {
+    let head = bytes.get(..METADATA_LEN)?;
+    // SAFETY: `head` holds METADATA_LEN bytes, the struct is plain integers
+    // (any bit pattern is valid), and read_unaligned copes with any
+    // alignment.
+    Some(unsafe { std::ptr::read_unaligned(head.as_ptr().cast()) })
 }
 
 /// The range record of a pre-content event: header (type u8, pad u8, len
@@ -605,6 +687,105 @@ mod tests {
         assert_eq!(parent_in_stat("9 (x) S"), None);
         assert_eq!(parent_in_stat("9 (x) S notanumber"), None);
         assert_eq!(parent_in_stat(""), None);
+    }
+
+    /// The bytes of one event: metadata with the given lengths, then `info`.
+    fn event_bytes(event_len: u32, metadata_len: u16, info: &[u8]) -> Vec<u8> {
+        // SAFETY: the struct is plain integers; all zeroes is valid.
+        let mut meta: libc::fanotify_event_metadata = unsafe { std::mem::zeroed() };
+        meta.event_len = event_len;
+        meta.vers = libc::FANOTIFY_METADATA_VERSION;
+        meta.metadata_len = metadata_len;
+        meta.fd = -1;
+        meta.pid = 42;
+        // SAFETY: viewing the plain struct as its bytes.
+        let head = unsafe {
+            std::slice::from_raw_parts(
+                (&meta as *const libc::fanotify_event_metadata).cast::<u8>(),
+                METADATA_LEN,
+            )
+        };
+        let mut out = head.to_vec();
+        out.extend_from_slice(info);
+        out
+    }
+
+    fn range_record(offset: u64, count: u64) -> Vec<u8> {
+        let mut rec = vec![FAN_EVENT_INFO_TYPE_RANGE, 0, 24, 0, 0, 0, 0, 0];
+        rec.extend_from_slice(&offset.to_ne_bytes());
+        rec.extend_from_slice(&count.to_ne_bytes());
+        rec
+    }
+
+    /// Walks `buf`, returning each event's info range (if any) and the
+    /// damaged count.
+    fn walk(buf: &[u8]) -> (Vec<Option<(u64, u64)>>, u64) {
+        let mut seen = Vec::new();
+        let damaged = for_each_event(buf, |meta, info| {
+            assert_eq!(meta.pid, 42);
+            seen.push(parse_range(info));
+        });
+        (seen, damaged)
+    }
+
+    #[test]
+    fn event_buffers_with_inconsistent_lengths_are_walked_without_slicing_past_them() {
+        let full = (METADATA_LEN + 24) as u32;
+        let meta = METADATA_LEN as u16;
+        let good = event_bytes(full, meta, &range_record(4096, 8192));
+        assert_eq!(walk(&good), (vec![Some((4096, 8192))], 0));
+        let two = [good.clone(), good.clone()].concat();
+        assert_eq!(walk(&two).0.len(), 2);
+
+        // metadata_len past event_len: handed over (to be answered), with
+        // no info records, and the walk goes on to the next event.
+        let long_meta = event_bytes(full, meta + 100, &range_record(1, 2));
+        assert_eq!(
+            walk(&[long_meta, good.clone()].concat()),
+            (vec![None, Some((4096, 8192))], 1)
+        );
+        // metadata_len below the struct: the same.
+        let short_meta = event_bytes(full, 4, &range_record(1, 2));
+        assert_eq!(walk(&short_meta), (vec![None], 1));
+
+        // event_len past the buffer, below the struct, or zero (which would
+        // loop forever): nothing is handed over from there on.
+        let past = event_bytes(full + 4096, meta, &range_record(1, 2));
+        assert_eq!(
+            walk(&[good.clone(), past].concat()),
+            (vec![Some((4096, 8192))], 1)
+        );
+        for bad_len in [0, 8, METADATA_LEN as u32 - 1] {
+            let short = event_bytes(bad_len, meta, &range_record(1, 2));
+            assert_eq!(walk(&short), (vec![], 1), "event_len {bad_len}");
+        }
+        // A buffer cut inside the metadata or inside the info.
+        assert_eq!(walk(&good[..METADATA_LEN - 1]), (vec![], 1));
+        assert_eq!(walk(&good[..METADATA_LEN + 10]), (vec![], 1));
+        assert_eq!(walk(&[]), (vec![], 0));
+    }
+
+    #[test]
+    fn an_answer_counts_only_when_the_kernel_takes_it() {
+        let (read_end, write_end) = {
+            let mut fds = [0; 2];
+            // SAFETY: pipe writes two descriptors into the array.
+            assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+            // SAFETY: both are fresh descriptors we own.
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+        };
+        // SAFETY: the struct is plain integers; all zeroes is valid.
+        let mut meta: libc::fanotify_event_metadata = unsafe { std::mem::zeroed() };
+        meta.fd = 7;
+        meta.pid = 42;
+        let stats = WatchStats::default();
+        answer(write_end.as_raw_fd(), &meta, &stats);
+        assert_eq!(stats.answered.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.unanswered.load(Ordering::Relaxed), 0);
+        // The read end refuses writes (EBADF): not answered, and counted.
+        answer(read_end.as_raw_fd(), &meta, &stats);
+        assert_eq!(stats.answered.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.unanswered.load(Ordering::Relaxed), 1);
     }
 
     #[test]

@@ -32,6 +32,12 @@ pub trait ServiceIo {
     fn read_bytes(&mut self) -> Option<u64>;
 }
 
+impl<S: ServiceIo + ?Sized> ServiceIo for Box<S> {
+    fn read_bytes(&mut self) -> Option<u64> {
+        (**self).read_bytes()
+    }
+}
+
 /// A process and its descendants, through /proc.
 pub struct ProcessTreeIo {
     root: i32,

@@ -333,13 +333,6 @@ impl KernelCache {
         Ok(f)
     }
 
-    /// Eviction will also page the range out of this process's mappings.
-    pub fn add_reader(&mut self, pid: i32) {
-        if !self.readers.contains(&pid) {
-            self.readers.push(pid);
-        }
-    }
-
     fn node_of(&self, target: Target) -> Option<u32> {
         match target {
             Target::Any => None,
@@ -412,6 +405,13 @@ impl Drop for KernelCache {
 }
 
 impl PageCache for KernelCache {
+    /// Eviction will also page the range out of this process's mappings.
+    fn add_reader(&mut self, pid: i32) {
+        if !self.readers.contains(&pid) {
+            self.readers.push(pid);
+        }
+    }
+
     fn prefetch(&mut self, range: &FileRange) -> Result<u64, WarmError> {
         // Residency from cachestat: a range already cached (read by the
         // service, or left by an earlier run) costs no I/O. Where cachestat

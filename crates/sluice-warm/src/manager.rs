@@ -39,6 +39,11 @@ pub trait PageCache {
     fn take_errors(&mut self) -> u64 {
         0
     }
+    /// `pid` reads the model: eviction also drops the pages it has mapped.
+    /// The default ignores it.
+    fn add_reader(&mut self, pid: i32) {
+        let _ = pid;
+    }
 }
 
 /// Memory usage against its limit, in bytes.

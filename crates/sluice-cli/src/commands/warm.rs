@@ -170,6 +170,7 @@ fn run_config(
         command,
         trigger_pipe: Some(trigger_pipe_of(std::process::id() as i32)),
         launch_quiet: std::time::Duration::from_millis(common.launch_quiet_ms),
+        runtime: runtime::RuntimeConfig::default(),
     })
 }
 

@@ -105,45 +105,8 @@ pub(crate) fn errno() -> std::io::Error {
 #[cfg(test)]
 pub(crate) mod test_util {
     use std::fs::File;
-    use std::io::Write;
-    use std::path::PathBuf;
 
-    /// Whether the tests run as root (fanotify, cgroups); root-only tests
-    /// return early with a message otherwise.
-    pub fn is_root() -> bool {
-        // SAFETY: geteuid has no preconditions.
-        unsafe { libc::geteuid() == 0 }
-    }
-
-    /// A directory on a real disk file system, or `None` (the caller skips)
-    /// when `/var/tmp` is tmpfs, where every page is always resident and
-    /// the page-cache tests would mean nothing.
-    pub fn disk_tempdir() -> Option<tempfile::TempDir> {
-        let dir = match tempfile::tempdir_in("/var/tmp") {
-            Ok(dir) => dir,
-            Err(err) => {
-                eprintln!("skipped: no directory in /var/tmp for page-cache tests: {err}");
-                return None;
-            }
-        };
-        let c_path = std::ffi::CString::new(dir.path().as_os_str().as_encoded_bytes()).ok()?;
-        // SAFETY: statfs writes into the zeroed struct we own; the path is a
-        // valid NUL-terminated string.
-        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
-        if unsafe { libc::statfs(c_path.as_ptr(), &mut fs) } != 0 {
-            eprintln!(
-                "skipped: statfs of {}: {}",
-                dir.path().display(),
-                super::errno()
-            );
-            return None;
-        }
-        if fs.f_type == libc::TMPFS_MAGIC {
-            eprintln!("skipped: /var/tmp is tmpfs, page-cache residency is meaningless there");
-            return None;
-        }
-        Some(dir)
-    }
+    pub use sluice_testkit::{disk_tempdir, is_root, synced_file};
 
     /// A mapping of the first `len` bytes of `file`, which must all be
     /// cached, with every page mapped (MADV_POPULATE_READ maps cached pages
@@ -159,23 +122,6 @@ pub(crate) mod test_util {
         let rc = unsafe { libc::madvise(map.addr.cast(), len as usize, libc::MADV_POPULATE_READ) };
         assert_eq!(rc, 0, "{}", super::errno());
         map
-    }
-
-    /// A file of `len` bytes of a non-zero pattern, synced to disk so its
-    /// pages are clean and can be dropped.
-    pub fn synced_file(dir: &tempfile::TempDir, len: usize) -> (File, PathBuf) {
-        let path = dir.path().join("data.bin");
-        let mut file = File::create(&path).expect("create");
-        let block: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8 + 1).collect();
-        let mut left = len;
-        while left > 0 {
-            let n = left.min(block.len());
-            file.write_all(&block[..n]).expect("write");
-            left -= n;
-        }
-        file.sync_all().expect("fsync");
-        drop(file);
-        (File::open(&path).expect("reopen"), path)
     }
 }
 

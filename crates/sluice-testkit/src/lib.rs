@@ -1,0 +1,68 @@
+//! Fixtures shared by the tests of Sluice's crates; a dev-dependency only,
+//! never part of a build users run.
+//!
+//! Page-cache tests need a file system with a real page cache (tmpfs keeps
+//! every page resident, so residency means nothing there) and files whose
+//! pages are clean (only clean pages can be dropped); fanotify and cgroup
+//! tests need root. These helpers provide both and say why when a test
+//! must skip.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::PathBuf;
+
+/// Whether the tests run as root (fanotify, cgroups); root-only tests
+/// return early with a message otherwise.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A directory on a real disk file system, or `None` (the caller skips,
+/// and this prints why) when `/var/tmp` is missing or is tmpfs, where every
+/// page is always resident and page-cache tests would mean nothing.
+pub fn disk_tempdir() -> Option<tempfile::TempDir> {
+    let dir = match tempfile::tempdir_in("/var/tmp") {
+        Ok(dir) => dir,
+        Err(err) => {
+            eprintln!("skipped: no directory in /var/tmp for page-cache tests: {err}");
+            return None;
+        }
+    };
+    let c_path = std::ffi::CString::new(dir.path().as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: statfs writes into the zeroed struct we own; the path is a
+    // valid NUL-terminated string.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statfs(c_path.as_ptr(), &mut fs) } != 0 {
+        eprintln!(
+            "skipped: statfs of {}: {}",
+            dir.path().display(),
+            std::io::Error::last_os_error()
+        );
+        return None;
+    }
+    if fs.f_type == libc::TMPFS_MAGIC {
+        eprintln!("skipped: /var/tmp is tmpfs, page-cache residency is meaningless there");
+        return None;
+    }
+    Some(dir)
+}
+
+/// A file `data.bin` of `len` bytes of a non-zero pattern in `dir`, synced
+/// to disk so its pages are clean and can be dropped; returned open for
+/// reading, with its path.
+pub fn synced_file(dir: &tempfile::TempDir, len: usize) -> (File, PathBuf) {
+    let path = dir.path().join("data.bin");
+    let mut file = File::create(&path).expect("create");
+    let block: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8 + 1).collect();
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(block.len());
+        file.write_all(&block[..n]).expect("write");
+        left -= n;
+    }
+    file.sync_all().expect("fsync");
+    drop(file);
+    (File::open(&path).expect("reopen"), path)
+}

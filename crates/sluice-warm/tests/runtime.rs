@@ -1,0 +1,503 @@
+//! `sluice warm run` end to end: real services, the real page cache and
+//! fanotify. Most need root (fanotify, cgroups) and a disk file system, and
+//! skip with a message otherwise; the loop itself is tested without either
+//! in `runtime/event_loop/tests.rs`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::{disk_tempdir, hf_layout, is_root, model, synced_file};
+use sluice_warm::builtin::BuiltinConfig;
+use sluice_warm::fanotify::Level;
+use sluice_warm::idle_gate::{IdleGate, ProcessTreeIo};
+use sluice_warm::kernel::Mechanism;
+use sluice_warm::policy::{AccessEvent, Policy, PolicyContext, Prefetch};
+use sluice_warm::runtime::{model_files, run, run_with, RunConfig, RuntimeConfig};
+use sluice_warm::sys;
+use sluice_warm::template::{ServiceId, TemplateStore};
+use sluice_warm::WarmError;
+
+/// A model on a disk file system, when running as root (else `None`:
+/// the caller skips, as fanotify needs root).
+fn root_model() -> Option<(tempfile::TempDir, PathBuf)> {
+    if !is_root() {
+        eprintln!("skipped: needs root for fanotify");
+        return None;
+    }
+    let dir = disk_tempdir()?;
+    let m = model(dir.path());
+    Some((dir, m))
+}
+
+fn config(model_dir: &Path, command: &[&str]) -> RunConfig {
+    RunConfig {
+        model_dir: model_dir.to_path_buf(),
+        policy: "native".into(),
+        builtin: BuiltinConfig::default(),
+        memory_limit: None,
+        watermark: 0.8,
+        mechanism: Mechanism::WillNeed,
+        in_flight_bytes: 64 << 20,
+        level: None,
+        explicit: false,
+        command: command.iter().map(Into::into).collect(),
+        trigger_pipe: None,
+        launch_quiet: IdleGate::<ProcessTreeIo>::DEFAULT_QUIET,
+        runtime: RuntimeConfig::default(),
+    }
+}
+
+/// Sleeps on every event, and panics on the fifth.
+struct Stuck {
+    calls: u32,
+}
+
+impl Policy for Stuck {
+    fn name(&self) -> &str {
+        "stuck"
+    }
+
+    fn on_access(&mut self, _: &AccessEvent) -> Result<Vec<Prefetch>, WarmError> {
+        self.calls += 1;
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(self.calls < 5, "policy bug");
+        Ok(Vec::new())
+    }
+}
+
+/// Asks for the whole model at init, as a replay from launch does.
+struct AtInit;
+
+impl Policy for AtInit {
+    fn name(&self) -> &str {
+        "at-init"
+    }
+
+    fn needs_read_ranges(&self) -> bool {
+        false
+    }
+
+    fn init(&mut self, ctx: &PolicyContext) -> Result<Vec<Prefetch>, WarmError> {
+        let whole = |(path, len): &(PathBuf, u64)| Prefetch {
+            stream: 0,
+            range: sluice_warm::policy::FileRange::new(path, 0, *len),
+        };
+        Ok(ctx.files.iter().map(whole).collect())
+    }
+}
+
+/// A model, and a cold 128 MiB file outside it that a service can spend
+/// its start-up reading; `None` (skip) without a disk file system or
+/// without /proc/PID/io.
+fn model_and_startup_file() -> Option<(tempfile::TempDir, PathBuf, PathBuf)> {
+    if !Path::new("/proc/self/io").exists() {
+        eprintln!("skipped: no /proc/PID/io (a kernel without task I/O accounting)");
+        return None;
+    }
+    let dir = disk_tempdir()?;
+    let m = model(dir.path());
+    let (f, libs) = synced_file(&dir, 128 << 20);
+    sys::dontneed(&f, &libs, 0, u64::MAX).unwrap();
+    Some((dir, m, libs))
+}
+
+#[test]
+fn prefetch_queued_before_the_first_access_waits_while_the_service_reads() {
+    let Some((_dir, m, libs)) = model_and_startup_file() else {
+        return;
+    };
+    // The service only starts up (reads its "libraries") and exits
+    // without touching the model: a gate that needs 2 s of quiet holds
+    // the launch prefetch back the whole time.
+    let startup = format!("cat {} > /dev/null", libs.display());
+    let mut c = config(&m, &["sh", "-c", &startup]);
+    c.launch_quiet = Duration::from_secs(2);
+    let stop = AtomicBool::new(false);
+    let held = run_with(&c, Box::new(AtInit), &stop, &mut |_| {}).unwrap();
+    assert_eq!(held.exit_code, 0);
+    assert_eq!(held.stats.prefetched_bytes, 0, "{held:?}");
+    // Without the gate the same prefetch runs alongside the start-up.
+    let f = std::fs::File::open(&libs).unwrap();
+    sys::dontneed(&f, &libs, 0, u64::MAX).unwrap();
+    c.launch_quiet = Duration::ZERO;
+    let free = run_with(&c, Box::new(AtInit), &stop, &mut |_| {}).unwrap();
+    assert!(free.stats.prefetched_bytes > 0, "{free:?}");
+}
+
+#[test]
+fn the_first_model_access_lets_launch_prefetch_run() {
+    if !is_root() {
+        eprintln!("skipped: needs root for fanotify");
+        return;
+    }
+    let Some((_dir, m, libs)) = model_and_startup_file() else {
+        return;
+    };
+    let a = m.join("a.safetensors");
+    let service = format!(
+        "cat {} > /dev/null; head -c 4096 {} > /dev/null; sleep 0.5",
+        libs.display(),
+        a.display()
+    );
+    let mut c = config(&m, &["sh", "-c", &service]);
+    c.launch_quiet = Duration::from_secs(60);
+    let stop = AtomicBool::new(false);
+    let report = run_with(&c, Box::new(AtInit), &stop, &mut |_| {}).unwrap();
+    if report.level.is_none() {
+        eprintln!("skipped: no fanotify here");
+        return;
+    }
+    assert_eq!(report.exit_code, 0);
+    assert!(report.stats.prefetched_bytes > 0, "{report:?}");
+}
+
+#[test]
+fn a_vanished_model_file_is_counted_and_the_rest_is_prefetched() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let fifo = dir.path().join("run/v.trigger");
+    // The service deletes b, then asks for the model: eager fetches a and
+    // fails on b without stopping.
+    let cmd = format!(
+        "rm {}; echo '{{\"path\": \"a.safetensors\"}}' > {}; sleep 0.5",
+        m.join("b.safetensors").display(),
+        fifo.display()
+    );
+    let mut c = config(&m, &["sh", "-c", &cmd]);
+    c.policy = "eager".into();
+    c.explicit = true;
+    c.trigger_pipe = Some(fifo);
+    let stop = AtomicBool::new(false);
+    let report = run(&c, &stop, &mut |_| {}).unwrap();
+    assert_eq!(report.exit_code, 0);
+    assert!(report.stats.prefetch_errors >= 1, "{report:?}");
+    // a is 8 MiB; it may already be cached (the test wrote it), so at most.
+    assert!(report.stats.prefetched_bytes <= 8 << 20, "{report:?}");
+}
+
+#[test]
+fn read_loaders_are_followed_through_their_file_position_with_open_events_only() {
+    let Some((_dir, m)) = root_model() else {
+        return;
+    };
+    let a = m.join("a.safetensors");
+    // Read 3 MiB through one descriptor, then hold it open a moment.
+    let cmd = format!(
+        "exec 3< {}; dd bs=1M count=3 <&3 >/dev/null 2>&1; sleep 0.4",
+        a.display()
+    );
+    let mut c = config(&m, &["sh", "-c", &cmd]);
+    c.level = Some(Level::Open);
+    let stop = AtomicBool::new(false);
+    let report = run(&c, &stop, &mut |_| {}).unwrap();
+    assert_eq!(report.level, Some(Level::Open));
+    let (path, at) = report.stats.last_reader.clone().expect("progress seen");
+    assert_eq!(path, a.canonicalize().unwrap());
+    assert_eq!(at, 3 << 20, "{report:?}");
+}
+
+#[test]
+fn pread_loaders_are_followed_through_their_blocked_calls_with_open_events_only() {
+    let Some((_dir, m)) = root_model() else {
+        return;
+    };
+    let Some(python) = ["python3", "python"].into_iter().find(|p| {
+        Command::new(p)
+            .arg("-c")
+            .arg("")
+            .status()
+            .is_ok_and(|s| s.success())
+    }) else {
+        eprintln!("skipped: no python3 to run a pread loader");
+        return;
+    };
+    let a = m.join("a.safetensors");
+    // A pread() loader that keeps rereading 1 MiB at 5 MiB from a cold
+    // cache: its file position never moves, each call waits for the disk.
+    let script = format!(
+        "import os, time\n\
+         fd = os.open({a:?}, os.O_RDONLY)\n\
+         end = time.monotonic() + 0.8\n\
+         while time.monotonic() < end:\n\
+         \x20   os.posix_fadvise(fd, 5 << 20, 1 << 20, os.POSIX_FADV_DONTNEED)\n\
+         \x20   os.pread(fd, 1 << 20, 5 << 20)\n"
+    );
+    let mut c = config(&m, &[python, "-c", &script]);
+    c.level = Some(Level::Open);
+    let stop = AtomicBool::new(false);
+    let report = run(&c, &stop, &mut |_| {}).unwrap();
+    assert_eq!(report.exit_code, 0, "{report:?}");
+    let (path, at) = report.stats.last_reader.clone().expect("progress seen");
+    assert_eq!(path, a.canonicalize().unwrap());
+    assert_eq!(at, 5 << 20, "{report:?}");
+}
+
+#[test]
+fn policies_without_read_ranges_watch_opens_only() {
+    let Some((_dir, m)) = root_model() else {
+        return;
+    };
+    let cat = format!("cat {} > /dev/null", m.join("a.safetensors").display());
+    let stop = AtomicBool::new(false);
+    let mut c = config(&m, &["sh", "-c", &cat]);
+    let native = run(&c, &stop, &mut |_| {}).unwrap();
+    assert_eq!(
+        native.level,
+        Some(Level::Open),
+        "a no-op policy costs readers nothing"
+    );
+    assert_eq!(native.watch_answered, 0);
+    let custom = run_with(&c, Box::new(Stuck { calls: 10 }), &stop, &mut |_| {}).unwrap();
+    if custom.level == Some(Level::PreContent) {
+        assert!(custom.watch_answered > 0);
+    }
+    c.level = Some(Level::PreContent);
+    match (custom.level, run(&c, &stop, &mut |_| {})) {
+        (Some(Level::PreContent), Ok(forced)) => assert_eq!(
+            forced.level,
+            Some(Level::PreContent),
+            "--events pre-content is obeyed"
+        ),
+        // Asked for and missing (before 6.14, tmpfs): a typed error,
+        // not a silent downgrade.
+        (_, Err(WarmError::Unsupported { feature, reason })) => {
+            assert_eq!(feature, "fanotify", "{reason}");
+            assert!(reason.contains("a.safetensors"), "{reason}");
+        }
+        (level, other) => panic!("auto chose {level:?}, forced gave {other:?}"),
+    }
+}
+
+#[test]
+fn explicit_triggers_reach_the_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let fifo = dir.path().join("run/t.trigger");
+    let cmd = format!(
+        "sleep 0.3; echo '{{\"path\": \"b.safetensors\"}}' > {}; sleep 0.5",
+        fifo.display()
+    );
+    let mut c = config(&m, &["sh", "-c", &cmd]);
+    c.policy = "eager".into();
+    c.explicit = true;
+    c.trigger_pipe = Some(fifo.clone());
+    let stop = AtomicBool::new(false);
+    let report = run(&c, &stop, &mut |_| {}).unwrap();
+    assert_eq!(report.exit_code, 0);
+    assert_eq!(report.stats.events, 1, "{report:?}");
+    assert_eq!(
+        report.stats.prefetched_bytes,
+        12 << 20,
+        "eager fetched the model"
+    );
+    assert!(!fifo.exists(), "the pipe is removed at exit");
+}
+
+#[test]
+fn readers_of_a_symlinked_model_are_followed_under_the_model_names() {
+    if !is_root() {
+        eprintln!("skipped: needs root for fanotify");
+        return;
+    }
+    let Some(dir) = disk_tempdir() else {
+        return;
+    };
+    let snap = hf_layout(dir.path());
+    let a = snap.join("a.safetensors");
+    let cmd = format!(
+        "exec 3< {}; dd bs=1M count=3 <&3 >/dev/null 2>&1; sleep 0.4",
+        a.display()
+    );
+    let mut c = config(&snap, &["sh", "-c", &cmd]);
+    c.policy = "eager".into();
+    let stop = AtomicBool::new(false);
+    let report = run(&c, &stop, &mut |_| {}).unwrap();
+    assert_eq!(report.level, Some(Level::Open));
+    let (path, at) = report.stats.last_reader.clone().expect("progress seen");
+    assert_eq!(path, snap.canonicalize().unwrap().join("a.safetensors"));
+    assert_eq!(at, 3 << 20, "{report:?}");
+    assert!(report.stats.prefetched_bytes > 0, "{report:?}");
+    assert_eq!(report.stats.prefetch_errors, 0, "{report:?}");
+}
+
+#[test]
+fn a_stuck_and_panicking_policy_never_holds_the_reader_back() {
+    let Some((_dir, m)) = root_model() else {
+        return;
+    };
+    let a = m.join("a.safetensors");
+    // 64 reads of 128 KiB: far more events than the policy can take at 20 ms each.
+    let cmd = format!("dd if={} of=/dev/null bs=128k status=none", a.display());
+    let config = config(&m, &["sh", "-c", &cmd]);
+    let stop = AtomicBool::new(false);
+    let report = run_with(&config, Box::new(Stuck { calls: 0 }), &stop, &mut |_| {}).unwrap();
+    assert_eq!(report.exit_code, 0);
+    if report.level != Some(Level::PreContent) {
+        // Opens only: too few events to reach the fault, and none of
+        // them holds the reader.
+        eprintln!("skipped: no pre-content events here ({:?})", report.level);
+        return;
+    }
+    assert!(
+        report
+            .policy_fault
+            .as_deref()
+            .unwrap_or("")
+            .contains("policy bug"),
+        "{report:?}"
+    );
+    assert!(report.watch_events >= 64, "{report:?}");
+    assert_eq!(
+        report.watch_answered, report.watch_events,
+        "every event answered"
+    );
+}
+
+#[test]
+fn explicit_mode_runs_without_fanotify_and_exit_codes_pass_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let mut c = config(&m, &["sh", "-c", "exit 7"]);
+    c.explicit = true;
+    let stop = AtomicBool::new(false);
+    let report = run(&c, &stop, &mut |_| {}).unwrap();
+    assert_eq!((report.exit_code, report.level), (7, None));
+    c.command = vec!["/nonexistent/loader".into()];
+    let err = run(&c, &stop, &mut |_| {}).unwrap_err();
+    assert!(err.to_string().contains("/nonexistent/loader"), "{err}");
+    c.policy = "lru".into();
+    assert!(run(&c, &stop, &mut |_| {}).is_err());
+}
+
+#[test]
+fn stop_ends_a_daemon_and_kills_a_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let mut c = config(&m, &["sleep", "30"]);
+    c.explicit = true;
+    let stop = AtomicBool::new(false);
+    let mut calls = 0;
+    let report = run(&c, &stop, &mut |_| {
+        calls += 1;
+        stop.store(true, Ordering::SeqCst);
+    })
+    .unwrap();
+    assert_eq!(report.exit_code, 128 + libc::SIGKILL);
+    c.command.clear();
+    stop.store(false, Ordering::SeqCst);
+    let report = run(&c, &stop, &mut |_| stop.store(true, Ordering::SeqCst)).unwrap();
+    assert_eq!(report.exit_code, 0);
+    assert!(calls >= 1);
+}
+
+#[test]
+fn a_recording_ignores_processes_outside_the_service() {
+    let Some((dir, m)) = root_model() else {
+        return;
+    };
+    let (a, b) = (m.join("a.safetensors"), m.join("b.safetensors"));
+    // The service reads a; a process the service did not start (a
+    // monitoring tool, say) reads b meanwhile.
+    let service = format!("sleep 0.3; cat {} > /dev/null; sleep 0.3", a.display());
+    let mut c = config(&m, &["sh", "-c", &service]);
+    c.policy = "template".into();
+    c.builtin.service = Some(ServiceId::from_spec("outsiders"));
+    c.builtin.template_dir = Some(dir.path().join("templates"));
+    c.builtin.record = true;
+    let stop = AtomicBool::new(false);
+    let outsider = std::thread::spawn(move || {
+        for _ in 0..6 {
+            std::thread::sleep(Duration::from_millis(100));
+            let done = std::process::Command::new("cat").arg(&b).output().unwrap();
+            assert!(done.status.success());
+        }
+    });
+    let rec = run(&c, &stop, &mut |_| {}).unwrap();
+    outsider.join().unwrap();
+    if rec.level != Some(Level::PreContent) {
+        // A read() loader this short is recorded from exact ranges only.
+        eprintln!("skipped: no pre-content events here ({:?})", rec.level);
+        return;
+    }
+    let store = TemplateStore::new(dir.path().join("templates"));
+    let t = store
+        .load(c.builtin.service.as_ref().unwrap())
+        .unwrap()
+        .expect("a template was written");
+    let read: Vec<&str> = t
+        .workers
+        .iter()
+        .flat_map(|w| &w.ranges)
+        .map(|r| t.files[r.file as usize].path.as_str())
+        .collect();
+    assert_eq!(t.workers.len(), 1, "one worker, the service: {read:?}");
+    assert!(
+        read.iter().all(|p| *p == "a.safetensors"),
+        "only the service's reads: {read:?}"
+    );
+    assert_eq!(t.total_bytes(), 8 << 20);
+}
+
+#[test]
+fn a_template_run_prefetches_the_recorded_sequence() {
+    let Some((dir, m)) = root_model() else {
+        return;
+    };
+    let templates = dir.path().join("templates");
+    let read_all = format!(
+        "cat {} {} > /dev/null",
+        m.join("a.safetensors").display(),
+        m.join("b.safetensors").display()
+    );
+    let mut c = config(&m, &["sh", "-c", &read_all]);
+    c.policy = "template".into();
+    c.builtin.service = Some(ServiceId::from_spec("rt-test"));
+    c.builtin.template_dir = Some(templates.clone());
+    c.builtin.record = true;
+    let stop = AtomicBool::new(false);
+    let rec = run(&c, &stop, &mut |_| {}).unwrap();
+    if rec.level != Some(Level::PreContent) {
+        eprintln!("skipped: no pre-content events here ({:?})", rec.level);
+        return;
+    }
+    let store = TemplateStore::new(templates);
+    let t = store
+        .load(c.builtin.service.as_ref().unwrap())
+        .unwrap()
+        .unwrap();
+    assert_eq!(t.total_bytes(), 12 << 20);
+    // Replay: drop the cache, read the first 128 KiB, then wait a moment.
+    for (p, _) in model_files(&m).unwrap() {
+        let f = std::fs::File::open(&p).unwrap();
+        sys::dontneed(&f, &p, 0, u64::MAX).unwrap();
+    }
+    c.builtin.record = false;
+    // The default mechanism: synchronous, so what was handed over is in
+    // the cache when `run` returns (WILLNEED's readahead is best effort:
+    // under memory pressure its allocations may give up on a few pages).
+    c.mechanism = Mechanism::Populate;
+    let first = format!(
+        "head -c 131072 {} > /dev/null; sleep 0.5",
+        m.join("a.safetensors").display()
+    );
+    c.command = vec!["sh".into(), "-c".into(), first.into()];
+    let replay = run(&c, &stop, &mut |_| {}).unwrap();
+    assert_eq!(replay.exit_code, 0);
+    assert!(replay.stats.prefetched_bytes >= 11 << 20, "{replay:?}");
+    let b = m.join("b.safetensors");
+    let f = std::fs::File::open(&b).unwrap();
+    let resident = sys::resident_bytes(&f, &b, 0, 0).unwrap();
+    let missing: Vec<u64> = (0..(4u64 << 20))
+        .step_by(4096)
+        .filter(|&at| sys::resident_bytes(&f, &b, at, 4096).unwrap() == 0)
+        .collect();
+    assert_eq!(
+        resident,
+        4 << 20,
+        "b was prefetched before anyone read it; pages missing at {missing:?}; {replay:?}"
+    );
+}
