@@ -421,7 +421,7 @@ pub fn warm_exit_code(err: &sluice_warm::WarmError) -> i32 {
             _ => EXIT_FAILED,
         },
         WarmError::BadTemplate { .. } | WarmError::NoModelFiles { .. } => EXIT_INVALID,
-        WarmError::Config(_) | WarmError::NoCommand => 2,
+        WarmError::Config(_) | WarmError::InvalidArgument(_) | WarmError::NoCommand => 2,
         WarmError::Unsupported { .. } | WarmError::Policy { .. } => EXIT_FAILED,
     }
 }

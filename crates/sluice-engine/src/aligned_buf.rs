@@ -17,43 +17,22 @@
 //! pointers; the ranges' disjointness is the caller's contract.
 
 use std::io;
-use std::ptr::NonNull;
+
+use crate::mapping::Mapping;
 
 /// A page-aligned, zero-initialised, fixed-size byte buffer.
 pub struct AlignedBuf {
-    ptr: NonNull<u8>,
+    map: Mapping,
     len: usize,
 }
-
-// SAFETY: the buffer is plain memory owned by this value; concurrent access
-// goes through raw pointers whose disjointness callers guarantee.
-unsafe impl Send for AlignedBuf {}
-// SAFETY: as above; shared references only expose raw pointers and reads that
-// callers order after the writes (completions are synchronised by channels).
-unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
     /// Maps `len` bytes (rounded up to a page) of zeroed anonymous memory.
     pub fn new(len: usize) -> io::Result<AlignedBuf> {
-        let map_len = round_up_to_page(len.max(1))?;
-        // SAFETY: anonymous private mapping with no address hint; the result is
-        // checked against MAP_FAILED before use.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if raw == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr =
-            NonNull::new(raw.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave null"))?;
-        Ok(AlignedBuf { ptr, len })
+        Ok(AlignedBuf {
+            map: Mapping::anonymous(len)?,
+            len,
+        })
     }
 
     /// Usable length in bytes (what was asked for, not the page-rounded size).
@@ -68,7 +47,7 @@ impl AlignedBuf {
 
     /// Base address; page-aligned.
     pub fn as_ptr(&self) -> *const u8 {
-        self.ptr.as_ptr()
+        self.map.as_ptr()
     }
 
     /// Raw pointer to `offset`, or `None` if `offset + len` leaves the buffer.
@@ -81,7 +60,7 @@ impl AlignedBuf {
             return None;
         }
         // SAFETY: offset <= len, so the result stays inside the mapping.
-        Some(unsafe { self.ptr.as_ptr().add(offset) })
+        Some(unsafe { self.map.as_ptr().add(offset) })
     }
 
     /// The whole buffer as a byte slice.
@@ -90,21 +69,13 @@ impl AlignedBuf {
     /// reporting a completion after the last byte of a read has landed.
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: the mapping is `len` readable bytes for the life of `self`.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr(), self.len) }
     }
 
     /// Mutable view, for tests and single-owner fills.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: `&mut self` proves exclusive access.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        let map_len = round_up_to_page(self.len.max(1)).unwrap_or(self.len);
-        // SAFETY: unmapping exactly the mapping created in `new`.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), map_len) };
+        unsafe { std::slice::from_raw_parts_mut(self.map.as_ptr(), self.len) }
     }
 }
 
@@ -124,12 +95,6 @@ pub fn page_size() -> usize {
         .ok()
         .filter(|s| *s > 0)
         .unwrap_or(4096)
-}
-
-fn round_up_to_page(len: usize) -> io::Result<usize> {
-    let page = page_size();
-    len.checked_next_multiple_of(page)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "buffer size overflows"))
 }
 
 #[cfg(test)]

@@ -18,21 +18,15 @@
 //! cut short fails with an error instead.
 
 use std::io;
-use std::ptr::NonNull;
 
+use crate::mapping::Mapping;
 use crate::source_file::SourceFile;
 
 /// `len` bytes of a file from `offset`, mapped copy-on-write.
 pub struct FileMapping {
-    ptr: NonNull<u8>,
+    map: Mapping,
     len: usize,
 }
-
-// SAFETY: the mapping is plain memory owned by this value; it is only read
-// through shared references.
-unsafe impl Send for FileMapping {}
-// SAFETY: as above.
-unsafe impl Sync for FileMapping {}
 
 impl FileMapping {
     /// Maps `[offset, offset + len)` of `file`. `offset` must be page-aligned;
@@ -48,26 +42,8 @@ impl FileMapping {
                 format!("file is {current_len} bytes now, the range ends at {end}"),
             ));
         }
-        let off =
-            libc::off_t::try_from(offset).map_err(|_| io::Error::other("offset too large"))?;
-        // SAFETY: a new private mapping of our own descriptor at no fixed
-        // address; the result is checked before use.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len.max(1),
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE,
-                file.buffered_fd(),
-                off,
-            )
-        };
-        if raw == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr =
-            NonNull::new(raw.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave null"))?;
-        Ok(FileMapping { ptr, len })
+        let map = Mapping::file_private(file.buffered_fd(), offset, len)?;
+        Ok(FileMapping { map, len })
     }
 
     pub fn len(&self) -> usize {
@@ -79,20 +55,13 @@ impl FileMapping {
     }
 
     pub fn as_ptr(&self) -> *const u8 {
-        self.ptr.as_ptr()
+        self.map.as_ptr()
     }
 
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: `len` bytes are mapped for the life of `self`, inside the
         // file (checked at map time).
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl Drop for FileMapping {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly the mapping created in `map`.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len.max(1)) };
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr(), self.len) }
     }
 }
 

@@ -7,18 +7,29 @@
 //! - [`IoEngine`] with three readers: [`UringEngine`] (io_uring),
 //!   [`ThreadEngine`] (blocking `pread` on a pool) and [`SyncEngine`] (the
 //!   plain reference), plus [`FaultyEngine`] for reliability tests.
-//! - [`page_cache`]: residency (cachestat), DIO alignment (statx) and
-//!   eviction (fadvise).
+//! - [`page_cache`]: residency (cachestat, mincore), prefetch (WILLNEED,
+//!   POPULATE_READ), eviction (DONTNEED, PAGEOUT), DIO alignment (statx).
+//! - [`cgroup`]: memory cgroups, the limit that applies and a watermark.
+//! - [`numa`]: accelerator → NUMA node, binding threads to nodes.
+//! - [`atomic_write`]: replace a file, whole or not at all.
+//! - [`Mapping`]: the one owner of every memory mapping.
 //!
-//! [`select_engine`] probes the platform and picks a reader, logging why.
+//! Every OS-facing call fails with an [`OsError`] naming the file, process
+//! or value at fault. [`select_engine`] probes the platform and picks a
+//! reader, logging why.
 
 mod aligned_buf;
+mod atomic_write;
 mod buffer_pool;
+pub mod cgroup;
 mod engine_choice;
 mod error;
 mod faulty_engine;
 mod file_mapping;
 mod io_engine;
+mod mapping;
+pub mod numa;
+mod os_error;
 pub mod page_cache;
 mod pread;
 mod source_file;
@@ -27,12 +38,17 @@ mod thread_engine;
 mod uring_engine;
 
 pub use aligned_buf::{page_size, AlignedBuf};
+pub use atomic_write::{
+    atomic_write, atomic_write_steps, atomic_write_with, AtomicSteps, Fill, RealSteps,
+};
 pub use buffer_pool::{BufferPool, BufferPoolConfig, PoolStats, PooledBuf, Reservation};
 pub use engine_choice::{select_engine, EngineChoice, EngineError};
 pub use error::{OpenError, PoolError};
 pub use faulty_engine::{Fault, FaultyEngine};
 pub use file_mapping::FileMapping;
 pub use io_engine::{EngineKind, IoEngine, Next, OpSource, ReadOp, Sink};
+pub use mapping::Mapping;
+pub use os_error::OsError;
 pub use source_file::{DirectMode, SourceFile};
 pub use sync_engine::SyncEngine;
 pub use thread_engine::ThreadEngine;

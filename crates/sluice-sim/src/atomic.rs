@@ -1,48 +1,32 @@
-//! Output files appear whole or not at all: each writer fills a temporary
-//! sibling (`.NAME.tmp-PID`), syncs it and renames it over the destination,
-//! so an interrupted run never leaves a truncated trace or result behind.
+//! Output files appear whole or not at all: the engine's
+//! [`sluice_engine::atomic_write_with`] fills a temporary sibling, syncs it,
+//! renames it over the destination and syncs the directory, so an
+//! interrupted run never leaves a truncated trace or result behind.
 
-use std::fs::File;
-use std::io::BufWriter;
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::Path;
+
+use sluice_engine::OsError;
 
 use crate::error::SimError;
 
-/// Writes `path` through `fill`, atomically (temporary file + rename).
+/// Writes `path` through `fill`, atomically; errors name `path`.
 pub fn write_file(
     path: &Path,
-    fill: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>,
+    fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
 ) -> Result<(), SimError> {
-    let io_error = |source| SimError::Io {
+    sluice_engine::atomic_write_with(path, fill).map_err(|err| SimError::Io {
         path: path.to_path_buf(),
-        source,
-    };
-    let tmp = temporary_sibling(path);
-    let outcome = (|| {
-        let mut out = BufWriter::new(File::create(&tmp)?);
-        fill(&mut out)?;
-        let file = out.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if outcome.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    outcome.map_err(io_error)
-}
-
-fn temporary_sibling(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "out".into());
-    path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+        source: match err {
+            OsError::Io { source, .. } => source,
+            other => std::io::Error::other(other.to_string()),
+        },
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
 
     #[test]
     fn a_failed_fill_leaves_no_file_and_keeps_the_old_one() {

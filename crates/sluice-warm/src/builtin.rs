@@ -625,7 +625,7 @@ fn per_file_stream(worker: u32, file: u32) -> u32 {
 /// Otherwise (or when memory cannot be read) the sequence is prefetched in
 /// order, one stream per worker.
 fn room_for_all(model_bytes: u64) -> bool {
-    match crate::sys::own_cgroup_memory_limit() {
+    match sluice_engine::cgroup::own_cgroup_memory_limit() {
         Ok(m) if m.limit > 0 => model_bytes.saturating_mul(2) <= m.limit.saturating_sub(m.usage),
         _ => false,
     }

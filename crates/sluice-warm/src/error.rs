@@ -27,12 +27,30 @@ pub enum WarmError {
     /// A model directory with no files to serve.
     #[error("{dir}: no model files in it")]
     NoModelFiles { dir: PathBuf },
+    /// A value the OS layer cannot take (a NUMA map, a cgroup name, a
+    /// watermark), named with what it must be.
+    #[error(transparent)]
+    InvalidArgument(sluice_engine::OsError),
     /// `run` or `record` without a command to launch.
     #[error("no service command given (put it after --)")]
     NoCommand,
     /// A policy failed; it is disabled and the application is unaffected.
     #[error("policy {name}: {message}")]
     Policy { name: String, message: String },
+}
+
+/// The OS layer's errors keep their meaning here: a failed call on a file
+/// is [`WarmError::Io`], a missing feature [`WarmError::Unsupported`], and
+/// an argument the kernel interface cannot take a bad option.
+impl From<sluice_engine::OsError> for WarmError {
+    fn from(err: sluice_engine::OsError) -> WarmError {
+        use sluice_engine::OsError;
+        match err {
+            OsError::Io { path, source } => WarmError::Io { path, source },
+            OsError::Unsupported { feature, reason } => WarmError::Unsupported { feature, reason },
+            invalid @ OsError::InvalidArgument { .. } => WarmError::InvalidArgument(invalid),
+        }
+    }
 }
 
 impl WarmError {

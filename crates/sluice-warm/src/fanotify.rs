@@ -550,7 +550,7 @@ pub fn pre_content_supported(path: &Path) -> Result<(), WarmError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::test_util::is_root;
+    use sluice_testkit::is_root;
     use std::io::{Read, Seek, SeekFrom};
     use std::time::Duration;
 
@@ -580,7 +580,7 @@ mod tests {
             eprintln!("skipped: needs root for fanotify");
             return;
         }
-        let Some(dir) = crate::sys::test_util::disk_tempdir() else {
+        let Some(dir) = sluice_testkit::disk_tempdir() else {
             return;
         };
         let path = model(dir.path());
@@ -622,7 +622,7 @@ mod tests {
             eprintln!("skipped: needs root for fanotify");
             return;
         }
-        let Some(dir) = crate::sys::test_util::disk_tempdir() else {
+        let Some(dir) = sluice_testkit::disk_tempdir() else {
             return;
         };
         let path = model(dir.path());

@@ -197,11 +197,11 @@ mod tests {
             eprintln!("skipped: no /proc/PID/io (a kernel without task I/O accounting)");
             return;
         }
-        let Some(dir) = crate::sys::test_util::disk_tempdir() else {
+        let Some(dir) = sluice_testkit::disk_tempdir() else {
             return;
         };
-        let (file, path) = crate::sys::test_util::synced_file(&dir, 4 << 20);
-        crate::sys::dontneed(&file, &path, 0, u64::MAX).unwrap();
+        let (file, path) = sluice_testkit::synced_file(&dir, 4 << 20);
+        sluice_engine::page_cache::dontneed(&file, &path, 0, u64::MAX).unwrap();
         // A shell whose child reads a cold file: the root's own counter
         // moves only once the child is reaped, the tree's at once.
         let script = format!("cat {} > /dev/null & sleep 1; wait", path.display());

@@ -3,7 +3,7 @@
 //! memory from the service's cgroup, NUMA placement per target.
 //!
 //! **Mechanism.** `populate` (the default) reads each chunk (≤
-//! `read_ahead_kb`) synchronously into 2 MiB folios (see `sys::advise`),
+//! `read_ahead_kb`) synchronously into 2 MiB folios (see `sluice_engine::page_cache`),
 //! which cost less CPU to build, evict faster (DONTNEED of 2 GiB: 5-20 ms
 //! against 200-575 ms for 4 KiB folios) and map faster for mmap loaders;
 //! depth comes from loader threads, one per chunk of the in-flight
@@ -37,8 +37,11 @@ use std::time::{Duration, Instant};
 
 use crate::error::WarmError;
 use crate::manager::{Memory, PageCache};
+use crate::page_size;
 use crate::policy::{FileRange, Target};
-use crate::sys::{self, Cgroup, NumaMap};
+use sluice_engine::cgroup::{self, Cgroup};
+use sluice_engine::numa::{self, NumaMap};
+use sluice_engine::page_cache;
 
 /// How prefetch reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,7 +111,7 @@ impl Loader {
             };
             let deadline = Instant::now() + Duration::from_secs(2);
             while Instant::now() < deadline {
-                match sys::probe_ready(&file, last_page) {
+                match page_cache::probe_ready(&file, last_page) {
                     Ok(true) | Err(_) => break,
                     Ok(false) => std::thread::sleep(Duration::from_micros(500)),
                 }
@@ -120,7 +123,12 @@ impl Loader {
     /// mechanism; returns the bytes asked of the kernel.
     fn fetch(&mut self, file: &Arc<File>, range: &FileRange) -> Result<u64, WarmError> {
         match self.mechanism {
-            Mechanism::Populate => sys::populate_read(file, &range.path, range.offset, range.len),
+            Mechanism::Populate => Ok(page_cache::populate_read(
+                file,
+                &range.path,
+                range.offset,
+                range.len,
+            )?),
             Mechanism::Read => {
                 use std::os::unix::fs::FileExt;
                 let chunk = self.chunk as usize;
@@ -145,8 +153,8 @@ impl Loader {
                 while at < range.end() {
                     let n = chunk.min(range.end() - at);
                     self.wait_for_window();
-                    sys::willneed(file, &range.path, at, n, chunk)?;
-                    let last_page = (at + n - 1) / sys::page_size() * sys::page_size();
+                    page_cache::willneed(file, &range.path, at, n, chunk)?;
+                    let last_page = (at + n - 1) / page_size() * page_size();
                     self.in_flight.push_back((file.clone(), last_page));
                     at += n;
                 }
@@ -221,10 +229,10 @@ fn lane_main(
     cancel: &AtomicBool,
 ) {
     if let Some(node) = node {
-        if let Err(err) = sys::bind_thread_to_node(node) {
+        if let Err(err) = numa::bind_thread_to_node(node) {
             tracing::debug!("prefetch lane {node}: memory policy not set: {err}");
         }
-        if let Err(err) = sys::pin_thread_to_node_cpus(node) {
+        if let Err(err) = numa::pin_thread_to_node_cpus(node) {
             tracing::debug!("prefetch lane {node}: not pinned: {err}");
         }
     }
@@ -285,7 +293,7 @@ impl KernelCache {
         memory: MemorySource,
         numa: NumaMap,
     ) -> KernelCache {
-        let chunk = chunk.max(sys::page_size());
+        let chunk = chunk.max(page_size());
         let window = (in_flight_bytes / chunk).max(1) as usize;
         KernelCache {
             inline: Loader::new(mechanism, chunk, window),
@@ -417,8 +425,8 @@ impl PageCache for KernelCache {
         // service, or left by an earlier run) costs no I/O. Where cachestat
         // is refused the range is simply prefetched.
         let file = self.file(&range.path)?;
-        if let Ok(stat) = sys::cachestat(&file, range.offset, range.len) {
-            let page = sys::page_size();
+        if let Ok(stat) = page_cache::cachestat(&file, range.offset, range.len) {
+            let page = page_size();
             let pages = range.len.div_ceil(page);
             if stat.cache >= pages {
                 return Ok(0);
@@ -445,11 +453,11 @@ impl PageCache for KernelCache {
 
     fn evict(&mut self, range: &FileRange) -> Result<(), WarmError> {
         let file = self.file(&range.path)?;
-        sys::dontneed(&file, &range.path, range.offset, range.len)?;
+        page_cache::dontneed(&file, &range.path, range.offset, range.len)?;
         let shown = self.real_names.get(&range.path).unwrap_or(&range.path);
         for &pid in &self.readers {
             for (addr, len) in mapped_addresses(pid, shown, range.offset, range.len) {
-                if let Err(err) = sys::pageout(pid, addr, len) {
+                if let Err(err) = page_cache::pageout(pid, addr, len) {
                     tracing::debug!("pageout in pid {pid}: {err}");
                 }
             }
@@ -464,7 +472,7 @@ impl PageCache for KernelCache {
                 limit: *limit,
             }),
             MemorySource::Pid(pid) => {
-                let m = sys::memory_limit_for_pid(*pid)?;
+                let m = cgroup::memory_limit_for_pid(*pid)?;
                 Ok(Memory {
                     usage: m.usage,
                     limit: m.limit,
@@ -550,7 +558,7 @@ garbage line
         std::fs::write(&path, vec![7u8; len]).unwrap();
         let f = File::open(&path).unwrap();
         f.sync_all().unwrap();
-        sys::dontneed(&f, &path, 0, u64::MAX).unwrap();
+        page_cache::dontneed(&f, &path, 0, u64::MAX).unwrap();
         path
     }
 
@@ -573,8 +581,8 @@ garbage line
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             // mincore where the kernel has no cachestat (before 6.5).
-            let cached = sys::resident_bytes(&f, path, 0, 0)
-                .or_else(|_| sys::resident_bytes_mincore(&f, path, 0, 0));
+            let cached = page_cache::resident_bytes(&f, path, 0, 0)
+                .or_else(|_| page_cache::resident_bytes_mincore(&f, path, 0, 0));
             if cached.unwrap() >= len {
                 return true;
             }
@@ -585,7 +593,7 @@ garbage line
 
     #[test]
     fn targeted_ranges_load_on_their_nodes_thread_and_untargeted_inline() {
-        let Some(dir) = sys::test_util::disk_tempdir() else {
+        let Some(dir) = sluice_testkit::disk_tempdir() else {
             return;
         };
         for mechanism in [Mechanism::WillNeed, Mechanism::Read, Mechanism::Populate] {
@@ -603,7 +611,7 @@ garbage line
             assert_eq!(cache.lane_nodes(), [0]);
             // Cached already: nothing handed to the lane, where cachestat
             // (Linux 6.5+) tells; before, the range is simply read again.
-            if sys::cachestat(&File::open(&a).unwrap(), 0, 1).is_ok() {
+            if page_cache::cachestat(&File::open(&a).unwrap(), 0, 1).is_ok() {
                 assert_eq!(cache.prefetch(&ra).unwrap(), 0);
             }
             assert_eq!(cache.take_errors(), 0);
@@ -617,12 +625,14 @@ garbage line
         let f = File::open(path).unwrap();
         let len = f.metadata().unwrap().len();
         // Mapping cached pages allocates nothing on this thread's node.
-        let map = sys::test_util::map_cached(&f, path, len);
-        let page = sys::page_size() as usize;
+        let map = sluice_engine::page_cache::map_resident(&f, path, 0, len)
+            .expect("mmap")
+            .0;
+        let page = page_size() as usize;
         let mut pages: Vec<*mut libc::c_void> = (0..len as usize)
             .step_by(page)
             // SAFETY: every offset is inside the mapping.
-            .map(|at| unsafe { map.addr.add(at) }.cast())
+            .map(|at| unsafe { map.as_ptr().add(at) }.cast())
             .collect();
         let mut status = vec![i32::MIN; pages.len()];
         // SAFETY: pid 0 is this process; `pages` and `status` have the same
@@ -638,7 +648,7 @@ garbage line
                 0,
             )
         };
-        assert_eq!(rc, 0, "move_pages: {}", sys::errno());
+        assert_eq!(rc, 0, "move_pages: {}", std::io::Error::last_os_error());
         status
     }
 
@@ -659,7 +669,7 @@ garbage line
             eprintln!("skipped: one NUMA node; scripts/numa-vm.sh runs this on two");
             return;
         }
-        let Some(dir) = sys::test_util::disk_tempdir() else {
+        let Some(dir) = sluice_testkit::disk_tempdir() else {
             return;
         };
         for mechanism in [Mechanism::Populate, Mechanism::WillNeed, Mechanism::Read] {
@@ -693,7 +703,7 @@ garbage line
 
     #[test]
     fn a_lane_failure_is_counted_not_lost_and_one_node_machines_stay_inline() {
-        let Some(dir) = sys::test_util::disk_tempdir() else {
+        let Some(dir) = sluice_testkit::disk_tempdir() else {
             return;
         };
         // A directory opens, but reading it fails on the loader thread: an
@@ -729,7 +739,7 @@ garbage line
 
     #[test]
     fn synchronous_mechanisms_get_a_thread_per_window_chunk_and_willneed_stays_inline() {
-        let Some(dir) = sys::test_util::disk_tempdir() else {
+        let Some(dir) = sluice_testkit::disk_tempdir() else {
             return;
         };
         let one_node = |mechanism| {

@@ -3,9 +3,6 @@
 //! seed 000's PPC + MAIO.
 //!
 //! - [`template`]: MAIO I/O templates: record, merge, encode, decode.
-//! - [`sys`]: page-cache primitives (cachestat, fadvise, chunked
-//!   readahead), memory watermarks from cgroup v1/v2 or /proc/meminfo, the
-//!   accelerator→NUMA map.
 //! - [`fanotify`]: the event source: exact read ranges and mmap events
 //!   (pre-content) or opens only, every permission event answered first.
 //! - [`policy`]: the programmable part: the [`policy::Policy`] trait, its
@@ -33,8 +30,12 @@ pub mod policy;
 pub mod python;
 pub mod runtime;
 pub mod status;
-pub mod sys;
 pub mod template;
 pub mod trigger;
 
 pub use error::WarmError;
+
+/// The size of a base page in bytes, as the `u64` file offsets are counted in.
+pub(crate) fn page_size() -> u64 {
+    sluice_engine::page_size() as u64
+}

@@ -46,7 +46,9 @@ use crate::idle_gate::{IdleGate, ProcessTreeIo, ServiceIo};
 use crate::kernel::{KernelCache, Mechanism, MemorySource};
 use crate::manager::{Manager, ManagerConfig, Stats};
 use crate::policy::{Guarded, PolicyContext};
-use crate::sys::{self, Cgroup, NumaMap};
+use sluice_engine::cgroup::Cgroup;
+use sluice_engine::numa::NumaMap;
+use sluice_engine::page_cache;
 
 /// What to run and how.
 pub struct RunConfig {
@@ -167,7 +169,7 @@ fn run_in(
         Guarded::new(policy),
         kernel_cache(config, ctx, &names, cgroup),
         ManagerConfig {
-            chunk_bytes: sys::read_ahead_limit(&ctx.files[0].0),
+            chunk_bytes: page_cache::read_ahead_limit(&ctx.files[0].0),
             watermark: config.watermark,
             ..ManagerConfig::default()
         },
@@ -259,7 +261,7 @@ fn kernel_cache(
     };
     let mut cache = KernelCache::new(
         config.mechanism,
-        sys::read_ahead_limit(&ctx.files[0].0),
+        page_cache::read_ahead_limit(&ctx.files[0].0),
         config.in_flight_bytes,
         memory,
         NumaMap::detect(),

@@ -55,10 +55,8 @@ pub fn run_dir() -> PathBuf {
 pub fn publish(dir: &Path, status: &RuntimeStatus) -> Result<(), WarmError> {
     std::fs::create_dir_all(dir).map_err(WarmError::io(dir))?;
     let path = dir.join(format!("{}.json", status.pid));
-    let tmp = dir.join(format!(".{}.json.tmp", status.pid));
-    let text = serde_json::to_vec(status).map_err(|e| WarmError::Config(e.to_string()))?;
-    std::fs::write(&tmp, text).map_err(WarmError::io(&tmp))?;
-    std::fs::rename(&tmp, &path).map_err(WarmError::io(&path))
+    let text = serde_json::to_vec(status).expect("a status serializes: plain fields only");
+    Ok(sluice_engine::atomic_write(&path, &text)?)
 }
 
 /// Removes this process's status file.

@@ -11,13 +11,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::{disk_tempdir, hf_layout, is_root, model, synced_file};
+use sluice_engine::page_cache;
 use sluice_warm::builtin::BuiltinConfig;
 use sluice_warm::fanotify::Level;
 use sluice_warm::idle_gate::{IdleGate, ProcessTreeIo};
 use sluice_warm::kernel::Mechanism;
 use sluice_warm::policy::{AccessEvent, Policy, PolicyContext, Prefetch};
 use sluice_warm::runtime::{model_files, run, run_with, RunConfig, RuntimeConfig};
-use sluice_warm::sys;
 use sluice_warm::template::{ServiceId, TemplateStore};
 use sluice_warm::WarmError;
 
@@ -101,7 +101,7 @@ fn model_and_startup_file() -> Option<(tempfile::TempDir, PathBuf, PathBuf)> {
     let dir = disk_tempdir()?;
     let m = model(dir.path());
     let (f, libs) = synced_file(&dir, 128 << 20);
-    sys::dontneed(&f, &libs, 0, u64::MAX).unwrap();
+    page_cache::dontneed(&f, &libs, 0, u64::MAX).unwrap();
     Some((dir, m, libs))
 }
 
@@ -122,7 +122,7 @@ fn prefetch_queued_before_the_first_access_waits_while_the_service_reads() {
     assert_eq!(held.stats.prefetched_bytes, 0, "{held:?}");
     // Without the gate the same prefetch runs alongside the start-up.
     let f = std::fs::File::open(&libs).unwrap();
-    sys::dontneed(&f, &libs, 0, u64::MAX).unwrap();
+    page_cache::dontneed(&f, &libs, 0, u64::MAX).unwrap();
     c.launch_quiet = Duration::ZERO;
     let free = run_with(&c, Box::new(AtInit), &stop, &mut |_| {}).unwrap();
     assert!(free.stats.prefetched_bytes > 0, "{free:?}");
@@ -473,7 +473,7 @@ fn a_template_run_prefetches_the_recorded_sequence() {
     // Replay: drop the cache, read the first 128 KiB, then wait a moment.
     for (p, _) in model_files(&m).unwrap() {
         let f = std::fs::File::open(&p).unwrap();
-        sys::dontneed(&f, &p, 0, u64::MAX).unwrap();
+        page_cache::dontneed(&f, &p, 0, u64::MAX).unwrap();
     }
     c.builtin.record = false;
     // The default mechanism: synchronous, so what was handed over is in
@@ -490,10 +490,10 @@ fn a_template_run_prefetches_the_recorded_sequence() {
     assert!(replay.stats.prefetched_bytes >= 11 << 20, "{replay:?}");
     let b = m.join("b.safetensors");
     let f = std::fs::File::open(&b).unwrap();
-    let resident = sys::resident_bytes(&f, &b, 0, 0).unwrap();
+    let resident = page_cache::resident_bytes(&f, &b, 0, 0).unwrap();
     let missing: Vec<u64> = (0..(4u64 << 20))
         .step_by(4096)
-        .filter(|&at| sys::resident_bytes(&f, &b, at, 4096).unwrap() == 0)
+        .filter(|&at| page_cache::resident_bytes(&f, &b, at, 4096).unwrap() == 0)
         .collect();
     assert_eq!(
         resident,

@@ -404,7 +404,7 @@ pub fn write_csv(trace: &Trace, path: &Path) -> Result<(), SimError> {
 }
 
 /// [`write_csv`] into any writer.
-pub fn write_csv_to<W: Write>(trace: &Trace, out: &mut W) -> std::io::Result<()> {
+pub fn write_csv_to<W: Write + ?Sized>(trace: &Trace, out: &mut W) -> std::io::Result<()> {
     writeln!(out, "time,id,size")?;
     for r in &trace.records {
         writeln!(out, "{},{},{}", r.time, r.id, r.size)?;

@@ -141,7 +141,7 @@ pub fn write_jsonl<'a>(
 }
 
 /// [`write_jsonl`] into any writer.
-pub fn write_jsonl_to<'a, W: Write>(
+pub fn write_jsonl_to<'a, W: Write + ?Sized>(
     lines: impl IntoIterator<Item = MooncakeLine<'a>>,
     out: &mut W,
 ) -> std::io::Result<()> {

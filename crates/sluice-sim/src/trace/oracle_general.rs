@@ -27,7 +27,6 @@
 //! sequential read and a branch-light loop, without a second in-memory
 //! copy of the file.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use sluice_policy::NEVER;

@@ -21,9 +21,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::kernel::mapped_addresses;
+use crate::page_size;
 use crate::policy::{AccessEvent, AccessKind};
 use crate::runtime::EventSource;
-use crate::sys;
 
 /// The loader worker a process is bound to, from its environment:
 /// `SLUICE_WORKER`, else `LOCAL_RANK` (torchrun, vLLM and SGLang set it per
@@ -236,7 +236,7 @@ fn furthest_present(pid: i32, path: &Path, len: u64, from: u64) -> Option<u64> {
     let maps = mapped_addresses(pid, path, 0, len);
     let (addr, mapped_len) = *maps.first()?;
     let pagemap = std::fs::File::open(format!("/proc/{pid}/pagemap")).ok()?;
-    let page = sys::page_size();
+    let page = page_size();
     let mut furthest = None;
     let mut off = from / SAMPLE_STRIDE * SAMPLE_STRIDE;
     let mut entry = [0u8; 8];

@@ -8,16 +8,16 @@
 //! the cgroup of the first reader it sees.
 
 use crate::error::WarmError;
-use crate::sys::{self, Cgroup};
+use sluice_engine::cgroup::{self, Cgroup};
 
 /// Creates a cgroup with `limit` and moves this process into it; the
 /// service, spawned later, inherits it.
 pub fn enter_cgroup(limit: u64) -> Result<Cgroup, WarmError> {
     let name = format!("sluice-warm-{}", std::process::id());
-    let cgroup = sys::create_cgroup(&name, Some(limit))?;
+    let cgroup = cgroup::create_cgroup(&name, Some(limit))?;
     if let Err(err) = cgroup.add_pid(std::process::id() as i32) {
         let _ = cgroup.clone().remove();
-        return Err(err);
+        return Err(err.into());
     }
     tracing::info!(cgroup = %cgroup.path.display(), limit, "service cgroup created");
     Ok(cgroup)
@@ -44,8 +44,8 @@ pub fn leave_cgroup(cgroup: Cgroup) {
 /// cgroup could not be read (it already exited: a short-lived `cat` of a
 /// config file), so the next reader is tried.
 pub fn join_reader_cgroup(pid: i32) -> Option<bool> {
-    let theirs = sys::memory_cgroup_of(pid)?;
-    if sys::memory_cgroup_of(std::process::id() as i32).as_ref() == Some(&theirs) {
+    let theirs = cgroup::memory_cgroup_of(pid)?;
+    if cgroup::memory_cgroup_of(std::process::id() as i32).as_ref() == Some(&theirs) {
         return Some(false);
     }
     match theirs.add_pid(std::process::id() as i32) {
@@ -72,7 +72,7 @@ mod tests {
         assert_eq!(join_reader_cgroup(i32::MAX), None);
         // Our own cgroup: decided, nothing to move.
         let me = std::process::id() as i32;
-        if sys::memory_cgroup_of(me).is_some() {
+        if cgroup::memory_cgroup_of(me).is_some() {
             assert_eq!(join_reader_cgroup(me), Some(false));
         }
     }

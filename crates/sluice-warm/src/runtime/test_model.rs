@@ -13,7 +13,7 @@ pub fn model(dir: &Path) -> PathBuf {
         let f = std::fs::File::create(&path).unwrap();
         std::io::Write::write_all(&mut &f, &vec![1u8; len]).unwrap();
         f.sync_all().unwrap();
-        crate::sys::dontneed(&f, &path, 0, u64::MAX).unwrap();
+        sluice_engine::page_cache::dontneed(&f, &path, 0, u64::MAX).unwrap();
     }
     std::fs::write(m.join(".hidden"), b"x").unwrap();
     m

@@ -34,9 +34,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use crate::error::WarmError;
-use crate::sys::cachestat::Mapping;
-use crate::sys::{clamp_range, errno, fd_path, file_size, page_size, to_off};
+use super::residency::map_range;
+use super::{clamp_range, errno, fd_path, file_size, page_bytes, to_off};
+use crate::os_error::OsError;
 
 /// Per-call prefetch cap when the device's `read_ahead_kb` cannot be read:
 /// the kernel's default `read_ahead_kb` (128 KiB).
@@ -113,19 +113,20 @@ pub fn read_ahead_limit_in(sys_root: &Path, dev: u64) -> u64 {
 /// [`read_ahead_limit`]: larger chunks are silently cut by the kernel).
 /// Returns once every chunk is queued, not read.
 ///
-/// A `chunk` of 0 is a [`WarmError::Config`] error naming the path.
+/// A `chunk` of 0 is an [`OsError::InvalidArgument`] naming the path.
 pub fn willneed(
     file: &File,
     path: &Path,
     offset: u64,
     len: u64,
     chunk: u64,
-) -> Result<(), WarmError> {
+) -> Result<(), OsError> {
     if chunk == 0 {
-        return Err(WarmError::Config(format!(
-            "willneed {}: chunk size 0",
-            path.display()
-        )));
+        return Err(OsError::InvalidArgument {
+            what: format!("willneed {}: chunk size", path.display()),
+            value: "0".into(),
+            expected: "must be at least one byte",
+        });
     }
     let (offset, len) = clamp_range(offset, len, file_size(file, path)?);
     let end = offset + len;
@@ -144,7 +145,7 @@ pub fn willneed(
 /// (pass `u64::MAX` for "to the end"; `len` 0 is an empty range).
 /// Mapped, dirty and locked pages are skipped without an error: check with
 /// [`super::cachestat`].
-pub fn dontneed(file: &File, path: &Path, offset: u64, len: u64) -> Result<(), WarmError> {
+pub fn dontneed(file: &File, path: &Path, offset: u64, len: u64) -> Result<(), OsError> {
     let size = file_size(file, path)?;
     let (offset, len) = clamp_range(offset, len, size);
     if len == 0 {
@@ -162,12 +163,12 @@ fn fadvise(
     offset: u64,
     len: u64,
     advice: libc::c_int,
-) -> Result<(), WarmError> {
+) -> Result<(), OsError> {
     let (off, n) = (to_off(offset, path)?, to_off(len, path)?);
     // SAFETY: posix_fadvise only reads its integer arguments.
     let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), off, n, advice) };
     if rc != 0 {
-        return Err(WarmError::io(path)(std::io::Error::from_raw_os_error(rc)));
+        return Err(OsError::io(path)(std::io::Error::from_raw_os_error(rc)));
     }
     Ok(())
 }
@@ -178,22 +179,19 @@ fn fadvise(
 /// (see the module notes), or `pread` into a 1 MiB buffer on kernels without it
 /// (before 5.14). Returns the bytes of the range inside the file, now
 /// resident. Note `len` 0 is an empty range here, not "to the end".
-pub fn populate_read(file: &File, path: &Path, offset: u64, len: u64) -> Result<u64, WarmError> {
+pub fn populate_read(file: &File, path: &Path, offset: u64, len: u64) -> Result<u64, OsError> {
     let (offset, len) = clamp_range(offset, len, file_size(file, path)?);
     if len == 0 {
         return Ok(0);
     }
-    let map = Mapping::new(file, path, offset, len)?;
-    // SAFETY: advising exactly the live mapping; HUGEPAGE only changes how
-    // its faults read ahead (PMD-sized folios), and failure changes nothing.
-    unsafe { libc::madvise(map.addr.cast(), map.len as usize, libc::MADV_HUGEPAGE) };
-    // SAFETY: advising exactly the live mapping; POPULATE_READ only faults
-    // pages in, it changes no memory we can observe.
-    let rc = unsafe { libc::madvise(map.addr.cast(), map.len as usize, libc::MADV_POPULATE_READ) };
-    if rc == 0 {
+    let (map, _) = map_range(file, path, offset, len)?;
+    // HUGEPAGE only changes how the mapping's faults read ahead (PMD-sized
+    // folios), and failure changes nothing.
+    let _ = map.advise(libc::MADV_HUGEPAGE);
+    // POPULATE_READ only faults pages in; it changes no memory we observe.
+    let Err(err) = map.advise(libc::MADV_POPULATE_READ) else {
         return Ok(len);
-    }
-    let err = errno();
+    };
     drop(map);
     if err.raw_os_error() == Some(libc::EINVAL) {
         tracing::debug!(
@@ -202,12 +200,12 @@ pub fn populate_read(file: &File, path: &Path, offset: u64, len: u64) -> Result<
         );
         return populate_by_pread(file, path, offset, len);
     }
-    Err(WarmError::io(path)(err))
+    Err(OsError::io(path)(err))
 }
 
 /// The pre-5.14 path of [`populate_read`]: read the range through one
 /// reused buffer.
-fn populate_by_pread(file: &File, path: &Path, offset: u64, len: u64) -> Result<u64, WarmError> {
+fn populate_by_pread(file: &File, path: &Path, offset: u64, len: u64) -> Result<u64, OsError> {
     let mut buffer = vec![0u8; PREAD_BUFFER_BYTES];
     let end = offset + len;
     let mut at = offset;
@@ -217,7 +215,7 @@ fn populate_by_pread(file: &File, path: &Path, offset: u64, len: u64) -> Result<
             Ok(0) => break, // the file shrank under us
             Ok(n) => at += n as u64,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(WarmError::io(path)(e)),
+            Err(e) => return Err(OsError::io(path)(e)),
         }
     }
     Ok(at - offset)
@@ -228,21 +226,21 @@ fn populate_by_pread(file: &File, path: &Path, offset: u64, len: u64) -> Result<
 /// reader has mapped, which [`dontneed`] cannot drop. `addr` must be page
 /// aligned.
 ///
-/// Errors: [`WarmError::Unsupported`] before Linux 5.10 (`ENOSYS`) or
+/// Errors: [`OsError::Unsupported`] before Linux 5.10 (`ENOSYS`) or
 /// without `CAP_SYS_NICE` and ptrace-read access to the process (`EPERM`);
-/// [`WarmError::Io`] naming `/proc/<pid>` otherwise (no such process, a
+/// [`OsError::Io`] naming `/proc/<pid>` otherwise (no such process, a
 /// bad range).
-pub fn pageout(pid: i32, addr: u64, len: u64) -> Result<(), WarmError> {
+pub fn pageout(pid: i32, addr: u64, len: u64) -> Result<(), OsError> {
     if len == 0 {
         return Ok(());
     }
     let proc_path = PathBuf::from(format!("/proc/{pid}"));
     let unsupported = |err: &std::io::Error| match err.raw_os_error() {
-        Some(libc::ENOSYS) => Some(WarmError::Unsupported {
+        Some(libc::ENOSYS) => Some(OsError::Unsupported {
             feature: "process_madvise",
             reason: "kernel < 5.10".to_string(),
         }),
-        Some(libc::EPERM) => Some(WarmError::Unsupported {
+        Some(libc::EPERM) => Some(OsError::Unsupported {
             feature: "process_madvise",
             reason: format!("pid {pid}: EPERM: needs CAP_SYS_NICE and ptrace read access"),
         }),
@@ -252,15 +250,17 @@ pub fn pageout(pid: i32, addr: u64, len: u64) -> Result<(), WarmError> {
     let fd = unsafe { libc::syscall(SYS_PIDFD_OPEN, pid, 0 as libc::c_uint) };
     if fd < 0 {
         let err = errno();
-        return Err(unsupported(&err).unwrap_or_else(|| WarmError::io(&proc_path)(err)));
+        return Err(unsupported(&err).unwrap_or_else(|| OsError::io(&proc_path)(err)));
     }
     // SAFETY: `fd` is a descriptor the kernel just gave us and nobody else
     // owns; OwnedFd closes it.
     let pidfd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
     let (Ok(base), Ok(size)) = (usize::try_from(addr), usize::try_from(len)) else {
-        return Err(WarmError::Config(format!(
-            "pageout pid {pid}: range {addr:#x}+{len} does not fit this machine's addresses"
-        )));
+        return Err(OsError::InvalidArgument {
+            what: format!("pageout pid {pid}: range"),
+            value: format!("{addr:#x}+{len}"),
+            expected: "must fit this machine's addresses",
+        });
     };
     let iov = libc::iovec {
         iov_base: base as *mut libc::c_void,
@@ -280,7 +280,7 @@ pub fn pageout(pid: i32, addr: u64, len: u64) -> Result<(), WarmError> {
     };
     if rc < 0 {
         let err = errno();
-        return Err(unsupported(&err).unwrap_or_else(|| WarmError::io(&proc_path)(err)));
+        return Err(unsupported(&err).unwrap_or_else(|| OsError::io(&proc_path)(err)));
     }
     Ok(())
 }
@@ -291,11 +291,11 @@ pub fn pageout(pid: i32, addr: u64, len: u64) -> Result<(), WarmError> {
 /// there returns at once). On a page nobody requested, the probe also
 /// starts a small readahead.
 ///
-/// Errors: [`WarmError::Unsupported`] where the file system or kernel has
-/// no `RWF_NOWAIT` for buffered reads; [`WarmError::Io`] naming the file
+/// Errors: [`OsError::Unsupported`] where the file system or kernel has
+/// no `RWF_NOWAIT` for buffered reads; [`OsError::Io`] naming the file
 /// otherwise.
-pub fn probe_ready(file: &File, offset: u64) -> Result<bool, WarmError> {
-    let page = page_size();
+pub fn probe_ready(file: &File, offset: u64) -> Result<bool, OsError> {
+    let page = page_bytes();
     let start = offset - offset % page;
     let mut buffer = vec![0u8; page as usize];
     let iov = libc::iovec {
@@ -313,11 +313,11 @@ pub fn probe_ready(file: &File, offset: u64) -> Result<bool, WarmError> {
     let err = errno();
     match err.raw_os_error() {
         Some(libc::EAGAIN) => Ok(false),
-        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => Err(WarmError::Unsupported {
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => Err(OsError::Unsupported {
             feature: "preadv2(RWF_NOWAIT)",
             reason: format!("{}: {err}", fd_path(file).display()),
         }),
-        _ => Err(WarmError::Io {
+        _ => Err(OsError::Io {
             path: fd_path(file),
             source: err,
         }),
@@ -327,8 +327,8 @@ pub fn probe_ready(file: &File, offset: u64) -> Result<bool, WarmError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::resident_bytes;
-    use crate::sys::test_util::{disk_tempdir, synced_file};
+    use crate::page_cache::resident_bytes;
+    use sluice_testkit::{disk_tempdir, synced_file};
     use std::time::{Duration, Instant};
 
     const MIB: u64 = 1 << 20;
@@ -338,7 +338,7 @@ mod tests {
     fn resident(file: &File, path: &Path) -> Option<u64> {
         match resident_bytes(file, path, 0, 0) {
             Ok(n) => Some(n),
-            Err(WarmError::Unsupported { reason, .. }) => {
+            Err(OsError::Unsupported { reason, .. }) => {
                 eprintln!("skipped: cachestat unsupported: {reason}");
                 None
             }
@@ -411,13 +411,13 @@ mod tests {
     /// /proc/kpageflags.
     fn folios(file: &File, path: &Path, len: u64) -> Option<u64> {
         const KPF_COMPOUND_TAIL: u64 = 1 << 16;
-        let map = crate::sys::test_util::map_cached(file, path, len);
-        let page = page_size();
+        let (map, _) = crate::page_cache::map_resident(file, path, 0, len).expect("mmap");
+        let page = page_bytes();
         let pagemap = File::open("/proc/self/pagemap").ok()?;
         let flags = File::open("/proc/kpageflags").ok()?;
         let mut entries = vec![0u8; (len / page * 8) as usize];
         pagemap
-            .read_exact_at(&mut entries, map.addr as u64 / page * 8)
+            .read_exact_at(&mut entries, map.as_ptr() as u64 / page * 8)
             .ok()?;
         let mut count = 0;
         for entry in entries.chunks_exact(8) {
@@ -454,7 +454,7 @@ mod tests {
             eprintln!("skipped: no frame numbers in pagemap (not root?) or no kpageflags");
             return;
         };
-        if by_read == len / page_size() {
+        if by_read == len / page_bytes() {
             eprintln!("skipped: this file system caches only base pages");
             return;
         }
@@ -505,7 +505,9 @@ mod tests {
         let Some(dir) = disk_tempdir() else { return };
         let (_file, path) = synced_file(&dir, 8192);
         match willneed(&_file, &path, 0, 10, 0) {
-            Err(WarmError::Config(m)) => assert!(m.contains("data.bin"), "{m}"),
+            Err(e @ OsError::InvalidArgument { .. }) => {
+                assert!(e.to_string().contains("data.bin"), "{e}")
+            }
             other => panic!("{other:?}"),
         }
         // An O_PATH descriptor has a size but cannot be read or advised.
@@ -521,12 +523,12 @@ mod tests {
             resident_bytes(&o_path, &path, 0, 4096),
         ] {
             match result {
-                Err(WarmError::Io { path: p, source }) => {
+                Err(OsError::Io { path: p, source }) => {
                     assert_eq!(p, path);
                     assert_eq!(source.raw_os_error(), Some(libc::EBADF), "{source}");
                 }
                 // Before Linux 6.5 the missing system call is the answer.
-                Err(WarmError::Unsupported {
+                Err(OsError::Unsupported {
                     feature: "cachestat",
                     ..
                 }) => {}
@@ -534,7 +536,7 @@ mod tests {
             }
         }
         match probe_ready(&o_path, 0) {
-            Err(WarmError::Io { path: p, .. }) => assert_eq!(p, path),
+            Err(OsError::Io { path: p, .. }) => assert_eq!(p, path),
             other => panic!("{other:?}"),
         }
     }
@@ -555,12 +557,12 @@ mod tests {
     fn pageout_of_own_mapping_is_ok_or_unsupported() {
         let Some(dir) = disk_tempdir() else { return };
         let (file, path) = synced_file(&dir, 2 * MIB as usize);
-        let map = Mapping::new(&file, &path, 0, 2 * MIB).unwrap();
+        let (map, _) = map_range(&file, &path, 0, 2 * MIB).unwrap();
         // Fault the pages in through the mapping.
         // SAFETY: reading inside the live read-only mapping.
         let sum: u64 = (0..2 * MIB as usize)
             .step_by(4096)
-            .map(|i| u64::from(unsafe { *map.addr.add(i) }))
+            .map(|i| u64::from(unsafe { *map.as_ptr().add(i) }))
             .sum();
         assert!(sum > 0);
         // DONTNEED returns 0 but skips pages someone has mapped.
@@ -569,7 +571,7 @@ mod tests {
         if let Some(before) = before {
             assert_eq!(before, 2 * MIB, "DONTNEED dropped mapped pages");
         }
-        match pageout(std::process::id() as i32, map.addr as u64, 2 * MIB) {
+        match pageout(std::process::id() as i32, map.as_ptr() as u64, 2 * MIB) {
             // We own the file, so the kernel may page it out: the mapped
             // pages DONTNEED would skip are gone.
             Ok(()) => {
@@ -577,13 +579,13 @@ mod tests {
                     assert!(after < before, "pageout left {after} of {before} bytes");
                 }
             }
-            Err(WarmError::Unsupported { reason, .. }) => eprintln!("skipped: {reason}"),
+            Err(OsError::Unsupported { reason, .. }) => eprintln!("skipped: {reason}"),
             Err(e) => panic!("{e}"),
         }
-        assert!(pageout(std::process::id() as i32, map.addr as u64, 0).is_ok());
+        assert!(pageout(std::process::id() as i32, map.as_ptr() as u64, 0).is_ok());
         match pageout(i32::MAX, 0, 4096) {
-            Err(WarmError::Io { path: p, .. }) => assert!(p.ends_with(i32::MAX.to_string())),
-            Err(WarmError::Unsupported { .. }) => {}
+            Err(OsError::Io { path: p, .. }) => assert!(p.ends_with(i32::MAX.to_string())),
+            Err(OsError::Unsupported { .. }) => {}
             other => panic!("{other:?}"),
         }
     }

@@ -22,7 +22,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::error::WarmError;
+use crate::os_error::OsError;
 
 /// Environment variable overriding [`NumaMap::detect`].
 pub const NUMA_MAP_ENV: &str = "SLUICE_NUMA_MAP";
@@ -109,14 +109,14 @@ impl NumaMap {
     /// A map from `accelerator:node` pairs separated by commas
     /// (`0:0,1:0,2:1,3:1`). Node count is the highest node plus one.
     ///
-    /// Errors: [`WarmError::Config`] naming the spec and the entry for an
+    /// Errors: [`OsError::InvalidArgument`] naming the spec and the entry for an
     /// empty spec, a malformed or out-of-range entry, or an accelerator
     /// given twice.
-    pub fn from_spec(spec: &str) -> Result<NumaMap, WarmError> {
-        let bad = |entry: &str, why: &str| {
-            WarmError::Config(format!(
-                "{NUMA_MAP_ENV} {spec:?}: entry {entry:?}: {why} (want accelerator:node,...)"
-            ))
+    pub fn from_spec(spec: &str) -> Result<NumaMap, OsError> {
+        let bad = |entry: &str, why: &str| OsError::InvalidArgument {
+            what: format!("{NUMA_MAP_ENV} {spec:?}: entry"),
+            value: format!("{entry:?}: {why}"),
+            expected: "want accelerator:node,...",
         };
         if spec.trim().is_empty() {
             return Err(bad("", "empty"));
@@ -189,15 +189,17 @@ fn count_node_list(list: &str) -> Option<u32> {
 /// (`set_mempolicy(MPOL_PREFERRED)`): page-cache pages it reads in land
 /// there while the node has free memory, elsewhere otherwise.
 ///
-/// Errors: [`WarmError::Config`] for a node beyond Linux's 1024;
-/// [`WarmError::Unsupported`] when the kernel has no NUMA support
+/// Errors: [`OsError::InvalidArgument`] for a node beyond Linux's 1024;
+/// [`OsError::Unsupported`] when the kernel has no NUMA support
 /// (`ENOSYS`), the node is not online (`EINVAL`), or a sandbox forbids the
 /// call (`EPERM`).
-pub fn bind_thread_to_node(node: u32) -> Result<(), WarmError> {
+pub fn bind_thread_to_node(node: u32) -> Result<(), OsError> {
     if node >= MAX_NUMA_NODES {
-        return Err(WarmError::Config(format!(
-            "NUMA node {node}: Linux supports at most {MAX_NUMA_NODES}"
-        )));
+        return Err(OsError::InvalidArgument {
+            what: "NUMA node".into(),
+            value: node.to_string(),
+            expected: "Linux supports at most 1024 nodes",
+        });
     }
     let bits = libc::c_ulong::BITS;
     let mut mask = vec![0 as libc::c_ulong; (node / bits) as usize + 1];
@@ -225,7 +227,7 @@ pub fn bind_thread_to_node(node: u32) -> Result<(), WarmError> {
         Some(libc::EPERM) => format!("node {node}: not permitted here: {err}"),
         _ => format!("node {node}: {err}"),
     };
-    Err(WarmError::Unsupported {
+    Err(OsError::Unsupported {
         feature: "set_mempolicy",
         reason,
     })
@@ -235,19 +237,17 @@ pub fn bind_thread_to_node(node: u32) -> Result<(), WarmError> {
 /// `/sys/devices/system/node/nodeN/cpulist`), so the reads it issues and
 /// the pages it allocates stay next to that node's memory controller.
 ///
-/// Errors: [`WarmError::Io`] naming the cpulist file when it cannot be
-/// read (no such node, no sysfs); [`WarmError::Config`] naming it when it
-/// is malformed or empty; [`WarmError::Unsupported`] when
+/// Errors: [`OsError::Io`] naming the cpulist file when it cannot be
+/// read (no such node, no sysfs); [`OsError::InvalidArgument`] naming it when it
+/// is malformed or empty; [`OsError::Unsupported`] when
 /// `sched_setaffinity` refuses (a container's cpuset excludes them all).
-pub fn pin_thread_to_node_cpus(node: u32) -> Result<(), WarmError> {
+pub fn pin_thread_to_node_cpus(node: u32) -> Result<(), OsError> {
     let list = std::path::PathBuf::from(format!("/sys/devices/system/node/node{node}/cpulist"));
-    let text = std::fs::read_to_string(&list).map_err(WarmError::io(&list))?;
-    let cpus = parse_id_list(text.trim()).ok_or_else(|| {
-        WarmError::Config(format!(
-            "{}: not a CPU list: {:?}",
-            list.display(),
-            text.trim()
-        ))
+    let text = std::fs::read_to_string(&list).map_err(OsError::io(&list))?;
+    let cpus = parse_id_list(text.trim()).ok_or_else(|| OsError::InvalidArgument {
+        what: list.display().to_string(),
+        value: format!("{:?}", text.trim()),
+        expected: "a CPU list like 0-3,8",
     })?;
     // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
@@ -261,7 +261,7 @@ pub fn pin_thread_to_node_cpus(node: u32) -> Result<(), WarmError> {
     if rc == 0 {
         return Ok(());
     }
-    Err(WarmError::Unsupported {
+    Err(OsError::Unsupported {
         feature: "sched_setaffinity",
         reason: format!("node {node}: {}", std::io::Error::last_os_error()),
     })
@@ -302,7 +302,7 @@ mod tests {
             assert_eq!(parse_id_list(bad), None, "{bad:?}");
         }
         match pin_thread_to_node_cpus(MAX_NUMA_NODES + 7) {
-            Err(WarmError::Io { path, .. }) => {
+            Err(OsError::Io { path, .. }) => {
                 assert!(path.to_string_lossy().contains("node1031"), "{path:?}")
             }
             other => panic!("{other:?}"),
@@ -333,7 +333,10 @@ mod tests {
             ("0:5000", "\"0:5000\""),
         ] {
             match NumaMap::from_spec(spec) {
-                Err(WarmError::Config(m)) => assert!(m.contains(entry), "{spec}: {m}"),
+                Err(e @ OsError::InvalidArgument { .. }) => {
+                    let m = e.to_string();
+                    assert!(m.contains(entry), "{spec}: {m}")
+                }
                 other => panic!("{spec}: {other:?}"),
             }
         }
@@ -404,7 +407,7 @@ mod tests {
             .unwrap();
         match results.0 {
             Ok(()) => {}
-            Err(WarmError::Unsupported { reason, .. }) if reason.contains("not permitted") => {
+            Err(OsError::Unsupported { reason, .. }) if reason.contains("not permitted") => {
                 eprintln!("skipped: {reason}");
                 return;
             }
@@ -412,7 +415,7 @@ mod tests {
         }
         if NumaMap::detect_in(Path::new("/sys")).nodes() <= 7 {
             match results.1 {
-                Err(WarmError::Unsupported { reason, .. }) => {
+                Err(OsError::Unsupported { reason, .. }) => {
                     assert!(reason.contains("node 7"), "{reason}")
                 }
                 other => panic!("node 7: {other:?}"),
@@ -420,7 +423,7 @@ mod tests {
         }
         assert!(matches!(
             bind_thread_to_node(5000),
-            Err(WarmError::Config(_))
+            Err(OsError::InvalidArgument { .. })
         ));
     }
 }

@@ -11,7 +11,7 @@
 //! Permission: cachestat returns `EPERM` unless the caller owns the file,
 //! has it open for writing, or holds `CAP_FOWNER` (it would otherwise leak
 //! which pages of someone else's file were read). That becomes
-//! [`WarmError::Unsupported`] so callers can fall back.
+//! [`OsError::Unsupported`] so callers can fall back.
 //!
 //! [`resident_bytes_mincore`] is the fallback for kernels before 6.5: map the
 //! range read-only, ask `mincore(2)` which pages are up to date, unmap. It
@@ -23,39 +23,34 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
-use crate::error::WarmError;
-use crate::sys::{clamp_range, errno, fd_path, file_size, page_size};
-
-/// Pages of a range by page-cache state: the engine's wrapper of the
-/// system call, shared by the loader and the warm plane.
-pub use sluice_engine::page_cache::CacheStat;
+use super::{cachestat_fd, clamp_range, errno, fd_path, file_size, page_bytes, CacheStat};
+use crate::mapping::Mapping;
+use crate::os_error::OsError;
 
 /// Page-cache state of `[offset, offset + len)` of `file`; `len` 0 means to
 /// the end of the file, as in the system call.
 ///
-/// Errors: [`WarmError::Unsupported`] on kernels before 6.5 (`ENOSYS`) and
-/// where the caller may not see residency (`EPERM`); [`WarmError::Io`]
+/// Errors: [`OsError::Unsupported`] on kernels before 6.5 (`ENOSYS`) and
+/// where the caller may not see residency (`EPERM`); [`OsError::Io`]
 /// naming the file otherwise (a bad descriptor, an offset past `i64`).
-pub fn cachestat(file: &File, offset: u64, len: u64) -> Result<CacheStat, WarmError> {
-    sluice_engine::page_cache::cachestat(file.as_raw_fd(), offset, len).map_err(|err| {
-        match err.raw_os_error() {
-            Some(libc::ENOSYS) => WarmError::Unsupported {
-                feature: "cachestat",
-                reason: "kernel < 6.5".to_string(),
-            },
-            Some(libc::EPERM) => WarmError::Unsupported {
-                feature: "cachestat",
-                reason: format!(
-                    "{}: EPERM: the caller must own the file, have it open for writing, \
+pub fn cachestat(file: &File, offset: u64, len: u64) -> Result<CacheStat, OsError> {
+    cachestat_fd(file.as_raw_fd(), offset, len).map_err(|err| match err.raw_os_error() {
+        Some(libc::ENOSYS) => OsError::Unsupported {
+            feature: "cachestat",
+            reason: "kernel < 6.5".to_string(),
+        },
+        Some(libc::EPERM) => OsError::Unsupported {
+            feature: "cachestat",
+            reason: format!(
+                "{}: EPERM: the caller must own the file, have it open for writing, \
                      or hold CAP_FOWNER",
-                    fd_path(file).display()
-                ),
-            },
-            _ => WarmError::Io {
-                path: fd_path(file),
-                source: err,
-            },
-        }
+                fd_path(file).display()
+            ),
+        },
+        _ => OsError::Io {
+            path: fd_path(file),
+            source: err,
+        },
     })
 }
 
@@ -63,7 +58,7 @@ pub fn cachestat(file: &File, offset: u64, len: u64) -> Result<CacheStat, WarmEr
 /// [`cachestat`]: cached pages × page size, clamped to the part of the range
 /// inside the file. `len` 0 means to the end of the file. Includes pages
 /// whose read is still in flight.
-pub fn resident_bytes(file: &File, path: &Path, offset: u64, len: u64) -> Result<u64, WarmError> {
+pub fn resident_bytes(file: &File, path: &Path, offset: u64, len: u64) -> Result<u64, OsError> {
     let size = file_size(file, path)?;
     let len = if len == 0 { u64::MAX } else { len };
     let (offset, len) = clamp_range(offset, len, size);
@@ -71,13 +66,13 @@ pub fn resident_bytes(file: &File, path: &Path, offset: u64, len: u64) -> Result
         return Ok(0);
     }
     let stat = cachestat(file, offset, len).map_err(|e| name_io(e, path))?;
-    Ok(stat.cache.saturating_mul(page_size()).min(len))
+    Ok(stat.cache.saturating_mul(page_bytes()).min(len))
 }
 
 /// Replaces the `/proc/self/fd` guess in an I/O error with the caller's path.
-fn name_io(err: WarmError, path: &Path) -> WarmError {
+fn name_io(err: OsError, path: &Path) -> OsError {
     match err {
-        WarmError::Io { source, .. } => WarmError::Io {
+        OsError::Io { source, .. } => OsError::Io {
             path: path.to_path_buf(),
             source,
         },
@@ -102,33 +97,33 @@ pub fn resident_bytes_mincore(
     path: &Path,
     offset: u64,
     len: u64,
-) -> Result<u64, WarmError> {
+) -> Result<u64, OsError> {
     let size = file_size(file, path)?;
     let len = if len == 0 { u64::MAX } else { len };
     let (offset, len) = clamp_range(offset, len, size);
     if len == 0 {
         return Ok(0);
     }
-    let page = page_size();
-    let map = Mapping::new(file, path, offset, len)?;
-    let pages = map.len.div_ceil(page);
+    let page = page_bytes();
+    let (map, map_start) = map_range(file, path, offset, len)?;
+    let pages = (map.len() as u64).div_ceil(page);
     let mut vec = vec![0u8; MINCORE_PAGES_PER_CALL];
     let mut resident = 0u64;
     let mut first = 0u64;
     while first < pages {
         let n = (pages - first).min(MINCORE_PAGES_PER_CALL as u64);
-        let start = map.start + first * page;
+        let start = map_start + first * page;
         // SAFETY: `map.addr + first*page .. + n*page` lies inside the live
         // mapping; `vec` holds at least `n` bytes.
         let rc = unsafe {
             libc::mincore(
-                map.addr.add((first * page) as usize).cast(),
+                map.as_ptr().add((first * page) as usize).cast(),
                 (n * page) as usize,
                 vec.as_mut_ptr(),
             )
         };
         if rc != 0 {
-            return Err(WarmError::io(path)(errno()));
+            return Err(OsError::io(path)(errno()));
         }
         for (i, byte) in vec.iter().take(n as usize).enumerate() {
             if byte & 1 == 1 {
@@ -142,68 +137,23 @@ pub fn resident_bytes_mincore(
     Ok(resident)
 }
 
-/// A read-only shared mapping of a file range, unmapped on drop.
-pub(crate) struct Mapping {
-    /// Start of the mapping.
-    pub addr: *mut u8,
-    /// File offset of `addr`: the range's offset aligned down to a page.
-    pub start: u64,
-    /// Bytes mapped.
-    pub len: u64,
-}
-
-impl Mapping {
-    /// Maps `[offset, offset + len)` of `file`, widened to whole pages.
-    /// `len` must be non-zero.
-    pub fn new(file: &File, path: &Path, offset: u64, len: u64) -> Result<Mapping, WarmError> {
-        let page = page_size();
-        let start = offset - offset % page;
-        let map_len = offset + len - start;
-        let too_big = |what: &str| WarmError::Io {
-            path: path.to_path_buf(),
-            source: std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("{what} does not fit this machine's address space"),
-            ),
-        };
-        let size = usize::try_from(map_len).map_err(|_| too_big("range length"))?;
-        let off = libc::off_t::try_from(start).map_err(|_| too_big("offset"))?;
-        // SAFETY: a fresh mapping chosen by the kernel; no Rust object aliases
-        // it, and `Drop` unmaps exactly what was mapped.
-        let addr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                off,
-            )
-        };
-        if addr == libc::MAP_FAILED {
-            return Err(WarmError::io(path)(errno()));
-        }
-        Ok(Mapping {
-            addr: addr.cast(),
-            start,
-            len: map_len,
-        })
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: `addr`/`len` are exactly what mmap returned and nothing
-        // borrows the mapping past this point.
-        unsafe { libc::munmap(self.addr.cast(), self.len as usize) };
-    }
+/// A shared read-only mapping of `[offset, offset + len)` of `file`,
+/// widened to whole pages, with the file offset it starts at; errors name
+/// `path`. `len` must be non-zero.
+pub(crate) fn map_range(
+    file: &File,
+    path: &Path,
+    offset: u64,
+    len: u64,
+) -> Result<(Mapping, u64), OsError> {
+    Mapping::file_range(file.as_raw_fd(), offset, len).map_err(OsError::io(path))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::test_util::{disk_tempdir, synced_file};
-    use crate::sys::{dontneed, populate_read};
+    use crate::page_cache::{dontneed, populate_read};
+    use sluice_testkit::{disk_tempdir, synced_file};
 
     const MIB: u64 = 1 << 20;
 
@@ -214,16 +164,16 @@ mod tests {
         dontneed(&file, &path, 0, 4 * MIB).unwrap();
         let cold = match cachestat(&file, 0, 0) {
             Ok(stat) => stat,
-            Err(WarmError::Unsupported { reason, .. }) => {
+            Err(OsError::Unsupported { reason, .. }) => {
                 eprintln!("skipped: cachestat unsupported: {reason}");
                 return;
             }
             Err(e) => panic!("{e}"),
         };
-        assert!(cold.cache * page_size() < MIB / 4, "{cold:?}");
+        assert!(cold.cache * page_bytes() < MIB / 4, "{cold:?}");
         populate_read(&file, &path, 0, 4 * MIB).unwrap();
         let warm = cachestat(&file, 0, 0).unwrap();
-        assert_eq!(warm.cache * page_size(), 4 * MIB, "{warm:?}");
+        assert_eq!(warm.cache * page_bytes(), 4 * MIB, "{warm:?}");
         assert_eq!(warm.dirty, 0);
     }
 
@@ -284,7 +234,7 @@ mod tests {
         // A file opened for writing only cannot be mapped for reading.
         let write_only = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         match resident_bytes_mincore(&write_only, &path, 0, 0) {
-            Err(WarmError::Io { path: p, .. }) => assert_eq!(p, path),
+            Err(OsError::Io { path: p, .. }) => assert_eq!(p, path),
             other => panic!("expected Io naming the file, got {other:?}"),
         }
         drop(file);
@@ -299,11 +249,11 @@ mod tests {
                 .unwrap()
         };
         match cachestat(&o_path, 0, 0) {
-            Err(WarmError::Io { path: p, source }) => {
+            Err(OsError::Io { path: p, source }) => {
                 assert_eq!(p, path);
                 assert_eq!(source.raw_os_error(), Some(libc::EBADF));
             }
-            Err(e @ WarmError::Unsupported { .. }) => eprintln!("skipped: {e}"),
+            Err(e @ OsError::Unsupported { .. }) => eprintln!("skipped: {e}"),
             other => panic!("expected EBADF naming the file, got {other:?}"),
         }
     }
