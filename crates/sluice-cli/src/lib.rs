@@ -463,7 +463,7 @@ pub fn load_config(args: &LoadArgs) -> Result<LoadConfig, LoadError> {
     cfg.direct = args.direct.parse().map_err(LoadError::Config)?;
     cfg.engine = args.engine.parse().map_err(LoadError::Config)?;
     if let Some(c) = args.concurrency {
-        cfg.queue_depth = c;
+        cfg.concurrency = c;
     }
     if let Some(c) = &args.chunk_bytes {
         let bytes = sluice_load::parse_bytes(c).map_err(LoadError::Config)?;

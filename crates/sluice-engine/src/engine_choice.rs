@@ -39,16 +39,16 @@ pub struct EngineError {
     pub reason: String,
 }
 
-/// An engine with `queue_depth` reads in flight, chosen per `choice`; the
+/// An engine with `concurrency` reads in flight, chosen per `choice`; the
 /// choice and any fallback are logged. `uring_denied` carries a reason to
 /// treat io_uring as unavailable without probing (an operator's override,
 /// or a test standing in for a seccomp-filtered container).
 pub fn select_engine(
     choice: EngineChoice,
-    queue_depth: usize,
+    concurrency: usize,
     uring_denied: Option<&str>,
 ) -> Result<Arc<dyn IoEngine>, EngineError> {
-    let depth = queue_depth.max(1);
+    let depth = concurrency.max(1);
     let probe = || match uring_denied {
         Some(reason) => Err(reason.to_string()),
         None => probe_io_uring(),
@@ -66,7 +66,7 @@ pub fn select_engine(
             .map_err(|reason| EngineError { reason }),
         EngineChoice::Auto => match probe() {
             Ok(()) => {
-                tracing::info!(queue_depth = depth, "engine: io_uring");
+                tracing::info!(concurrency = depth, "engine: io_uring");
                 Ok(uring())
             }
             Err(reason) => {

@@ -14,7 +14,7 @@ pub struct LoadConfig {
     pub engine: EngineChoice,
     /// Reads in flight at once. 32: fio on virtio and NVMe devices reaches
     /// its plateau by QD32 with 4 MiB reads; deeper queues only add memory.
-    pub queue_depth: usize,
+    pub concurrency: usize,
     /// Bytes per read. 4 MiB: large enough that per-request overhead is
     /// under 1% at 1–10 GB/s, small enough that 32 of them (128 MiB) fit in
     /// a modest memory limit.
@@ -56,7 +56,7 @@ impl Default for LoadConfig {
         LoadConfig {
             direct: DirectMode::Auto,
             engine: EngineChoice::Auto,
-            queue_depth: 32,
+            concurrency: 32,
             chunk_bytes: 4 * MIB,
             window_bytes: 64 * MIB,
             max_gap_bytes: MIB as u64,
@@ -92,8 +92,11 @@ impl LoadConfig {
         if let Some(v) = read_var(&get, "SLUICE_ENGINE", str::parse)? {
             self.engine = v;
         }
-        if let Some(v) = read_var(&get, "SLUICE_QUEUE_DEPTH", parse_count)? {
-            self.queue_depth = v;
+        // SLUICE_QUEUE_DEPTH is the name this knob had before; still read.
+        for name in ["SLUICE_QUEUE_DEPTH", "SLUICE_CONCURRENCY"] {
+            if let Some(v) = read_var(&get, name, parse_count)? {
+                self.concurrency = v;
+            }
         }
         if let Some(v) = read_var(&get, "SLUICE_CHUNK_BYTES", parse_bytes)? {
             self.chunk_bytes = usize::try_from(v)
@@ -121,10 +124,10 @@ impl LoadConfig {
 
     /// Rejects values no load can run with.
     pub fn validate(&self) -> Result<(), String> {
-        if self.queue_depth == 0 || self.queue_depth > 4096 {
+        if self.concurrency == 0 || self.concurrency > 4096 {
             return Err(format!(
-                "queue_depth must be 1..=4096, not {}",
-                self.queue_depth
+                "concurrency must be 1..=4096, not {}",
+                self.concurrency
             ));
         }
         if self.chunk_bytes < 4096 || self.chunk_bytes > 1 << 30 {
@@ -228,7 +231,7 @@ mod tests {
     #[test]
     fn validate_rejects_unusable_values() {
         let bad = LoadConfig {
-            queue_depth: 0,
+            concurrency: 0,
             ..LoadConfig::default()
         };
         assert!(bad.validate().is_err());

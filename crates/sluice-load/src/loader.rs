@@ -207,7 +207,7 @@ impl Loader {
                     .then_some("disabled by SLUICE_IO_URING=0");
                 select_engine(
                     engine_for(self.config.engine, &files),
-                    self.config.queue_depth,
+                    self.config.concurrency,
                     denied,
                 )?
             }

@@ -25,7 +25,7 @@ pub fn build(
         cfg.engine = e.parse().map_err(PyValueError::new_err)?;
     }
     if let Some(c) = concurrency {
-        cfg.queue_depth = c;
+        cfg.concurrency = c;
     }
     if let Some(c) = chunk_bytes {
         cfg.chunk_bytes = usize::try_from(byte_size("chunk_bytes", &c)?)

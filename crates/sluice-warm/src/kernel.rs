@@ -82,7 +82,7 @@ pub enum MemorySource {
 /// mechanism's scratch buffer. Files are opened once, by [`KernelCache`],
 /// and shared: a 160-shard model on 8 loader threads must not hold 1,280
 /// descriptors (the default soft limit is 1,024).
-struct Loader {
+struct PrefetchLoader {
     mechanism: Mechanism,
     chunk: u64,
     /// Most WILLNEED chunks in flight.
@@ -91,9 +91,9 @@ struct Loader {
     scratch: Vec<u8>,
 }
 
-impl Loader {
-    fn new(mechanism: Mechanism, chunk: u64, window: usize) -> Loader {
-        Loader {
+impl PrefetchLoader {
+    fn new(mechanism: Mechanism, chunk: u64, window: usize) -> PrefetchLoader {
+        PrefetchLoader {
             mechanism,
             chunk,
             window,
@@ -170,7 +170,7 @@ const MAX_LANE_THREADS: usize = 32;
 /// A chunk for a loader thread, with the file it is read from.
 type Job = (Arc<File>, FileRange);
 
-/// Loader threads working for one NUMA node (or for none: a one-node
+/// PrefetchLoader threads working for one NUMA node (or for none: a one-node
 /// machine with a synchronous mechanism). Each sets its memory policy to
 /// the node and runs on the node's CPUs once, at start, so every page it
 /// reads in lands there. They share one queue; WILLNEED needs one thread
@@ -190,7 +190,7 @@ struct Lane {
 impl Lane {
     fn spawn(
         node: Option<u32>,
-        loaders: Vec<Loader>,
+        loaders: Vec<PrefetchLoader>,
         queue: usize,
         errors: Arc<AtomicU64>,
         cancel: Arc<AtomicBool>,
@@ -223,7 +223,7 @@ impl Lane {
 fn lane_main(
     node: Option<u32>,
     name: &str,
-    mut loader: Loader,
+    mut loader: PrefetchLoader,
     jobs: &Mutex<Receiver<Job>>,
     errors: &AtomicU64,
     cancel: &AtomicBool,
@@ -264,7 +264,7 @@ pub struct KernelCache {
     /// The caller's thread (its mechanism, chunk and window are every
     /// loader's): WILLNEED on one-node machines and untargeted
     /// ranges.
-    inline: Loader,
+    inline: PrefetchLoader,
     /// One descriptor per model file, shared by every loader thread.
     files: HashMap<PathBuf, Arc<File>>,
     /// By node (`None`: unbound, on a one-node machine).
@@ -296,7 +296,7 @@ impl KernelCache {
         let chunk = chunk.max(page_size());
         let window = (in_flight_bytes / chunk).max(1) as usize;
         KernelCache {
-            inline: Loader::new(mechanism, chunk, window),
+            inline: PrefetchLoader::new(mechanism, chunk, window),
             files: HashMap::new(),
             lanes: BTreeMap::new(),
             force_lanes: false,
@@ -326,7 +326,7 @@ impl KernelCache {
         self.lanes.keys().filter_map(|n| *n).collect()
     }
 
-    /// Loader threads running now, over all lanes.
+    /// PrefetchLoader threads running now, over all lanes.
     pub fn lane_threads(&self) -> usize {
         self.lanes.values().map(|l| l.threads.len()).sum()
     }
@@ -353,7 +353,7 @@ impl KernelCache {
     /// can be started (logged; the caller prefetches inline).
     fn lane(&mut self, node: Option<u32>) -> Option<&SyncSender<Job>> {
         if !self.lanes.contains_key(&node) {
-            let Loader {
+            let PrefetchLoader {
                 mechanism,
                 chunk,
                 window,
@@ -364,7 +364,7 @@ impl KernelCache {
                 Mechanism::Populate | Mechanism::Read => (window.min(MAX_LANE_THREADS), 1),
             };
             let loaders = (0..threads)
-                .map(|_| Loader::new(mechanism, chunk, window))
+                .map(|_| PrefetchLoader::new(mechanism, chunk, window))
                 .collect();
             match Lane::spawn(
                 node,

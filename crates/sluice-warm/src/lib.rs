@@ -5,7 +5,7 @@
 //! - [`template`]: MAIO I/O templates: record, merge, encode, decode.
 //! - [`fanotify`]: the event source: exact read ranges and mmap events
 //!   (pre-content) or opens only, every permission event answered first.
-//! - [`policy`]: the programmable part: the [`policy::Policy`] trait, its
+//! - [`policy`]: the programmable part: the [`policy::WarmPolicy`] trait, its
 //!   events and actions, and the fail-open guard around it.
 //! - [`manager`]: the cache manager: chunked, interruptible, deduplicated
 //!   prefetch under a memory watermark, over a [`manager::PageCache`].

@@ -499,7 +499,7 @@ impl<C: PageCache> Manager<C> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::policy::{AccessKind, Policy};
+    use crate::policy::{AccessKind, WarmPolicy};
 
     /// An in-memory page cache: what is resident per file, a memory limit
     /// that counts resident bytes plus a fixed base, and injectable faults.
@@ -567,7 +567,7 @@ pub(crate) mod tests {
         reader: u64,
     }
 
-    impl Policy for RestOfFile {
+    impl WarmPolicy for RestOfFile {
         fn name(&self) -> &str {
             "rest"
         }

@@ -128,8 +128,8 @@ impl PolicyContext {
 }
 
 /// A page-cache policy. Every method has a do-nothing default except
-/// [`Policy::name`], so a policy implements only what it uses.
-pub trait Policy: Send {
+/// [`WarmPolicy::name`], so a policy implements only what it uses.
+pub trait WarmPolicy: Send {
     /// The name it is chosen by and logged as.
     fn name(&self) -> &str;
 
@@ -180,12 +180,12 @@ pub trait Policy: Send {
 /// A policy behind a fail-open guard: the first error or panic disables it
 /// for good and is kept for `sluice warm status`.
 pub struct Guarded {
-    inner: Box<dyn Policy>,
+    inner: Box<dyn WarmPolicy>,
     fault: Option<String>,
 }
 
 impl Guarded {
-    pub fn new(inner: Box<dyn Policy>) -> Guarded {
+    pub fn new(inner: Box<dyn WarmPolicy>) -> Guarded {
         Guarded { inner, fault: None }
     }
 
@@ -226,7 +226,7 @@ impl Guarded {
     fn call<T>(
         &mut self,
         method: &str,
-        f: impl FnOnce(&mut dyn Policy) -> Result<T, WarmError>,
+        f: impl FnOnce(&mut dyn WarmPolicy) -> Result<T, WarmError>,
     ) -> Option<T> {
         if self.fault.is_some() {
             return None;
@@ -267,7 +267,7 @@ mod tests {
         panic: bool,
     }
 
-    impl Policy for Faulty {
+    impl WarmPolicy for Faulty {
         fn name(&self) -> &str {
             "faulty"
         }
@@ -321,7 +321,7 @@ mod tests {
     #[test]
     fn defaults_do_nothing() {
         struct Idle;
-        impl Policy for Idle {
+        impl WarmPolicy for Idle {
             fn name(&self) -> &str {
                 "idle"
             }

@@ -38,7 +38,7 @@
 //! launched (a [`WarmError::Config`] carrying the Python error). The import
 //! gets 30 s, not the call deadline: importing torch alone takes seconds.
 //! `wait_for_init` is asked once, right after `init`, because the trait's
-//! [`Policy::wait_for_init`] cannot fail.
+//! [`WarmPolicy::wait_for_init`] cannot fail.
 //!
 //! Reading with a deadline is `poll(2)` on the non-blocking pipe plus a
 //! line buffer: no thread per policy.
@@ -55,7 +55,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 
 use crate::error::WarmError;
-use crate::policy::{AccessEvent, AccessKind, FileRange, Policy, PolicyContext, Prefetch, Target};
+use crate::policy::{
+    AccessEvent, AccessKind, FileRange, PolicyContext, Prefetch, Target, WarmPolicy,
+};
 
 /// 500 ms: far above a policy's honest cost per call (a dict lookup and a
 /// few objects, tens of µs plus a pipe round trip), short enough that a
@@ -316,7 +318,7 @@ impl PythonPolicy {
     }
 }
 
-impl Policy for PythonPolicy {
+impl WarmPolicy for PythonPolicy {
     fn name(&self) -> &str {
         &self.spec
     }

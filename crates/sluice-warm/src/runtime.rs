@@ -128,7 +128,7 @@ pub fn run(
 /// policies).
 pub fn run_with(
     config: &RunConfig,
-    policy: Box<dyn crate::policy::Policy>,
+    policy: Box<dyn crate::policy::WarmPolicy>,
     stop: &AtomicBool,
     on_status: &mut dyn FnMut(&Status),
 ) -> Result<RunReport, WarmError> {
@@ -158,7 +158,7 @@ pub fn run_with(
 fn run_in(
     config: &RunConfig,
     ctx: &PolicyContext,
-    policy: Box<dyn crate::policy::Policy>,
+    policy: Box<dyn crate::policy::WarmPolicy>,
     cgroup: Option<&(Cgroup, u64)>,
     stop: &AtomicBool,
     on_status: &mut dyn FnMut(&Status),

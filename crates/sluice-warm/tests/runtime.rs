@@ -16,7 +16,7 @@ use sluice_warm::builtin::BuiltinConfig;
 use sluice_warm::fanotify::Level;
 use sluice_warm::idle_gate::{IdleGate, ProcessTreeIo};
 use sluice_warm::kernel::Mechanism;
-use sluice_warm::policy::{AccessEvent, Policy, PolicyContext, Prefetch};
+use sluice_warm::policy::{AccessEvent, PolicyContext, Prefetch, WarmPolicy};
 use sluice_warm::runtime::{model_files, run, run_with, RunConfig, RuntimeConfig};
 use sluice_warm::template::{ServiceId, TemplateStore};
 use sluice_warm::WarmError;
@@ -56,7 +56,7 @@ struct Stuck {
     calls: u32,
 }
 
-impl Policy for Stuck {
+impl WarmPolicy for Stuck {
     fn name(&self) -> &str {
         "stuck"
     }
@@ -72,7 +72,7 @@ impl Policy for Stuck {
 /// Asks for the whole model at init, as a replay from launch does.
 struct AtInit;
 
-impl Policy for AtInit {
+impl WarmPolicy for AtInit {
     fn name(&self) -> &str {
         "at-init"
     }

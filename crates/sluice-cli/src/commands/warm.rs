@@ -156,7 +156,7 @@ fn run_config(
             burn_after_reading: !common.no_burn,
             record: false,
             start_at_launch: common.start_at_launch && !command.is_empty(),
-            bar_distance: match common.bar_distance.as_str() {
+            bar_distance_bytes: match common.bar_distance.as_str() {
                 "auto" => memory_limit.map_or(1 << 30, |l| (l / 8).min(1 << 30)),
                 other => bytes(other)?,
             },

@@ -9,7 +9,7 @@ use crate::builtin::{BuiltinConfig, Eager, TemplatePolicy};
 use crate::idle_gate::IdleGate;
 use crate::manager::tests::FakeCache;
 use crate::manager::ManagerConfig;
-use crate::policy::{AccessKind, FileRange, Guarded, Policy, Prefetch};
+use crate::policy::{AccessKind, FileRange, Guarded, Prefetch, WarmPolicy};
 use crate::runtime::MemoryEvents;
 use crate::template::{ServiceId, TemplateStore};
 
@@ -81,7 +81,7 @@ impl Setup {
             service: Some(ServiceId::from_spec("loop-test")),
             template_dir: Some(self.templates.clone()),
             record,
-            bar_distance: 4 * MIB,
+            bar_distance_bytes: 4 * MIB,
             ..BuiltinConfig::default()
         }
     }
@@ -89,7 +89,7 @@ impl Setup {
     /// A runtime over `cache` with `policy`, fed by the returned script.
     fn runtime(
         &self,
-        policy: Box<dyn Policy>,
+        policy: Box<dyn WarmPolicy>,
         cache: FakeCache,
         chunks_per_turn: usize,
     ) -> (Runtime<FakeCache>, MemoryEvents) {
@@ -252,7 +252,7 @@ struct FailsOnSecond {
     calls: u32,
 }
 
-impl Policy for FailsOnSecond {
+impl WarmPolicy for FailsOnSecond {
     fn name(&self) -> &str {
         "fails-on-second"
     }
@@ -369,7 +369,7 @@ fn stop_ends_the_service_and_a_daemon_returns_zero() {
 /// Asks for all of a at init, as a replay from launch does.
 struct AtInit;
 
-impl Policy for AtInit {
+impl WarmPolicy for AtInit {
     fn name(&self) -> &str {
         "at-init"
     }
