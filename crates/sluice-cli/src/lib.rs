@@ -414,13 +414,20 @@ pub fn sim_exit_code(err: &SimError) -> i32 {
 /// Exit status of a failed `sluice warm` command (before the service ran;
 /// afterwards the service's own status is returned).
 pub fn warm_exit_code(err: &sluice_warm::WarmError) -> i32 {
+    use sluice_warm::template::TemplateError;
     use sluice_warm::WarmError;
     match err {
-        WarmError::Io { source, .. } => match source.kind() {
-            std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => EXIT_NOT_FOUND,
-            _ => EXIT_FAILED,
-        },
-        WarmError::BadTemplate { .. } | WarmError::NoModelFiles { .. } => EXIT_INVALID,
+        WarmError::Io { source, .. } | WarmError::Template(TemplateError::Io { source, .. }) => {
+            match source.kind() {
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
+                    EXIT_NOT_FOUND
+                }
+                _ => EXIT_FAILED,
+            }
+        }
+        WarmError::BadTemplate { .. } | WarmError::Template(_) | WarmError::NoModelFiles { .. } => {
+            EXIT_INVALID
+        }
         WarmError::Config(_) | WarmError::InvalidArgument(_) | WarmError::NoCommand => 2,
         WarmError::Unsupported { .. } | WarmError::Policy { .. } => EXIT_FAILED,
     }

@@ -1,4 +1,5 @@
-//! The formats layer of Sluice: pure parsing and validation of safetensors checkpoints.
+//! The formats layer of Sluice: pure parsing and validation of safetensors checkpoints and
+//! of the warm I/O templates Sluice writes itself.
 //!
 //! Nothing here touches the file system or a clock. Callers read bytes and file sizes
 //! themselves and hand them in; this crate turns them into validated descriptions:
@@ -9,11 +10,15 @@
 //! - [`parse_index`] reads a `model.safetensors.index.json` into a [`ShardIndex`], refusing
 //!   shard names that could escape the checkpoint directory;
 //! - [`Checkpoint`] joins validated shards (and, for sharded checkpoints, the index) and
-//!   checks that every tensor lives in exactly one place.
+//!   checks that every tensor lives in exactly one place;
+//! - [`template`] holds `sluice warm`'s MAIO I/O templates and their `.sluicetpl` codec:
+//!   [`template::Template::encode`] and [`template::Template::decode`] over byte slices.
 //!
-//! Every failure is a [`FormatError`] naming the file, the tensor and the offending value.
+//! Every safetensors failure is a [`FormatError`] naming the file, the tensor and the
+//! offending value; every template failure a [`template::TemplateFormatError`] naming the
+//! field, its byte offset and the value.
 //! No input, however hostile, makes these functions panic or read out of bounds; the
-//! property tests and the fuzz target in `fuzz/` hold us to that.
+//! property tests and the fuzz targets in `fuzz/` hold us to that.
 
 mod checkpoint;
 mod dtype;
@@ -23,6 +28,8 @@ mod index;
 mod json_tree;
 mod tensor_entry;
 mod tensor_info;
+
+pub mod template;
 
 pub use checkpoint::{Checkpoint, CheckpointSource, Shard};
 pub use dtype::Dtype;

@@ -15,6 +15,10 @@ pub enum WarmError {
     /// version.
     #[error("template {path}: {message}")]
     BadTemplate { path: PathBuf, message: String },
+    /// Reading, decoding or writing a template failed (see
+    /// [`crate::template::TemplateError`]).
+    #[error(transparent)]
+    Template(#[from] crate::template::TemplateError),
     /// The kernel, file system or privileges lack a feature; callers fall
     /// back and log.
     #[error("{feature} unavailable: {reason}")]
