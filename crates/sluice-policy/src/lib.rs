@@ -13,11 +13,18 @@
 //!
 //! Moving parts:
 //! - [`Policy`]: the eviction contract every policy implements.
-//! - [`Admission`]: a door in front of a policy ([`TinyLfuDoor`]), composed
-//!   with [`Admitted`].
+//! - [`Admission`]: a door in front of a policy
+//!   ([`TinyLfuDoor`](tinylfu_door::TinyLfuDoor), over the count-min
+//!   [`sketch`]), composed with [`Admitted`].
 //! - [`slab`]: the arena and intrusive lists most policies are built from,
 //!   so that an access touches a few cache lines and allocates nothing.
+//! - [`params`]: setting a config's parameters by name, with range checks.
 //! - [`registry`]: policies by name with typed configs ([`PolicyConfig`]).
+//!
+//! Imports point one way (no module imports one that imports it back):
+//! `error`, `policy`, `rng`, `id_map` ← `params`, `slab`, `sketch`, `admission`
+//! ← the policies (`slru` ← `s3fifo`, `two_q`; `sketch` ← `tinylfu_door` ←
+//! `tinylfu`) ← `registry`, which no module of the crate imports.
 
 pub mod admission;
 pub mod arc;
@@ -30,6 +37,7 @@ pub mod id_map;
 pub mod lfu;
 pub mod list_cache;
 pub mod lru;
+pub mod params;
 pub mod policy;
 pub mod registry;
 pub mod rng;
@@ -39,6 +47,7 @@ pub mod sketch;
 pub mod slab;
 pub mod slru;
 pub mod tinylfu;
+pub mod tinylfu_door;
 pub mod two_q;
 
 pub use admission::{Admission, Admitted};
