@@ -4,11 +4,12 @@
     rows = sim.run("kv.jsonl", policies=["lru", "arc", "tinylfu", "belady"], model="llama3-8b")
     sim.plot(rows, "out/")          # out/hit_ratio.png, out/pareto.png
 
-The replay runs in Rust on every core, with the GIL released; the policies are the same code
-Sluice's live caches run. Each row is a dict with the trace, the policy spec, the cache
-fraction and capacity, and hit_ratio, byte_hit_ratio, amplification (admitted bytes per hit
-byte), fetch_amplification (miss bytes per hit byte), wasted_ratio, prefix_hit_ratio (KV traces),
-evictions and mreq_per_s; ``row["stats"]`` holds the raw counters. docs/sim.md defines each.
+The replay runs in Rust on every core, with the GIL released, through the policy code of
+``crates/sluice-policy``, which the KV store (coming) will use too. Each row is a dict with the
+trace, the policy spec, the cache fraction and capacity, and hit_ratio, byte_hit_ratio,
+amplification (admitted bytes per hit byte), fetch_amplification (miss bytes per hit byte),
+wasted_ratio, prefix_hit_ratio (KV traces), evictions and mreq_per_s; ``row["stats"]`` holds the
+raw counters. docs/sim.md defines each.
 
 ``python -m sluice.sim plot DIR`` draws the plots for a ``sluice sim run --out DIR``.
 """

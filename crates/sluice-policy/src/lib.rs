@@ -1,12 +1,13 @@
-//! Cache policies, each implemented once, for every Sluice cache and for the
-//! trace simulator.
+//! Cache policies, each implemented once. The trace simulator (`sluice sim`,
+//! crate `sluice-sim`) runs this code; the KV store (coming) will use it too.
+//! No live cache runs it yet.
 //!
 //! A policy is a pure state machine: it sees a stream of [`Request`]s and
 //! answers each with an [`Access`] (hit, or miss and whether it admitted the
 //! object), reporting every object it pushes out as an [`Evicted`]. It does no
 //! I/O, reads no clock and draws randomness only from a seeded generator, so
-//! the same trace always gives the same answers. What `sluice sim` predicts
-//! is what a live cache running the same policy does.
+//! the same trace always gives the same answers, in a study or in any cache
+//! that embeds the policy.
 //!
 //! Capacity is in bytes and objects have variable sizes. The object-count mode
 //! of the simulator is the same code fed unit sizes ([`Request::size`] = 1).
