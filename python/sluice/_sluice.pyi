@@ -103,4 +103,5 @@ def sim_run(
     block_tokens: int,
     progress: Callable[[int, int], None] | None = None,
 ) -> str:
-    """Replays the grid with the GIL released; returns the rows as a JSON array."""
+    """Runs the study (``sluice_sim::study::run``, as ``sluice sim run`` does) with the GIL
+    released; returns the rows as a JSON array."""

@@ -51,8 +51,10 @@ def run(
     comma-separated string). ``count_mode`` sizes every object 1 (capacity in objects).
     ``format`` is ``auto`` (by extension), ``oracle``, ``csv`` or ``mooncake``; ``model`` and
     ``block_tokens`` size KV blocks. ``progress(done, total)`` is called after each replay.
-    Raises ``TraceError`` for a malformed trace (naming file, line and field), ``ConfigError``
-    for an unknown policy or bad parameter, ``FileNotFoundError`` for a missing trace.
+    Raises ``TraceError`` for a malformed trace (naming file, line and field) or an empty one,
+    ``ConfigError`` for an unknown policy, a bad parameter or option (all checked before any
+    trace is read), ``FileNotFoundError`` for a missing trace. ``sluice sim run`` runs the same
+    Rust study function, so it accepts and rejects the same studies.
     """
     if isinstance(traces, (str, os.PathLike)):
         traces = [traces]

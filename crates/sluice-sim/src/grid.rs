@@ -60,7 +60,9 @@ pub fn capacity_for(ws: WorkingSet, fraction: f64, count_mode: bool) -> u64 {
 }
 
 impl GridConfig {
-    fn validate(&self) -> Result<(), SimError> {
+    /// A config error unless there is a policy and a fraction, and every
+    /// fraction is in (0, 1].
+    pub fn validate(&self) -> Result<(), SimError> {
         if self.policies.is_empty() {
             return Err(SimError::Config("no policies given".into()));
         }

@@ -3,6 +3,11 @@
 //! `auto` picks by extension: `.jsonl` is a Mooncake-style KV trace, `.csv`
 //! (or `.txt`) is CSV, anything else is read as oracleGeneral, whose reader
 //! checks the record layout and says so if the guess was wrong.
+//!
+//! [`TraceOptions::reader`] parses the options once (the CSV column spec,
+//! the KV model, the block size), whatever format the files turn out to
+//! have, so a bad option is reported before any file is read and whichever
+//! traces it is given with; the [`TraceReader`] it returns opens the files.
 
 use std::path::Path;
 
@@ -62,6 +67,61 @@ impl Default for TraceOptions {
     }
 }
 
+/// Trace options with their specs parsed: what opens the trace files.
+#[derive(Clone, Debug)]
+pub struct TraceReader {
+    format: TraceFormat,
+    csv: CsvConfig,
+    mooncake: MooncakeConfig,
+}
+
+impl TraceOptions {
+    /// The KV model blocks are sized by, if one is given.
+    fn kv_model(&self) -> Result<Option<KvModel>, SimError> {
+        self.model.as_deref().map(KvModel::parse).transpose()
+    }
+
+    /// Parses and checks every option given, for any format.
+    pub fn reader(&self) -> Result<TraceReader, SimError> {
+        let csv = match &self.csv_columns {
+            Some(spec) => CsvConfig::parse(spec)?,
+            None => CsvConfig::default(),
+        };
+        let mooncake = MooncakeConfig {
+            block_tokens: self.block_tokens,
+            model: self.kv_model()?,
+        };
+        mooncake.check()?;
+        Ok(TraceReader {
+            format: self.format,
+            csv,
+            mooncake,
+        })
+    }
+}
+
+impl TraceReader {
+    /// The KV model blocks are sized by, if any.
+    pub fn kv_model(&self) -> Option<&KvModel> {
+        self.mooncake.model.as_ref()
+    }
+
+    /// Reads the trace at `path`.
+    pub fn open(&self, path: &Path) -> Result<Trace, SimError> {
+        let format = match self.format {
+            TraceFormat::Auto => detect_format(path),
+            f => f,
+        };
+        tracing::info!(path = %path.display(), ?format, "reading trace");
+        match format {
+            TraceFormat::OracleGeneral => oracle_general::read(path),
+            TraceFormat::Csv => csv::read(path, &self.csv),
+            TraceFormat::Mooncake => mooncake::read(path, &self.mooncake),
+            TraceFormat::Auto => unreachable!("resolved above"),
+        }
+    }
+}
+
 /// The format `auto` resolves to for `path`.
 pub fn detect_format(path: &Path) -> TraceFormat {
     match path
@@ -75,30 +135,7 @@ pub fn detect_format(path: &Path) -> TraceFormat {
     }
 }
 
-/// Reads the trace at `path`.
+/// Reads the trace at `path` (see [`TraceOptions::reader`]).
 pub fn open_trace(path: &Path, options: &TraceOptions) -> Result<Trace, SimError> {
-    let format = match options.format {
-        TraceFormat::Auto => detect_format(path),
-        f => f,
-    };
-    tracing::info!(path = %path.display(), ?format, "reading trace");
-    match format {
-        TraceFormat::OracleGeneral => oracle_general::read(path),
-        TraceFormat::Csv => {
-            let config = match &options.csv_columns {
-                Some(spec) => CsvConfig::parse(spec)?,
-                None => CsvConfig::default(),
-            };
-            csv::read(path, &config)
-        }
-        TraceFormat::Mooncake => {
-            let model = options.model.as_deref().map(KvModel::parse).transpose()?;
-            let config = MooncakeConfig {
-                block_tokens: options.block_tokens,
-                model,
-            };
-            mooncake::read(path, &config)
-        }
-        TraceFormat::Auto => unreachable!("resolved above"),
-    }
+    options.reader()?.open(path)
 }

@@ -64,6 +64,16 @@ impl Default for MooncakeConfig {
     }
 }
 
+impl MooncakeConfig {
+    /// A config error unless blocks hold at least one token.
+    pub fn check(&self) -> Result<(), SimError> {
+        if self.block_tokens == 0 {
+            return Err(SimError::Config("block_tokens must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
+
 /// One request line, as written.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct MooncakeLine<'a> {
@@ -171,9 +181,7 @@ type FieldProblem = (&'static str, String);
 
 impl BlockSizer {
     fn new(config: &MooncakeConfig) -> Result<BlockSizer, SimError> {
-        if config.block_tokens == 0 {
-            return Err(SimError::Config("block_tokens must be at least 1".into()));
-        }
+        config.check()?;
         Ok(BlockSizer {
             block_tokens: config.block_tokens,
             bytes_per_token: config.model.as_ref().map(KvModel::bytes_per_token),
