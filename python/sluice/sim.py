@@ -28,8 +28,10 @@ from . import _sluice
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-DEFAULT_POLICIES = ("lru", "arc", "2q", "s3fifo", "sieve", "tinylfu", "belady")
-DEFAULT_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+# A study's defaults come from the Rust StudyConfig, where ``sluice sim run`` takes its own.
+_DEFAULTS = _sluice.sim_defaults()
+DEFAULT_POLICIES: tuple[str, ...] = tuple(_DEFAULTS["policies"])
+DEFAULT_FRACTIONS: tuple[float, ...] = tuple(_DEFAULTS["fractions"])
 
 
 def run(
@@ -37,12 +39,12 @@ def run(
     policies: Union[str, Iterable[str]] = DEFAULT_POLICIES,
     fractions: Iterable[float] = DEFAULT_FRACTIONS,
     *,
-    count_mode: bool = False,
-    threads: int = 0,
-    format: str = "auto",
+    count_mode: bool = _DEFAULTS["count_mode"],
+    threads: int = _DEFAULTS["threads"],
+    format: str = _DEFAULTS["format"],
     csv_columns: Optional[str] = None,
     model: Optional[str] = None,
-    block_tokens: int = 512,
+    block_tokens: int = _DEFAULTS["block_tokens"],
     progress: Optional[Callable[[int, int], None]] = None,
 ) -> list[dict[str, Any]]:
     """Replays each trace through each policy at each cache fraction of its working set.
@@ -51,6 +53,7 @@ def run(
     comma-separated string). ``count_mode`` sizes every object 1 (capacity in objects).
     ``format`` is ``auto`` (by extension), ``oracle``, ``csv`` or ``mooncake``; ``model`` and
     ``block_tokens`` size KV blocks. ``progress(done, total)`` is called after each replay.
+    The defaults are the Rust ``StudyConfig``'s, which ``sluice sim run``'s flags default to too.
     Raises ``TraceError`` for a malformed trace (naming file, line and field) or an empty one,
     ``ConfigError`` for an unknown policy, a bad parameter or option (all checked before any
     trace is read), ``FileNotFoundError`` for a missing trace. ``sluice sim run`` runs the same

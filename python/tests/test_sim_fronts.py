@@ -124,3 +124,15 @@ def test_empty_traces_are_rejected_naming_the_file(traces: Path) -> None:
     for name in ("empty.jsonl", "empty.oracleGeneral", "empty.csv"):
         with pytest.raises(TraceError, match=rf"{name}: .*no requests"):
             sim.run(traces / name)
+
+
+def test_defaults_come_from_the_rust_study_config(sluice_bin: Path, traces: Path) -> None:
+    rows = sim.run(traces / "good.oracleGeneral")
+    assert [(r["policy"], r["fraction"]) for r in rows] == [
+        (p, f) for p in sim.DEFAULT_POLICIES for f in sim.DEFAULT_FRACTIONS
+    ]
+    help_text = subprocess.run(
+        [str(sluice_bin), "sim", "run", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    assert f"[default: {','.join(sim.DEFAULT_POLICIES)}]" in help_text
+    assert f"[default: {','.join(str(f) for f in sim.DEFAULT_FRACTIONS)}]" in help_text

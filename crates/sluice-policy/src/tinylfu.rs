@@ -51,27 +51,28 @@ pub struct WTinyLfuConfig {
     /// byte). 0.01 as in W-TinyLFU's paper and libCacheSim: just enough to
     /// let a burst of new objects build up frequency before they compete.
     pub window_ratio: f64,
-    /// As TinyLfuConfig::cms_width.
+    /// As TinyLfuConfig::cms_width, with its default.
     pub cms_width: usize,
-    /// As TinyLfuConfig::cms_depth.
+    /// As TinyLfuConfig::cms_depth, with its default.
     pub cms_depth: usize,
-    /// As TinyLfuConfig::reset_factor.
+    /// As TinyLfuConfig::reset_factor, with its default.
     pub reset_factor: u64,
-    /// As TinyLfuConfig::protected_ratio.
+    /// As TinyLfuConfig::protected_ratio, with its default.
     pub protected_ratio: f64,
-    /// As TinyLfuConfig::seed.
+    /// As TinyLfuConfig::seed, with its default.
     pub seed: u64,
 }
 
 impl Default for WTinyLfuConfig {
     fn default() -> WTinyLfuConfig {
+        let door = TinyLfuConfig::default();
         WTinyLfuConfig {
             window_ratio: 0.01,
-            cms_width: 16_384,
-            cms_depth: 4,
-            reset_factor: 10,
-            protected_ratio: 0.8,
-            seed: 0,
+            cms_width: door.cms_width,
+            cms_depth: door.cms_depth,
+            reset_factor: door.reset_factor,
+            protected_ratio: door.protected_ratio,
+            seed: door.seed,
         }
     }
 }

@@ -7,12 +7,28 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use sluice_policy::registry::split_specs;
 use sluice_sim::source::TraceOptions;
 use sluice_sim::study::{self, StudyConfig};
 use sluice_sim::SimError;
 
 use crate::errors::sim_to_py;
+
+/// The defaults of a study (`StudyConfig::default()`, where the CLI's flags
+/// take theirs too), for `sluice.sim.run`'s keyword arguments.
+#[pyfunction]
+pub fn sim_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let defaults = StudyConfig::default();
+    let out = PyDict::new(py);
+    out.set_item("policies", defaults.policies)?;
+    out.set_item("fractions", defaults.fractions)?;
+    out.set_item("format", defaults.trace_options.format.to_string())?;
+    out.set_item("block_tokens", defaults.trace_options.block_tokens)?;
+    out.set_item("count_mode", defaults.count_mode)?;
+    out.set_item("threads", defaults.threads)?;
+    Ok(out)
+}
 
 /// Runs the study: every trace through every policy at every fraction;
 /// returns the rows as a JSON array. `policies` is a comma-separated list of

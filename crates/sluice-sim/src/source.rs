@@ -14,12 +14,15 @@ use std::path::Path;
 use crate::error::SimError;
 use crate::kv_model::KvModel;
 use crate::trace::csv::CsvConfig;
-use crate::trace::mooncake::MooncakeConfig;
+use crate::trace::mooncake::{MooncakeConfig, DEFAULT_BLOCK_TOKENS};
 use crate::trace::{csv, mooncake, oracle_general, Trace};
 
 /// Trace file formats.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum TraceFormat {
+    /// By extension (see the module header): the default, so that naming
+    /// files as usual is all a user has to do.
+    #[default]
     Auto,
     OracleGeneral,
     Csv,
@@ -42,6 +45,18 @@ impl std::str::FromStr for TraceFormat {
     }
 }
 
+impl std::fmt::Display for TraceFormat {
+    /// The name [`FromStr`](std::str::FromStr) reads back.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TraceFormat::Auto => "auto",
+            TraceFormat::OracleGeneral => "oracle",
+            TraceFormat::Csv => "csv",
+            TraceFormat::Mooncake => "mooncake",
+        })
+    }
+}
+
 /// How to read a trace.
 #[derive(Clone, Debug)]
 pub struct TraceOptions {
@@ -51,18 +66,17 @@ pub struct TraceOptions {
     /// KV traces: a model preset or spec giving bytes per token; `None`
     /// gives every block size 1 (count the blocks).
     pub model: Option<String>,
-    /// KV traces: tokens per block.
+    /// KV traces: tokens per block. Default [`DEFAULT_BLOCK_TOKENS`].
     pub block_tokens: u64,
 }
 
 impl Default for TraceOptions {
     fn default() -> TraceOptions {
         TraceOptions {
-            format: TraceFormat::Auto,
+            format: TraceFormat::default(),
             csv_columns: None,
             model: None,
-            // Mooncake's traces hash 512-token blocks.
-            block_tokens: 512,
+            block_tokens: DEFAULT_BLOCK_TOKENS,
         }
     }
 }
@@ -138,4 +152,37 @@ pub fn detect_format(path: &Path) -> TraceFormat {
 /// Reads the trace at `path` (see [`TraceOptions::reader`]).
 pub fn open_trace(path: &Path, options: &TraceOptions) -> Result<Trace, SimError> {
     options.reader()?.open(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_format_reads_back_from_its_name() {
+        for format in [
+            TraceFormat::Auto,
+            TraceFormat::OracleGeneral,
+            TraceFormat::Csv,
+            TraceFormat::Mooncake,
+        ] {
+            assert_eq!(format.to_string().parse::<TraceFormat>().unwrap(), format);
+        }
+    }
+
+    #[test]
+    fn given_options_are_checked_whatever_the_format() {
+        let bad_columns = TraceOptions {
+            format: TraceFormat::OracleGeneral,
+            csv_columns: Some("id-col=0".into()),
+            ..TraceOptions::default()
+        };
+        let err = bad_columns.reader().unwrap_err();
+        assert!(err.to_string().contains("id-col"), "{err}");
+        let zero_blocks = TraceOptions {
+            block_tokens: 0,
+            ..TraceOptions::default()
+        };
+        assert!(matches!(zero_blocks.reader(), Err(SimError::Config(_))));
+    }
 }

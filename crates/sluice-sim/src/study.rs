@@ -34,6 +34,18 @@ use crate::report::StudyMeta;
 use crate::source::{TraceOptions, TraceReader};
 use crate::trace::Trace;
 
+/// The policies a study replays unless told otherwise: LRU as the baseline,
+/// the scan-resistant recency/frequency mixes (ARC, 2Q), the FIFO-based
+/// designs of recent work (S3-FIFO, SIEVE), an admission door (TinyLFU) and
+/// the Belady oracle as the upper reference. The other policies are
+/// variants of these, asked for by name.
+pub const DEFAULT_POLICIES: [&str; 7] =
+    ["lru", "arc", "2q", "s3fifo", "sieve", "tinylfu", "belady"];
+
+/// Seed 003's fractions: from a cache far too small to one holding half of
+/// the working set.
+pub const DEFAULT_FRACTIONS: [f64; 6] = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5];
+
 /// What went wrong with a study as a whole (its parts report their own
 /// errors: policies, trace readers, the grid).
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -61,22 +73,41 @@ impl From<StudyError> for SimError {
     }
 }
 
-/// Everything a study takes.
+/// Everything a study takes. [`Default`] is what the CLI's flags and
+/// Python's keyword arguments default to (both read it from here).
 #[derive(Clone, Debug)]
 pub struct StudyConfig {
-    /// Trace files, replayed in this order (rows come back in it too).
+    /// Trace files, replayed in this order (rows come back in it too). No
+    /// default: a study needs at least one.
     pub traces: Vec<PathBuf>,
-    /// How the trace files are read.
+    /// How the trace files are read. Default: [`TraceOptions::default`].
     pub trace_options: TraceOptions,
     /// Policy specs such as `lru` or `s3fifo(small_ratio=0.2)`, one each;
     /// [`sluice_policy::registry::split_specs`] splits a comma-separated list.
+    /// Default: [`DEFAULT_POLICIES`].
     pub policies: Vec<String>,
     /// Cache sizes as fractions of each trace's working set, each in (0, 1].
+    /// Default: [`DEFAULT_FRACTIONS`].
     pub fractions: Vec<f64>,
     /// Size every object 1 for the policies (capacities count objects).
+    /// Default false: byte capacities are what a cache is provisioned in.
     pub count_mode: bool,
-    /// Worker threads; 0 means one per available core.
+    /// Worker threads; 0 means one per available core. Default 0: replays
+    /// are independent, so a study scales with the cores it is given.
     pub threads: usize,
+}
+
+impl Default for StudyConfig {
+    fn default() -> StudyConfig {
+        StudyConfig {
+            traces: Vec::new(),
+            trace_options: TraceOptions::default(),
+            policies: DEFAULT_POLICIES.map(String::from).to_vec(),
+            fractions: DEFAULT_FRACTIONS.to_vec(),
+            count_mode: false,
+            threads: 0,
+        }
+    }
 }
 
 /// A study's options, parsed and checked: step 1 of [`run`].
@@ -266,6 +297,17 @@ mod tests {
         let mut c = config(vec![PathBuf::from("t.jsonl")]);
         c.fractions.clear();
         assert!(c.check().is_err());
+    }
+
+    #[test]
+    fn the_defaults_are_a_valid_study_of_the_default_policies() {
+        let c = StudyConfig {
+            traces: vec![PathBuf::from("t.jsonl")],
+            ..StudyConfig::default()
+        };
+        c.check().expect("the defaults pass the checks");
+        assert_eq!(c.policies, DEFAULT_POLICIES);
+        assert_eq!(c.fractions, DEFAULT_FRACTIONS);
     }
 
     #[test]

@@ -87,13 +87,14 @@ pub fn run(args: &SimRunArgs) -> Result<(), SimError> {
 
 /// The study the flags describe; what they hold is checked by the study.
 pub fn study_config(args: &SimRunArgs) -> Result<StudyConfig, SimError> {
+    let defaults = StudyConfig::default();
     Ok(StudyConfig {
         traces: args.traces.clone(),
         trace_options: trace_options(&args.trace_args)?,
         policies: split_specs(&args.policies),
         fractions: parse_fractions(&args.fractions)?,
         count_mode: args.count_mode,
-        threads: args.threads.unwrap_or(0),
+        threads: args.threads.unwrap_or(defaults.threads),
     })
 }
 
