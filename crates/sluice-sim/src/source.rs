@@ -24,8 +24,11 @@ pub enum TraceFormat {
     /// files as usual is all a user has to do.
     #[default]
     Auto,
+    /// libCacheSim's binary records (`oracle`).
     OracleGeneral,
+    /// CSV with chosen columns (`csv`).
     Csv,
+    /// Mooncake-style KV-cache JSONL (`mooncake`).
     Mooncake,
 }
 
@@ -60,6 +63,7 @@ impl std::fmt::Display for TraceFormat {
 /// How to read a trace.
 #[derive(Clone, Debug)]
 pub struct TraceOptions {
+    /// The files' format. Default [`TraceFormat::Auto`].
     pub format: TraceFormat,
     /// CSV column spec, e.g. `id-col=2,size-col=3,has-header=true`.
     pub csv_columns: Option<String>,

@@ -50,8 +50,10 @@ pub const DEFAULT_FRACTIONS: [f64; 6] = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5];
 /// errors: policies, trace readers, the grid).
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum StudyError {
+    /// The config names no trace file.
     #[error("no trace given")]
     NoTraces,
+    /// The trace at `path` was read but holds no request.
     #[error("{}: {EMPTY_TRACE}", path.display())]
     EmptyTrace { path: PathBuf },
 }
