@@ -8,7 +8,7 @@ classes of ``sluice.errors``.
 import os
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, final
+from typing import Any, TypedDict, final
 
 _StrPath = str | os.PathLike[str]
 _ByteSize = int | str
@@ -91,6 +91,17 @@ def start_stream(
     ``direct`` is "auto", "on" or "off"; ``engine`` "auto", "io_uring" or "threads".
     """
 
+class _SimDefaults(TypedDict):
+    policies: list[str]
+    fractions: list[float]
+    format: str
+    block_tokens: int
+    count_mode: bool
+    threads: int
+
+def sim_defaults() -> _SimDefaults:
+    """A study's defaults (the Rust ``StudyConfig::default()``, which the CLI's flags use too)."""
+
 def sim_run(
     traces: list[str],
     policies: str,
@@ -103,4 +114,5 @@ def sim_run(
     block_tokens: int,
     progress: Callable[[int, int], None] | None = None,
 ) -> str:
-    """Replays the grid with the GIL released; returns the rows as a JSON array."""
+    """Runs the study (``sluice_sim::study::run``, as ``sluice sim run`` does) with the GIL
+    released; returns the rows as a JSON array."""

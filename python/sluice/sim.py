@@ -4,11 +4,12 @@
     rows = sim.run("kv.jsonl", policies=["lru", "arc", "tinylfu", "belady"], model="llama3-8b")
     sim.plot(rows, "out/")          # out/hit_ratio.png, out/pareto.png
 
-The replay runs in Rust on every core, with the GIL released; the policies are the same code
-Sluice's live caches run. Each row is a dict with the trace, the policy spec, the cache
-fraction and capacity, and hit_ratio, byte_hit_ratio, amplification (admitted bytes per hit
-byte), fetch_amplification (miss bytes per hit byte), wasted_ratio, prefix_hit_ratio (KV traces),
-evictions and mreq_per_s; ``row["stats"]`` holds the raw counters. docs/sim.md defines each.
+The replay runs in Rust on every core, with the GIL released, through the policy code of
+``crates/sluice-policy``, which the KV store (coming) will use too. Each row is a dict with the
+trace, the policy spec, the cache fraction and capacity, and hit_ratio, byte_hit_ratio,
+amplification (admitted bytes per hit byte), fetch_amplification (miss bytes per hit byte),
+wasted_ratio, prefix_hit_ratio (KV traces), evictions and mreq_per_s; ``row["stats"]`` holds the
+raw counters. docs/sim.md defines each.
 
 ``python -m sluice.sim plot DIR`` draws the plots for a ``sluice sim run --out DIR``.
 """
@@ -27,8 +28,10 @@ from . import _sluice
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-DEFAULT_POLICIES = ("lru", "arc", "2q", "s3fifo", "sieve", "tinylfu", "belady")
-DEFAULT_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+# A study's defaults come from the Rust StudyConfig, where ``sluice sim run`` takes its own.
+_DEFAULTS = _sluice.sim_defaults()
+DEFAULT_POLICIES: tuple[str, ...] = tuple(_DEFAULTS["policies"])
+DEFAULT_FRACTIONS: tuple[float, ...] = tuple(_DEFAULTS["fractions"])
 
 
 def run(
@@ -36,12 +39,12 @@ def run(
     policies: Union[str, Iterable[str]] = DEFAULT_POLICIES,
     fractions: Iterable[float] = DEFAULT_FRACTIONS,
     *,
-    count_mode: bool = False,
-    threads: int = 0,
-    format: str = "auto",
+    count_mode: bool = _DEFAULTS["count_mode"],
+    threads: int = _DEFAULTS["threads"],
+    format: str = _DEFAULTS["format"],
     csv_columns: Optional[str] = None,
     model: Optional[str] = None,
-    block_tokens: int = 512,
+    block_tokens: int = _DEFAULTS["block_tokens"],
     progress: Optional[Callable[[int, int], None]] = None,
 ) -> list[dict[str, Any]]:
     """Replays each trace through each policy at each cache fraction of its working set.
@@ -50,8 +53,11 @@ def run(
     comma-separated string). ``count_mode`` sizes every object 1 (capacity in objects).
     ``format`` is ``auto`` (by extension), ``oracle``, ``csv`` or ``mooncake``; ``model`` and
     ``block_tokens`` size KV blocks. ``progress(done, total)`` is called after each replay.
-    Raises ``TraceError`` for a malformed trace (naming file, line and field), ``ConfigError``
-    for an unknown policy or bad parameter, ``FileNotFoundError`` for a missing trace.
+    The defaults are the Rust ``StudyConfig``'s, which ``sluice sim run``'s flags default to too.
+    Raises ``TraceError`` for a malformed trace (naming file, line and field) or an empty one,
+    ``ConfigError`` for an unknown policy, a bad parameter or option (all checked before any
+    trace is read), ``FileNotFoundError`` for a missing trace. ``sluice sim run`` runs the same
+    Rust study function, so it accepts and rejects the same studies.
     """
     if isinstance(traces, (str, os.PathLike)):
         traces = [traces]

@@ -198,7 +198,7 @@ pub enum SimCommand {
 #[derive(Args, Debug)]
 pub struct SimModelsArgs {
     /// Tokens per block, for the per-block column.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = sluice_sim::trace::mooncake::DEFAULT_BLOCK_TOKENS)]
     pub block_tokens: u64,
     /// A custom spec to describe as well, e.g. "layers=32,kv_heads=8,head_dim=128,dtype=fp8".
     #[arg(long)]
@@ -209,7 +209,7 @@ pub struct SimModelsArgs {
 #[derive(Args, Debug)]
 pub struct SimTraceArgs {
     /// auto (by extension: .jsonl KV, .csv CSV, else oracleGeneral), oracle, csv, mooncake.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value_t = sluice_sim::source::TraceFormat::default().to_string())]
     pub format: String,
     /// CSV columns, 1-based, e.g. "time-col=1,id-col=2,size-col=3,has-header=true,delimiter=;";
     /// id-is-num=false hashes non-numeric ids. Default: the time,id,size layout with a header.
@@ -221,7 +221,7 @@ pub struct SimTraceArgs {
     #[arg(long)]
     pub model: Option<String>,
     /// KV traces: tokens per hashed block.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = sluice_sim::trace::mooncake::DEFAULT_BLOCK_TOKENS)]
     pub block_tokens: u64,
 }
 
@@ -233,10 +233,13 @@ pub struct SimRunArgs {
     #[command(flatten)]
     pub trace_args: SimTraceArgs,
     /// Policy specs, comma-separated; parameters in parentheses, e.g. "lru,s3fifo(small_ratio=0.2)".
-    #[arg(long, default_value = "lru,arc,2q,s3fifo,sieve,tinylfu,belady")]
+    #[arg(long, default_value_t = sluice_sim::study::DEFAULT_POLICIES.join(","))]
     pub policies: String,
     /// Cache sizes as fractions of each trace's working set (bytes, or objects with --count-mode).
-    #[arg(long, default_value = "0.01,0.02,0.05,0.1,0.2,0.5")]
+    #[arg(
+        long,
+        default_value_t = sluice_sim::study::DEFAULT_FRACTIONS.map(|f| f.to_string()).join(",")
+    )]
     pub fractions: String,
     /// Count objects instead of bytes: every object has size 1 for the policies.
     #[arg(long)]
@@ -266,7 +269,7 @@ pub struct GenKvArgs {
     #[arg(long)]
     pub out: PathBuf,
     /// Seed of every random draw: the same seed and knobs give byte-identical output.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = sluice_sim::generator::KvWorkloadConfig::default().seed)]
     pub seed: u64,
     /// Requests to generate.
     #[arg(long)]

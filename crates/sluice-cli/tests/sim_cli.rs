@@ -278,3 +278,101 @@ fn bad_flags_and_missing_files_have_distinct_statuses() {
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     assert!(stderr(&out).contains("no requests"), "{}", stderr(&out));
 }
+
+/// A small valid trace of each format, for tests that vary only the flags.
+fn small_traces(dir: &Path) -> [std::path::PathBuf; 3] {
+    let kv = dir.join("good.jsonl");
+    let line = "{\"timestamp\":0,\"input_length\":600,\"output_length\":1,\"hash_ids\":[1,2]}\n";
+    std::fs::write(&kv, line.repeat(3)).unwrap();
+    let csv = dir.join("good.csv");
+    std::fs::write(&csv, "time,id,size\n0,1,10\n1,2,10\n2,1,10\n").unwrap();
+    let bin = dir.join("good.oracleGeneral");
+    let mut bytes = Vec::new();
+    for (i, id) in [1u64, 2, 1].into_iter().enumerate() {
+        bytes.extend_from_slice(&(i as u32).to_le_bytes());
+        bytes.extend_from_slice(&id.to_le_bytes());
+        bytes.extend_from_slice(&10u32.to_le_bytes());
+        bytes.extend_from_slice(&(-1i64).to_le_bytes());
+    }
+    std::fs::write(&bin, bytes).unwrap();
+    [kv, csv, bin]
+}
+
+#[test]
+fn given_trace_options_are_checked_whatever_the_trace_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let res = dir.path().join("res");
+    for trace in small_traces(dir.path()) {
+        for (flag, value, needle) in [
+            ("--csv-columns", "bogus=1", "bogus"),
+            ("--model", "llama-9000", "llama-9000"),
+            ("--block-tokens", "0", "block_tokens"),
+        ] {
+            let out = sluice(&[
+                "sim",
+                "run",
+                "--trace",
+                p(&trace),
+                "--out",
+                p(&res),
+                flag,
+                value,
+            ]);
+            let what = format!("{} {flag} {value}", trace.display());
+            assert_eq!(out.status.code(), Some(2), "{what}: {}", stderr(&out));
+            assert!(stderr(&out).contains(needle), "{what}: {}", stderr(&out));
+        }
+    }
+    assert!(!res.join("results.json").exists());
+}
+
+#[test]
+fn options_are_checked_before_any_trace_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let res = dir.path().join("res");
+    let missing = dir.path().join("missing.jsonl");
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, b"{\"timestamp\":0,\n").unwrap();
+    for (trace, flag, value) in [
+        (&missing, "--fractions", "0"),
+        (&missing, "--policies", "nosuch"),
+        (&bad, "--fractions", "1.5"),
+        (&bad, "--csv-columns", "id-col=0"),
+    ] {
+        let out = sluice(&[
+            "sim",
+            "run",
+            "--trace",
+            p(trace),
+            "--out",
+            p(&res),
+            flag,
+            value,
+        ]);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{flag} {value}: {}",
+            stderr(&out)
+        );
+        assert!(stderr(&out).contains(value), "{flag}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn empty_traces_of_every_format_fail_with_status_3_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let res = dir.path().join("res");
+    for (name, body) in [
+        ("empty.jsonl", &b""[..]),
+        ("empty.oracleGeneral", b""),
+        ("empty.csv", b"time,id,size\n"),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, body).unwrap();
+        let out = sluice(&["sim", "run", "--trace", p(&path), "--out", p(&res)]);
+        assert_eq!(out.status.code(), Some(3), "{name}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains(name) && err.contains("no requests"), "{err}");
+    }
+}

@@ -32,8 +32,8 @@
 
 use crate::error::PolicyError;
 use crate::id_map::{id_map_with_capacity, IdMap};
+use crate::params::{check, parse_value, Params};
 use crate::policy::{Access, Evicted, Policy, Request, NEVER};
-use crate::registry::{check, parse_value, Params};
 use crate::rng::Rng;
 use crate::slab::{Slab, Slot};
 

@@ -16,11 +16,13 @@ use crate::error::PolicyError;
 use crate::fifo::Fifo;
 use crate::lfu::{LfuAging, LfuConfig};
 use crate::lru::Lru;
+use crate::params::Params;
 use crate::policy::Policy;
 use crate::s3fifo::{S3Fifo, S3FifoConfig};
 use crate::sieve::Sieve;
 use crate::slru::{Slru, SlruConfig};
-use crate::tinylfu::{tinylfu_slru, TinyLfuConfig, WTinyLfu, WTinyLfuConfig};
+use crate::tinylfu::{tinylfu_slru, WTinyLfu, WTinyLfuConfig};
+use crate::tinylfu_door::TinyLfuConfig;
 use crate::two_q::{TwoQ, TwoQConfig};
 
 /// Every policy, by the name the CLI and Python use.
@@ -136,49 +138,6 @@ pub enum PolicyConfig {
     Sieve,
     Belady,
     BeladySize(BeladySizeConfig),
-}
-
-/// Parameters settable by name from a spec.
-pub trait Params {
-    /// `name=value` pairs this config takes, for error messages.
-    const KNOWN: &'static str;
-    /// Sets one parameter, checking its range.
-    fn set(&mut self, key: &str, value: &str) -> Result<(), PolicyError>;
-}
-
-/// Parses `value` as `T` for `policy.field`, or a `BadParameter` error.
-pub fn parse_value<T: std::str::FromStr>(
-    policy: &'static str,
-    field: &'static str,
-    value: &str,
-    expected: &'static str,
-) -> Result<T, PolicyError> {
-    value.trim().parse().map_err(|_| PolicyError::BadParameter {
-        policy,
-        field,
-        value: value.to_string(),
-        expected,
-    })
-}
-
-/// A `BadParameter` error unless `ok`.
-pub fn check(
-    ok: bool,
-    policy: &'static str,
-    field: &'static str,
-    value: impl ToString,
-    expected: &'static str,
-) -> Result<(), PolicyError> {
-    if ok {
-        Ok(())
-    } else {
-        Err(PolicyError::BadParameter {
-            policy,
-            field,
-            value: value.to_string(),
-            expected,
-        })
-    }
 }
 
 impl PolicyConfig {
@@ -355,6 +314,30 @@ mod tests {
             PolicyConfig::Lru.build(0).err(),
             Some(PolicyError::ZeroCapacity)
         );
+    }
+
+    #[test]
+    fn tinylfu_specs_reach_their_configs_and_bad_ones_name_the_field() {
+        let spec = "cms_width=64,cms_depth=2,reset_factor=3,protected_ratio=0.5,seed=9";
+        let Ok(PolicyConfig::TinyLfu(t)) = PolicyConfig::parse(&format!("tinylfu({spec})")) else {
+            panic!("tinylfu parses");
+        };
+        let Ok(PolicyConfig::WTinyLfu(w)) =
+            PolicyConfig::parse(&format!("wtinylfu({spec},window_ratio=0.2)"))
+        else {
+            panic!("wtinylfu parses");
+        };
+        assert_eq!((t.cms_width, w.cms_width, w.window_ratio), (64, 64, 0.2));
+        for (spec, needle) in [
+            ("wtinylfu(cms_depth=9)", "wtinylfu"),
+            ("tinylfu(cms_width=8)", "cms_width"),
+            ("wtinylfu(admit_probability=0.5)", "window_ratio"),
+            ("tinylfu(admit_probability=1.5)", "admit_probability"),
+            ("wtinylfu(protected_ratio=1)", "protected_ratio"),
+        ] {
+            let err = PolicyConfig::parse(spec).unwrap_err().to_string();
+            assert!(err.contains(needle), "{spec}: {err}");
+        }
     }
 
     #[test]

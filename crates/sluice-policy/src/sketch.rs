@@ -1,5 +1,5 @@
-//! A count-min sketch of recent request frequencies, and the TinyLFU door
-//! built on it.
+//! A count-min sketch of recent request frequencies, the memory of the
+//! TinyLFU door ([`crate::tinylfu_door`]) and of W-TinyLFU.
 //!
 //! TinyLFU (Einziger, Friedman, Manes, ACM TOS 2017) admits a new object only
 //! when it has been requested more often, recently, than the object it would
@@ -25,10 +25,7 @@
 //! Unlike the paper, there is no "doorkeeper" Bloom filter in front of the
 //! sketch: it only saves memory, which a 32 KiB sketch does not need.
 
-use crate::admission::Admission;
-use crate::policy::Request;
 use crate::rng::Rng;
-use crate::tinylfu::TinyLfuConfig;
 
 /// Counters are 4 bits: 16 to a word.
 const COUNTERS_PER_WORD: usize = 16;
@@ -171,54 +168,6 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The TinyLFU admission door: admit a candidate only if the sketch says it
-/// is more popular than the victim it would displace (or, with probability
-/// `admit_probability`, anyway).
-pub struct TinyLfuDoor {
-    sketch: CountMinSketch,
-    rng: Rng,
-    admit_probability: f64,
-}
-
-impl TinyLfuDoor {
-    /// A door for a cache of `capacity` bytes (objects in object-count mode).
-    pub fn new(capacity: u64, config: &TinyLfuConfig) -> TinyLfuDoor {
-        let sketch = CountMinSketch::new(config.cms_width, config.cms_depth, config.seed)
-            .with_reset(capacity, config.reset_factor);
-        TinyLfuDoor {
-            sketch,
-            // A different stream from the sketch's row seeds.
-            rng: Rng::new(config.seed ^ 0xD00E_D00E_D00E_D00E),
-            admit_probability: config.admit_probability,
-        }
-    }
-
-    pub fn sketch(&self) -> &CountMinSketch {
-        &self.sketch
-    }
-}
-
-impl Admission for TinyLfuDoor {
-    fn record(&mut self, id: u64) {
-        self.sketch.increment(id);
-    }
-
-    fn admit(&mut self, candidate: &Request, victim: Option<u64>) -> bool {
-        self.sketch.observe_size(candidate.size);
-        let Some(victim) = victim else {
-            return true;
-        };
-        if self.sketch.estimate(candidate.id) > self.sketch.estimate(victim) {
-            return true;
-        }
-        self.admit_probability > 0.0 && self.rng.next_f64() < self.admit_probability
-    }
-
-    fn name(&self) -> &'static str {
-        "tinylfu"
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,46 +238,5 @@ mod tests {
         let b = CountMinSketch::new(1 << 16, 4, 2);
         let cols = |s: &CountMinSketch| (0..4).map(|r| s.locate(99, r)).collect::<Vec<_>>();
         assert_ne!(cols(&a), cols(&b));
-    }
-
-    fn door(admit_probability: f64) -> TinyLfuDoor {
-        let config = TinyLfuConfig {
-            admit_probability,
-            ..TinyLfuConfig::default()
-        };
-        TinyLfuDoor::new(100, &config)
-    }
-
-    #[test]
-    fn door_rejects_a_one_hit_wonder_against_a_frequent_victim() {
-        let mut door = door(0.0);
-        for _ in 0..5 {
-            door.record(7);
-        }
-        door.record(8);
-        assert!(!door.admit(&Request::new(8, 1), Some(7)));
-        assert!(door.admit(&Request::new(7, 1), Some(8)));
-    }
-
-    #[test]
-    fn door_admits_when_nothing_would_be_evicted() {
-        let mut door = door(0.0);
-        door.record(1);
-        assert!(door.admit(&Request::new(1, 1), None));
-    }
-
-    #[test]
-    fn door_admits_losers_with_the_configured_probability() {
-        let (mut sometimes, mut always) = (door(0.25), door(1.0));
-        for _ in 0..5 {
-            sometimes.record(7);
-            always.record(7);
-        }
-        let loser = Request::new(8, 1);
-        let admitted = (0..10_000)
-            .filter(|_| sometimes.admit(&loser, Some(7)))
-            .count();
-        assert!((2_200..2_800).contains(&admitted), "{admitted}");
-        assert!((0..100).all(|_| always.admit(&loser, Some(7))));
     }
 }

@@ -38,114 +38,12 @@
 use crate::admission::Admitted;
 use crate::error::PolicyError;
 use crate::id_map::{id_map_with_capacity, IdMap};
+use crate::params::{check, parse_value, Params};
 use crate::policy::{Access, Evicted, Policy, Request};
-use crate::registry::{check, parse_value, Params};
-use crate::sketch::{CountMinSketch, TinyLfuDoor};
+use crate::sketch::CountMinSketch;
 use crate::slab::{List, Slab, Slot};
 use crate::slru::{Slru, SlruConfig};
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct TinyLfuConfig {
-    /// Counters per row of the count-min sketch. 16,384 as seed 003's
-    /// baseline (8 KiB a row); 65,536 gained 0.8 points there, for caches of
-    /// many more objects than counters.
-    pub cms_width: usize,
-    /// Rows (hash functions) of the sketch. 4, the usual count-min choice:
-    /// an estimate is off by more than e/width x requests with probability
-    /// at most e^-4.
-    pub cms_depth: usize,
-    /// Probability of admitting a candidate the sketch would reject. 0: the
-    /// plain TinyLFU door (seed 003 found 0.1 to 0.8 within 1.5 points).
-    pub admit_probability: f64,
-    /// The sketch halves every reset_factor x capacity-in-objects recorded
-    /// requests: 10 as TinyLFU's sample size W = 10 C, long enough to see
-    /// an object of the cache's working set several times.
-    pub reset_factor: u64,
-    /// Protected share of the SLRU main cache. 0.8 as in the TinyLFU paper,
-    /// whose traces favour keeping proven objects over new ones.
-    pub protected_ratio: f64,
-    /// Seed of the sketch hashes and the admission draw, so that runs
-    /// repeat exactly.
-    pub seed: u64,
-}
-
-impl Default for TinyLfuConfig {
-    fn default() -> TinyLfuConfig {
-        TinyLfuConfig {
-            cms_width: 16_384,
-            cms_depth: 4,
-            admit_probability: 0.0,
-            reset_factor: 10,
-            protected_ratio: 0.8,
-            seed: 0,
-        }
-    }
-}
-
-impl Params for TinyLfuConfig {
-    const KNOWN: &'static str =
-        "cms_width, cms_depth, admit_probability, reset_factor, protected_ratio, seed";
-
-    fn set(&mut self, key: &str, value: &str) -> Result<(), PolicyError> {
-        if key == "admit_probability" {
-            let range = "0 to 1";
-            let v: f64 = parse_value("tinylfu", "admit_probability", value, range)?;
-            check(
-                (0.0..=1.0).contains(&v),
-                "tinylfu",
-                "admit_probability",
-                v,
-                range,
-            )?;
-            self.admit_probability = v;
-            return Ok(());
-        }
-        set_door_param(self, "tinylfu", Self::KNOWN, key, value)
-    }
-}
-
-/// Sets one of the sketch and SLRU parameters both TinyLFU variants take;
-/// `policy` and `known` name the variant in errors.
-fn set_door_param(
-    config: &mut TinyLfuConfig,
-    policy: &'static str,
-    known: &'static str,
-    key: &str,
-    value: &str,
-) -> Result<(), PolicyError> {
-    const RATIO: &str = "between 0 and 1, exclusive";
-    match key {
-        "cms_width" => {
-            let v: usize = parse_value(policy, "cms_width", value, "at least 16")?;
-            check(v >= 16, policy, "cms_width", v, "at least 16")?;
-            config.cms_width = v;
-        }
-        "cms_depth" => {
-            let v: usize = parse_value(policy, "cms_depth", value, "1 to 8")?;
-            check((1..=8).contains(&v), policy, "cms_depth", v, "1 to 8")?;
-            config.cms_depth = v;
-        }
-        "reset_factor" => {
-            let v: u64 = parse_value(policy, "reset_factor", value, "at least 1")?;
-            check(v >= 1, policy, "reset_factor", v, "at least 1")?;
-            config.reset_factor = v;
-        }
-        "protected_ratio" => {
-            let v: f64 = parse_value(policy, "protected_ratio", value, RATIO)?;
-            check(v > 0.0 && v < 1.0, policy, "protected_ratio", v, RATIO)?;
-            config.protected_ratio = v;
-        }
-        "seed" => config.seed = parse_value(policy, "seed", value, "an unsigned integer")?,
-        _ => {
-            return Err(PolicyError::UnknownParameter {
-                policy,
-                field: key.to_string(),
-                known,
-            })
-        }
-    }
-    Ok(())
-}
+use crate::tinylfu_door::{set_door_param, TinyLfuConfig, TinyLfuDoor};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct WTinyLfuConfig {
@@ -153,27 +51,28 @@ pub struct WTinyLfuConfig {
     /// byte). 0.01 as in W-TinyLFU's paper and libCacheSim: just enough to
     /// let a burst of new objects build up frequency before they compete.
     pub window_ratio: f64,
-    /// As TinyLfuConfig::cms_width.
+    /// As TinyLfuConfig::cms_width, with its default.
     pub cms_width: usize,
-    /// As TinyLfuConfig::cms_depth.
+    /// As TinyLfuConfig::cms_depth, with its default.
     pub cms_depth: usize,
-    /// As TinyLfuConfig::reset_factor.
+    /// As TinyLfuConfig::reset_factor, with its default.
     pub reset_factor: u64,
-    /// As TinyLfuConfig::protected_ratio.
+    /// As TinyLfuConfig::protected_ratio, with its default.
     pub protected_ratio: f64,
-    /// As TinyLfuConfig::seed.
+    /// As TinyLfuConfig::seed, with its default.
     pub seed: u64,
 }
 
 impl Default for WTinyLfuConfig {
     fn default() -> WTinyLfuConfig {
+        let door = TinyLfuConfig::default();
         WTinyLfuConfig {
             window_ratio: 0.01,
-            cms_width: 16_384,
-            cms_depth: 4,
-            reset_factor: 10,
-            protected_ratio: 0.8,
-            seed: 0,
+            cms_width: door.cms_width,
+            cms_depth: door.cms_depth,
+            reset_factor: door.reset_factor,
+            protected_ratio: door.protected_ratio,
+            seed: door.seed,
         }
     }
 }
@@ -440,19 +339,24 @@ impl Policy for WTinyLfu {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::PolicyConfig;
+
+    /// A config with the `key=value` pairs of `spec` set, as the registry
+    /// sets them.
+    fn with_params<C: Params + Default>(spec: &str) -> Result<C, PolicyError> {
+        let mut config = C::default();
+        for pair in spec.split(',') {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            config.set(key, value)?;
+        }
+        Ok(config)
+    }
 
     #[test]
     fn both_variants_parse_the_shared_door_parameters_and_name_themselves() {
         let spec = "cms_width=64,cms_depth=2,reset_factor=3,protected_ratio=0.5,seed=9";
-        let Ok(PolicyConfig::TinyLfu(t)) = PolicyConfig::parse(&format!("tinylfu({spec})")) else {
-            panic!("tinylfu parses");
-        };
-        let Ok(PolicyConfig::WTinyLfu(w)) =
-            PolicyConfig::parse(&format!("wtinylfu({spec},window_ratio=0.2)"))
-        else {
-            panic!("wtinylfu parses");
-        };
+        let t: TinyLfuConfig = with_params(spec).expect("tinylfu parses");
+        let w: WTinyLfuConfig =
+            with_params(&format!("{spec},window_ratio=0.2")).expect("wtinylfu parses");
         assert_eq!(
             (t.cms_width, t.cms_depth, t.reset_factor, t.seed),
             (64, 2, 3, 9)
@@ -465,15 +369,16 @@ mod tests {
             }
         );
         assert_eq!(w.window_ratio, 0.2);
-        for (spec, needle) in [
-            ("wtinylfu(cms_depth=9)", "wtinylfu"),
-            ("tinylfu(cms_width=8)", "cms_width"),
-            ("wtinylfu(admit_probability=0.5)", "window_ratio"),
-            ("tinylfu(admit_probability=1.5)", "admit_probability"),
-            ("wtinylfu(protected_ratio=1)", "protected_ratio"),
+        let wtinylfu = |spec| with_params::<WTinyLfuConfig>(spec).unwrap_err().to_string();
+        let tinylfu = |spec| with_params::<TinyLfuConfig>(spec).unwrap_err().to_string();
+        for (err, needle) in [
+            (wtinylfu("cms_depth=9"), "wtinylfu"),
+            (tinylfu("cms_width=8"), "cms_width"),
+            (wtinylfu("admit_probability=0.5"), "window_ratio"),
+            (tinylfu("admit_probability=1.5"), "admit_probability"),
+            (wtinylfu("protected_ratio=1"), "protected_ratio"),
         ] {
-            let err = PolicyConfig::parse(spec).unwrap_err().to_string();
-            assert!(err.contains(needle), "{spec}: {err}");
+            assert!(err.contains(needle), "{needle}: {err}");
         }
     }
 

@@ -28,8 +28,8 @@
 
 use crate::error::PolicyError;
 use crate::id_map::{id_map_with_capacity, IdMap};
+use crate::params::{check, parse_value, Params};
 use crate::policy::{Access, Evicted, Policy, Request};
-use crate::registry::{check, parse_value, Params};
 use crate::slab::{List, Slab, Slot};
 use crate::slru::share_of;
 

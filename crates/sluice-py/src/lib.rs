@@ -34,5 +34,6 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(checkpoint::open_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(stream::start_stream, m)?)?;
     m.add_function(wrap_pyfunction!(sim::sim_run, m)?)?;
+    m.add_function(wrap_pyfunction!(sim::sim_defaults, m)?)?;
     Ok(())
 }

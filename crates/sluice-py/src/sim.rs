@@ -1,19 +1,38 @@
-//! `sluice.sim` natives: a replay grid, with the GIL released while it runs.
-//! Rows travel as JSON text (`sluice/sim.py` turns them into dicts), so
-//! this layer holds no conversion logic beyond arguments.
+//! `sluice.sim` natives: a study ([`study::run`], the function the CLI's
+//! `sluice sim run` calls too), with the GIL released while it runs. Rows
+//! travel as JSON text (`sluice/sim.py` turns them into dicts), so this
+//! layer holds no conversion logic beyond arguments.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
 
 use pyo3::prelude::*;
-use sluice_policy::registry::parse_specs;
-use sluice_sim::source::{open_trace, TraceOptions};
-use sluice_sim::{run_grid, GridConfig, SimError};
+use pyo3::types::PyDict;
+use sluice_policy::registry::split_specs;
+use sluice_sim::source::TraceOptions;
+use sluice_sim::study::{self, StudyConfig};
+use sluice_sim::SimError;
 
 use crate::errors::sim_to_py;
 
-/// Replays every trace through every policy at every fraction; returns the
-/// rows as a JSON array. `progress(done, total)` is called after each replay.
+/// The defaults of a study (`StudyConfig::default()`, where the CLI's flags
+/// take theirs too), for `sluice.sim.run`'s keyword arguments.
+#[pyfunction]
+pub fn sim_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let defaults = StudyConfig::default();
+    let out = PyDict::new(py);
+    out.set_item("policies", defaults.policies)?;
+    out.set_item("fractions", defaults.fractions)?;
+    out.set_item("format", defaults.trace_options.format.to_string())?;
+    out.set_item("block_tokens", defaults.trace_options.block_tokens)?;
+    out.set_item("count_mode", defaults.count_mode)?;
+    out.set_item("threads", defaults.threads)?;
+    Ok(out)
+}
+
+/// Runs the study: every trace through every policy at every fraction;
+/// returns the rows as a JSON array. `policies` is a comma-separated list of
+/// specs. `progress(done, total)` is called after each replay.
 #[pyfunction]
 #[pyo3(signature = (traces, policies, fractions, count_mode, threads, format, csv_columns, model, block_tokens, progress=None))]
 #[allow(clippy::too_many_arguments)]
@@ -32,19 +51,15 @@ pub fn sim_run(
 ) -> PyResult<String> {
     let stopped: Mutex<Option<PyErr>> = Mutex::new(None);
     let run = || -> Result<String, SimError> {
-        let options = TraceOptions {
-            format: format.parse()?,
-            csv_columns,
-            model,
-            block_tokens,
-        };
-        let policies = parse_specs(policies)?;
-        let mut loaded = traces
-            .iter()
-            .map(|p| open_trace(p, &options))
-            .collect::<Result<Vec<_>, _>>()?;
-        let config = GridConfig {
-            policies,
+        let config = StudyConfig {
+            traces,
+            trace_options: TraceOptions {
+                format: format.parse()?,
+                csv_columns,
+                model,
+                block_tokens,
+            },
+            policies: split_specs(policies),
             fractions,
             count_mode,
             threads,
@@ -67,8 +82,8 @@ pub fn sim_run(
                 }
             })
         };
-        let rows = run_grid(&mut loaded, &config, &report)?;
-        serde_json::to_string(&rows).map_err(|e| SimError::Config(e.to_string()))
+        let study = study::run(&config, &report)?;
+        serde_json::to_string(&study.rows).map_err(|e| SimError::Config(e.to_string()))
     };
     py.detach(run).map_err(|e| match (e, stopped.into_inner()) {
         (SimError::Cancelled, Ok(Some(py_err))) => py_err,

@@ -51,7 +51,7 @@ use sluice_policy::id_map::{id_map_with_capacity, IdMap};
 use sluice_policy::rng::Rng;
 
 use crate::error::SimError;
-use crate::trace::mooncake::{self, MooncakeConfig, MooncakeLine};
+use crate::trace::mooncake::{self, MooncakeConfig, MooncakeLine, DEFAULT_BLOCK_TOKENS};
 use crate::trace::Trace;
 
 mod math;
@@ -109,7 +109,8 @@ pub struct KvWorkloadConfig {
     pub arrival_rate_per_s: f64,
     /// Mean seconds a user reads and types before the next turn. Default 30.
     pub think_time_s: f64,
-    /// Tokens per hashed block. Default 512, as in Mooncake's traces.
+    /// Tokens per hashed block. Default [`DEFAULT_BLOCK_TOKENS`], as in
+    /// Mooncake's traces.
     pub block_tokens: u64,
     /// Longest prompt; a thread that would grow past it starts over.
     /// Default 131,072, the context window of Llama 3.1 and gpt-oss.
@@ -134,7 +135,7 @@ impl Default for KvWorkloadConfig {
             tool_time_s: 2.0,
             arrival_rate_per_s: 5.0,
             think_time_s: 30.0,
-            block_tokens: 512,
+            block_tokens: DEFAULT_BLOCK_TOKENS,
             max_context_tokens: 131_072,
         }
     }

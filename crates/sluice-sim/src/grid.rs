@@ -15,10 +15,6 @@ use crate::error::SimError;
 use crate::simulator::{simulate, SimConfig, SimStats};
 use crate::trace::{Trace, WorkingSet};
 
-/// Seed 003's fractions: from a cache far too small to one holding half of
-/// the working set.
-pub const DEFAULT_FRACTIONS: [f64; 6] = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5];
-
 /// What to replay.
 #[derive(Clone, Debug)]
 pub struct GridConfig {
@@ -60,7 +56,9 @@ pub fn capacity_for(ws: WorkingSet, fraction: f64, count_mode: bool) -> u64 {
 }
 
 impl GridConfig {
-    fn validate(&self) -> Result<(), SimError> {
+    /// A config error unless there is a policy and a fraction, and every
+    /// fraction is in (0, 1].
+    pub fn validate(&self) -> Result<(), SimError> {
         if self.policies.is_empty() {
             return Err(SimError::Config("no policies given".into()));
         }

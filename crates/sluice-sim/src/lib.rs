@@ -7,6 +7,8 @@
 //! - [`simulator`]: one (trace, policy, capacity) replay and its metrics.
 //! - [`grid`]: every (trace, policy, cache fraction) in parallel.
 //! - [`source`]: opening a trace file of any supported format.
+//! - [`study`]: a whole study (check, read, replay), the one entry point of
+//!   the CLI's `sluice sim run` and of Python's `sluice.sim.run`.
 //! - [`report`]: `results.json` and `results.csv`.
 
 pub mod atomic;
@@ -17,9 +19,11 @@ pub mod kv_model;
 pub mod report;
 pub mod simulator;
 pub mod source;
+pub mod study;
 pub mod trace;
 
 pub use error::SimError;
 pub use grid::{run_grid, GridConfig, GridRow};
 pub use simulator::{simulate, SimConfig, SimStats};
+pub use study::{Study, StudyConfig, StudyError};
 pub use trace::{Record, Trace};

@@ -1,8 +1,8 @@
 //! One replay: a trace through one policy at one capacity, and its metrics.
 //!
-//! The loop is the same code a live cache runs: each record becomes a
-//! [`Request`] for the policy, whose [`Access`] answer and eviction reports are
-//! counted. Definitions (also in docs/sim.md):
+//! Each record becomes a [`Request`] for the policy (the `sluice-policy`
+//! code the KV store, coming, will run too), whose [`Access`] answer and
+//! eviction reports are counted. Definitions (also in docs/sim.md):
 //!
 //! - **hit ratio**: hits ÷ requests. **byte hit ratio**: bytes of hit
 //!   requests ÷ bytes requested.

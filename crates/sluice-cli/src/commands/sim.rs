@@ -1,25 +1,25 @@
 //! `sluice sim`: replay traces through cache policies (`run`) and generate
 //! KV-cache workloads (`gen-kv`).
 //!
-//! `run` reads every trace, replays the (trace × policy × fraction) grid on
-//! all cores, writes `results.json` and `results.csv` into `--out`, prints a
-//! hit-ratio table and draws two plots by running `python3 -m sluice.sim
-//! plot DIR` (matplotlib lives on the Python side). Without Python or
-//! matplotlib the plots are skipped with a warning and the results stand.
+//! `run` hands the flags to [`study::run`], which checks them, reads every
+//! trace and replays the (trace × policy × fraction) grid on all cores, as
+//! it does for Python's `sluice.sim.run`. This front writes `results.json`
+//! and `results.csv` into `--out`, prints a hit-ratio table and draws two
+//! plots by running `python3 -m sluice.sim plot DIR` (matplotlib lives on
+//! the Python side). Without Python or matplotlib the plots are skipped with
+//! a warning and the results stand.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use sluice_policy::registry::parse_specs;
-use sluice_policy::PolicyConfig;
-use sluice_sim::report::{write_results, StudyMeta};
-use sluice_sim::source::{open_trace, TraceOptions};
-use sluice_sim::{run_grid, GridConfig, GridRow, SimError};
-
+use sluice_policy::registry::split_specs;
 use sluice_sim::kv_model::KvModel;
+use sluice_sim::report::write_results;
+use sluice_sim::source::TraceOptions;
+use sluice_sim::study::{self, StudyConfig};
+use sluice_sim::{GridRow, SimError};
 
 use crate::{SimModelsArgs, SimRunArgs, SimTraceArgs};
 
@@ -51,59 +51,32 @@ pub fn models(args: &SimModelsArgs) -> Result<(), SimError> {
     Ok(())
 }
 
+/// `sluice sim run`: the study the flags describe ([`study::run`], which
+/// Python's `sluice.sim.run` calls too), its results written and shown.
 pub fn run(args: &SimRunArgs) -> Result<(), SimError> {
-    let policies = parse_policies(&args.policies)?;
-    let fractions = parse_fractions(&args.fractions)?;
-    let options = trace_options(&args.trace_args)?;
-    if let Some(spec) = &options.model {
-        let model = KvModel::parse(spec)?;
+    let config = study_config(args)?;
+    if let Some(model) = config.check()?.kv_model() {
         eprintln!(
             "KV blocks of {} tokens sized by {}: {}",
-            options.block_tokens,
+            config.trace_options.block_tokens,
             model.name,
             model.derivation()
         );
     }
-    let mut traces = Vec::new();
-    for path in &args.traces {
-        let trace = open_trace(path, &options)?;
-        if trace.is_empty() {
-            return Err(SimError::BadTrace {
-                path: path.clone(),
-                message: "the trace holds no requests".into(),
-            });
-        }
-        traces.push(trace);
-    }
-    let config = GridConfig {
-        policies,
-        fractions,
-        count_mode: args.count_mode,
-        threads: args.threads.unwrap_or(0),
-    };
-    let started = Instant::now();
     let bar = progress_bar(args.no_progress || args.json);
-    let rows = run_grid(&mut traces, &config, &|done, total| {
+    let study = study::run(&config, &|done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
         true
     })?;
     bar.finish_and_clear();
-    let meta = StudyMeta {
-        sluice_version: env!("CARGO_PKG_VERSION"),
-        traces: traces.iter().map(|t| t.name.clone()).collect(),
-        policies: config.policies.iter().map(|(s, _)| s.clone()).collect(),
-        fractions: config.fractions.clone(),
-        count_mode: config.count_mode,
-        threads: config.threads,
-        wall_seconds: started.elapsed().as_secs_f64(),
-    };
-    let (json_path, csv_path) = write_results(&args.out, &meta, &rows)?;
+    let (json_path, csv_path) = write_results(&args.out, &study.meta, &study.rows)?;
     if args.json {
-        let rows = serde_json::to_string(&rows).map_err(|e| SimError::Config(e.to_string()))?;
+        let rows =
+            serde_json::to_string(&study.rows).map_err(|e| SimError::Config(e.to_string()))?;
         println!("{rows}");
     } else {
-        print_table(&rows);
+        print_table(&study.rows);
         println!("wrote {} and {}", json_path.display(), csv_path.display());
     }
     if !args.no_plots {
@@ -112,27 +85,27 @@ pub fn run(args: &SimRunArgs) -> Result<(), SimError> {
     Ok(())
 }
 
-/// Parses `--policies`, keeping each spec's text for the report.
-pub fn parse_policies(list: &str) -> Result<Vec<(String, PolicyConfig)>, SimError> {
-    let policies = parse_specs(list)?;
-    if policies.is_empty() {
-        return Err(SimError::Config("--policies is empty".into()));
-    }
-    Ok(policies)
+/// The study the flags describe; what they hold is checked by the study.
+pub fn study_config(args: &SimRunArgs) -> Result<StudyConfig, SimError> {
+    let defaults = StudyConfig::default();
+    Ok(StudyConfig {
+        traces: args.traces.clone(),
+        trace_options: trace_options(&args.trace_args)?,
+        policies: split_specs(&args.policies),
+        fractions: parse_fractions(&args.fractions)?,
+        count_mode: args.count_mode,
+        threads: args.threads.unwrap_or(defaults.threads),
+    })
 }
 
-/// Parses `--fractions`, e.g. `0.01,0.1,0.5`.
+/// Parses `--fractions`, e.g. `0.01,0.1,0.5`; the study checks the range.
 pub fn parse_fractions(list: &str) -> Result<Vec<f64>, SimError> {
     list.split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|s| {
             s.parse::<f64>()
-                .ok()
-                .filter(|f| *f > 0.0 && *f <= 1.0)
-                .ok_or_else(|| {
-                    SimError::Config(format!("cache fraction {s:?} is not a number in (0, 1]"))
-                })
+                .map_err(|_| SimError::Config(format!("cache fraction {s:?} is not a number")))
         })
         .collect()
 }

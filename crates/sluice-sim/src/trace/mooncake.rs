@@ -44,11 +44,15 @@ use crate::error::SimError;
 use crate::kv_model::KvModel;
 use crate::trace::{Record, Trace};
 
+/// Prompt tokens per hash id unless told otherwise: Mooncake's traces hash
+/// 512-token blocks. The reader, `sluice sim run --block-tokens`, Python's
+/// `block_tokens=` and the generator all default to it.
+pub const DEFAULT_BLOCK_TOKENS: u64 = 512;
+
 /// How a KV trace's blocks become sized records.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MooncakeConfig {
-    /// Prompt tokens per hash id. Default 512: Mooncake's traces hash
-    /// 512-token blocks.
+    /// Prompt tokens per hash id. Default [`DEFAULT_BLOCK_TOKENS`].
     pub block_tokens: u64,
     /// Sizes blocks in KV bytes; `None` gives every block size 1, so cache
     /// capacities count blocks.
@@ -58,9 +62,19 @@ pub struct MooncakeConfig {
 impl Default for MooncakeConfig {
     fn default() -> MooncakeConfig {
         MooncakeConfig {
-            block_tokens: 512,
+            block_tokens: DEFAULT_BLOCK_TOKENS,
             model: None,
         }
+    }
+}
+
+impl MooncakeConfig {
+    /// A config error unless blocks hold at least one token.
+    pub fn check(&self) -> Result<(), SimError> {
+        if self.block_tokens == 0 {
+            return Err(SimError::Config("block_tokens must be at least 1".into()));
+        }
+        Ok(())
     }
 }
 
@@ -171,9 +185,7 @@ type FieldProblem = (&'static str, String);
 
 impl BlockSizer {
     fn new(config: &MooncakeConfig) -> Result<BlockSizer, SimError> {
-        if config.block_tokens == 0 {
-            return Err(SimError::Config("block_tokens must be at least 1".into()));
-        }
+        config.check()?;
         Ok(BlockSizer {
             block_tokens: config.block_tokens,
             bytes_per_token: config.model.as_ref().map(KvModel::bytes_per_token),
