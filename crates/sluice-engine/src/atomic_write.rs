@@ -11,7 +11,9 @@
 //!
 //! A failure at steps 1-4 removes the temporary file and leaves the target
 //! as it was; a failure at step 5 is reported although the new contents are
-//! in place (they may not survive a power cut). Every step goes through
+//! in place (they may not survive a power cut), except where the file
+//! system has no directory fsync at all (`EINVAL`, `EOPNOTSUPP`: NFS, some
+//! FUSE file systems), which is logged and taken as done. Every step goes through
 //! [`AtomicSteps`], so tests inject a failure at each one. The contents are
 //! streamed by a fill function ([`atomic_write_with`]), so a large file is
 //! never held in memory twice.
@@ -105,7 +107,15 @@ pub fn atomic_write_steps(
         let _ = std::fs::remove_file(&tmp);
         return Err(OsError::io(&tmp)(err));
     }
-    steps.sync_dir(&dir).map_err(OsError::io(&dir))
+    match steps.sync_dir(&dir) {
+        // NFS and some FUSE file systems refuse fsync on a directory; the
+        // rename is atomic there all the same.
+        Err(err) if matches!(err.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) => {
+            tracing::debug!("{}: directory fsync unsupported: {err}", dir.display());
+            Ok(())
+        }
+        outcome => outcome.map_err(OsError::io(&dir)),
+    }
 }
 
 /// The target's directory and a temporary name in it unique to this
@@ -207,6 +217,47 @@ mod tests {
                 .collect();
             assert_eq!(names, ["state.json"], "no temporary left at step {fail_at}");
         }
+    }
+
+    /// Real steps, with a directory fsync that fails with `errno`.
+    struct DirSyncFails(i32);
+
+    impl AtomicSteps for DirSyncFails {
+        fn create(&mut self, path: &Path) -> std::io::Result<File> {
+            RealSteps.create(path)
+        }
+
+        fn write(&mut self, file: &mut File, fill: &mut Fill<'_>) -> std::io::Result<()> {
+            RealSteps.write(file, fill)
+        }
+
+        fn sync_file(&mut self, file: &File) -> std::io::Result<()> {
+            RealSteps.sync_file(file)
+        }
+
+        fn rename(&mut self, from: &Path, to: &Path) -> std::io::Result<()> {
+            RealSteps.rename(from, to)
+        }
+
+        fn sync_dir(&mut self, _dir: &Path) -> std::io::Result<()> {
+            Err(std::io::Error::from_raw_os_error(self.0))
+        }
+    }
+
+    #[test]
+    fn a_file_system_without_directory_fsync_is_not_an_error_but_eio_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.bin");
+        for unsupported in [libc::EINVAL, libc::EOPNOTSUPP] {
+            atomic_write_steps(&mut DirSyncFails(unsupported), &path, |o| o.write_all(b"x"))
+                .unwrap();
+        }
+        let err = atomic_write_steps(&mut DirSyncFails(libc::EIO), &path, |o| o.write_all(b"y"))
+            .unwrap_err();
+        assert!(
+            matches!(&err, OsError::Io { path, .. } if path == dir.path()),
+            "{err}"
+        );
     }
 
     #[test]

@@ -47,9 +47,7 @@ pub enum IoOperation {
     Stat,
     Read,
     CreateDir,
-    CreateTemporary,
-    WriteTemporary,
-    Rename,
+    Replace,
 }
 
 impl fmt::Display for IoOperation {
@@ -59,9 +57,7 @@ impl fmt::Display for IoOperation {
             IoOperation::Stat => "stat",
             IoOperation::Read => "read",
             IoOperation::CreateDir => "create the directory",
-            IoOperation::CreateTemporary => "create a temporary file beside",
-            IoOperation::WriteTemporary => "write and sync the temporary file for",
-            IoOperation::Rename => "rename a temporary file over",
+            IoOperation::Replace => "atomically replace",
         })
     }
 }

@@ -11,9 +11,8 @@
 //! a renamed or copied file is not replayed for the wrong service.
 
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{IoOperation, ServiceId, Template, TemplateError, EXTENSION};
 
@@ -64,45 +63,17 @@ pub fn write_template(template: &Template, path: &Path) -> Result<(), TemplateEr
     write_atomically(path, &template.encode())
 }
 
-/// Distinguishes the temporary files of concurrent writers in one process.
-static TEMP_SEQUENCE: AtomicU64 = AtomicU64::new(0);
-
-/// Writes `bytes` to `path` through a synced temporary sibling and a rename.
+/// Replaces `path` with `bytes` through the engine's atomic write (whole
+/// or not at all, synced); errors name the template.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), TemplateError> {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "template".into());
-    let tmp = path.with_file_name(format!(
-        ".{name}.tmp-{}-{}",
-        std::process::id(),
-        TEMP_SEQUENCE.fetch_add(1, Ordering::Relaxed)
-    ));
-    let outcome = (|| {
-        let mut file = File::options()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .map_err(TemplateError::io(path, IoOperation::CreateTemporary))?;
-        file.write_all(bytes)
-            .and_then(|()| file.sync_all())
-            .map_err(TemplateError::io(path, IoOperation::WriteTemporary))?;
-        std::fs::rename(&tmp, path).map_err(TemplateError::io(path, IoOperation::Rename))
-    })();
-    if outcome.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    outcome?;
-    // Make the rename itself durable. Best effort: NFS and some FUSE file systems refuse
-    // fsync on a directory, and the rename is atomic anyway.
-    let parent = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    if let Ok(dir) = File::open(parent) {
-        let _ = dir.sync_all();
-    }
-    Ok(())
+    sluice_engine::atomic_write(path, bytes).map_err(|err| TemplateError::Io {
+        path: path.to_path_buf(),
+        operation: IoOperation::Replace,
+        source: match err {
+            sluice_engine::OsError::Io { source, .. } => source,
+            other => std::io::Error::other(other.to_string()),
+        },
+    })
 }
 
 /// A directory of templates, one file per service named `<hex service id>.sluicetpl`. May
