@@ -90,11 +90,11 @@ pub struct WarmCommonArgs {
     #[arg(long)]
     pub template_dir: Option<PathBuf>,
     /// Memory share above which prefetch pauses and the policy evicts.
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = sluice_warm::config::DEFAULT_WATERMARK)]
     pub watermark: f64,
     /// How far behind the reader burn-after-reading stops, e.g. 1GiB. auto: 1 GiB (seed 000's
     /// default), capped at 1/8 of --memory-limit, which measured faster under tight limits.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = sluice_warm::config::DEFAULT_BAR_DISTANCE)]
     pub bar_distance: String,
     /// Template: replay from the start of each worker's sequence as soon as the service is
     /// launched, instead of at its first model access (MAIO), in the gaps of the service's own
@@ -105,7 +105,7 @@ pub struct WarmCommonArgs {
     /// Until the service first touches the model, prefetch (a replay from launch, a Python
     /// policy's init) runs only once the service's own storage reads (libraries, start-up) have
     /// stood still this long, in ms; 0: regardless.
-    #[arg(long, default_value_t = 150)]
+    #[arg(long, default_value_t = sluice_warm::config::DEFAULT_LAUNCH_QUIET_MS)]
     pub launch_quiet_ms: u64,
     /// Template breakdown: do not prefetch.
     #[arg(long)]
@@ -118,15 +118,15 @@ pub struct WarmCommonArgs {
     pub no_burn: bool,
     /// Prefetch mechanism: populate (MADV_POPULATE_READ on loader threads, 2 MiB folios),
     /// willneed (fadvise, asynchronous, 4 KiB folios) or read (pread into a scratch buffer).
-    #[arg(long, default_value = "populate")]
+    #[arg(long, default_value = sluice_warm::config::DEFAULT_MECHANISM)]
     pub mechanism: String,
     /// Prefetch bytes in flight (populate and read: one loader thread per read_ahead_kb
     /// chunk of it). 16 MiB measured best here: deeper queues delay the service's own
     /// start-up reads (libraries, configs) behind prefetch.
-    #[arg(long, default_value = "16MiB")]
+    #[arg(long, default_value = sluice_warm::config::DEFAULT_IN_FLIGHT)]
     pub in_flight: String,
     /// Access events: auto (best available), pre-content, open, or explicit (none).
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = sluice_warm::config::DEFAULT_EVENTS)]
     pub events: String,
     /// Print the final report as JSON.
     #[arg(long)]
@@ -153,8 +153,8 @@ pub struct WarmRunArgs {
     /// The model directory the service loads.
     #[arg(long)]
     pub model: PathBuf,
-    /// template, eager, precache or native.
-    #[arg(long, default_value = "template")]
+    /// template, eager, precache, native, or a Python policy as module:Class.
+    #[arg(long, default_value = sluice_warm::config::DEFAULT_POLICY)]
     pub policy: String,
     /// Run the service and the runtime in a new cgroup with this memory limit, e.g. 6GiB.
     #[arg(long)]
@@ -171,8 +171,8 @@ pub struct WarmDaemonArgs {
     /// The model directory to watch.
     #[arg(long)]
     pub watch: PathBuf,
-    /// template, eager, precache or native.
-    #[arg(long, default_value = "template")]
+    /// template, eager, precache, native, or a Python policy as module:Class.
+    #[arg(long, default_value = sluice_warm::config::DEFAULT_POLICY)]
     pub policy: String,
     #[command(flatten)]
     pub common: WarmCommonArgs,
@@ -431,7 +431,12 @@ pub fn warm_exit_code(err: &sluice_warm::WarmError) -> i32 {
         WarmError::BadTemplate { .. } | WarmError::Template(_) | WarmError::NoModelFiles { .. } => {
             EXIT_INVALID
         }
-        WarmError::Config(_) | WarmError::InvalidArgument(_) | WarmError::NoCommand => 2,
+        WarmError::Config(_)
+        | WarmError::BadOption(_)
+        | WarmError::InvalidArgument(_)
+        | WarmError::NoCommand
+        | WarmError::NoRuntime
+        | WarmError::SeveralRuntimes { .. } => 2,
         WarmError::Unsupported { .. } | WarmError::Policy { .. } => EXIT_FAILED,
     }
 }

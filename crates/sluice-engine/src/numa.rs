@@ -47,15 +47,16 @@ pub struct NumaMap {
 }
 
 impl NumaMap {
-    /// The map of this machine: `SLUICE_NUMA_MAP` when set and valid
+    /// The map of this machine: `spec` (the caller's `SLUICE_NUMA_MAP`,
+    /// read with the rest of its environment) when given and valid
     /// (logged), else PCI sysfs under `/sys`. A malformed override is
     /// logged and ignored.
-    pub fn detect() -> NumaMap {
+    pub fn detect(spec: Option<&str>) -> NumaMap {
         let from_sysfs = NumaMap::detect_in(Path::new("/sys"));
-        let Ok(spec) = std::env::var(NUMA_MAP_ENV) else {
+        let Some(spec) = spec else {
             return from_sysfs;
         };
-        match NumaMap::from_spec(&spec) {
+        match NumaMap::from_spec(spec) {
             Ok(map) => {
                 tracing::info!("{NUMA_MAP_ENV}={spec}: accelerator NUMA map overridden");
                 NumaMap {

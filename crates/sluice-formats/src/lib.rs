@@ -20,6 +20,7 @@
 //! No input, however hostile, makes these functions panic or read out of bounds; the
 //! property tests and the fuzz targets in `fuzz/` hold us to that.
 
+mod byte_size;
 mod checkpoint;
 mod dtype;
 mod error;
@@ -31,6 +32,7 @@ mod tensor_info;
 
 pub mod template;
 
+pub use byte_size::parse_bytes;
 pub use checkpoint::{Checkpoint, CheckpointSource, Shard};
 pub use dtype::Dtype;
 pub use error::{FormatError, JsonDocument, UnsafeShardReason};

@@ -24,6 +24,7 @@ mod test_support;
 
 use std::path::PathBuf;
 
+use crate::config::ConfigError;
 use crate::error::WarmError;
 use crate::policy::{FileRange, PolicyContext, Prefetch, WarmPolicy};
 use crate::template::ServiceId;
@@ -92,10 +93,11 @@ pub fn by_name(name: &str, config: &BuiltinConfig) -> Result<Box<dyn WarmPolicy>
         "precache" => Box::new(Precache),
         "template" => Box::new(TemplatePolicy::new(config.clone())?),
         other => {
-            return Err(WarmError::Config(format!(
-                "unknown policy {other:?}: use one of {}, or module:Class for a Python policy",
-                BUILTIN_NAMES.join(", ")
-            )))
+            return Err(ConfigError::UnknownPolicy {
+                name: other.to_string(),
+                known: BUILTIN_NAMES.join(", "),
+            }
+            .into())
         }
     })
 }

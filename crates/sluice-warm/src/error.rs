@@ -26,8 +26,18 @@ pub enum WarmError {
         feature: &'static str,
         reason: String,
     },
+    /// A message-only option error; being replaced by the typed variants.
     #[error("{0}")]
     Config(String),
+    /// A bad option, named with its value and what it must be.
+    #[error(transparent)]
+    BadOption(#[from] crate::config::ConfigError),
+    /// `sluice warm trigger` with no runtime to send to.
+    #[error("no warm runtime is running (see sluice warm status)")]
+    NoRuntime,
+    /// `sluice warm trigger` without `--pid` while several runtimes run.
+    #[error("{} runtimes are running (pids {}): choose one with --pid", pids.len(), join(pids))]
+    SeveralRuntimes { pids: Vec<i32> },
     /// A model directory with no files to serve.
     #[error("{dir}: no model files in it")]
     NoModelFiles { dir: PathBuf },
@@ -62,4 +72,10 @@ impl WarmError {
         let path = path.into();
         move |source| WarmError::Io { path, source }
     }
+}
+
+/// Pids as a comma-separated list, for messages.
+fn join(pids: &[i32]) -> String {
+    let pids: Vec<String> = pids.iter().map(i32::to_string).collect();
+    pids.join(", ")
 }

@@ -56,16 +56,18 @@ pub enum Mechanism {
 }
 
 impl std::str::FromStr for Mechanism {
-    type Err = WarmError;
+    type Err = crate::config::ConfigError;
 
-    fn from_str(s: &str) -> Result<Mechanism, WarmError> {
+    fn from_str(s: &str) -> Result<Mechanism, Self::Err> {
         match s {
             "willneed" => Ok(Mechanism::WillNeed),
             "populate" => Ok(Mechanism::Populate),
             "read" => Ok(Mechanism::Read),
-            other => Err(WarmError::Config(format!(
-                "unknown prefetch mechanism {other:?}: use willneed, read or populate"
-            ))),
+            other => Err(crate::config::ConfigError::Invalid {
+                option: "mechanism",
+                value: format!("{other:?}"),
+                expected: "use populate, willneed or read",
+            }),
         }
     }
 }
@@ -665,7 +667,7 @@ garbage line
     /// VM (`scripts/numa-vm.sh`, docs/design/warm.md) and skips here.
     #[test]
     fn prefetched_pages_land_on_the_node_of_their_target() {
-        if NumaMap::detect().nodes() < 2 {
+        if NumaMap::detect(None).nodes() < 2 {
             eprintln!("skipped: one NUMA node; scripts/numa-vm.sh runs this on two");
             return;
         }

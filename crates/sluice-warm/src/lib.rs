@@ -21,6 +21,7 @@
 //! - [`python`]: `module:Class` policies, run in an isolated child process.
 
 pub mod builtin;
+pub mod config;
 pub mod error;
 pub mod fanotify;
 pub mod idle_gate;

@@ -548,7 +548,10 @@ pub(crate) mod tests {
 
         fn memory(&mut self) -> Result<Memory, WarmError> {
             if self.fail_memory {
-                return Err(WarmError::Config("no memory reading".into()));
+                return Err(WarmError::Unsupported {
+                    feature: "memory reading",
+                    reason: "injected by the test".into(),
+                });
             }
             Ok(Memory {
                 usage: self.base_usage + self.resident_bytes(),

@@ -278,7 +278,10 @@ mod tests {
                 if self.panic {
                     panic!("boom at {}", event.offset);
                 }
-                return Err(WarmError::Config("bad state".into()));
+                return Err(WarmError::Policy {
+                    name: "faulty".into(),
+                    message: "bad state".into(),
+                });
             }
             Ok(vec![Prefetch {
                 stream: 0,

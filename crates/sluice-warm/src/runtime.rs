@@ -51,6 +51,7 @@ use sluice_engine::numa::NumaMap;
 use sluice_engine::page_cache;
 
 /// What to run and how.
+#[derive(Clone, Debug)]
 pub struct RunConfig {
     pub model_dir: PathBuf,
     /// A built-in policy name.
@@ -77,6 +78,9 @@ pub struct RunConfig {
     pub launch_quiet: Duration,
     /// The loop's timings and bounds.
     pub runtime: RuntimeConfig,
+    /// Accelerator → NUMA node overrides (`$SLUICE_NUMA_MAP`), else PCI
+    /// sysfs decides.
+    pub numa_map: Option<String>,
 }
 
 /// How a run went.
@@ -264,7 +268,7 @@ fn kernel_cache(
         page_cache::read_ahead_limit(&ctx.files[0].0),
         config.in_flight_bytes,
         memory,
-        NumaMap::detect(),
+        NumaMap::detect(config.numa_map.as_deref()),
     );
     cache.set_real_names(names.real_names().clone());
     cache

@@ -3,10 +3,11 @@
 //! 200 ms; `status` lists the files whose process is still alive and
 //! removes the others.
 //!
-//! The directory is `$SLUICE_RUN_DIR`, else `/run/sluice/warm` for root,
-//! else `$XDG_RUNTIME_DIR/sluice/warm`, else `/tmp/sluice-warm-UID`.
+//! The directory is [`crate::config::WarmEnv::run_dir`]: `$SLUICE_RUN_DIR`,
+//! else `/run/sluice/warm` for root, else `$XDG_RUNTIME_DIR/sluice/warm`,
+//! else `/tmp/sluice-warm-UID`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
@@ -33,22 +34,6 @@ pub struct RuntimeStatus {
     pub reader: Option<(String, u64)>,
     /// Why the policy was disabled, if it was.
     pub policy_fault: Option<String>,
-}
-
-/// The run directory (see the module docs).
-pub fn run_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("SLUICE_RUN_DIR") {
-        return PathBuf::from(dir);
-    }
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
-    if uid == 0 {
-        return PathBuf::from("/run/sluice/warm");
-    }
-    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR") {
-        return PathBuf::from(dir).join("sluice/warm");
-    }
-    PathBuf::from(format!("/tmp/sluice-warm-{uid}"))
 }
 
 /// Writes `status` as `DIR/PID.json`, atomically.

@@ -104,6 +104,17 @@ pub enum TemplateError {
     /// A model file that a template cannot name.
     #[error(transparent)]
     ModelPath(#[from] RelativePathError),
+    /// A model file changed size since its template was recorded: replaying
+    /// would prefetch the wrong bytes.
+    #[error("{path}: {now_bytes} bytes now, {recorded_bytes} when the template was recorded; record the service again")]
+    ModelFileResized {
+        path: PathBuf,
+        recorded_bytes: u64,
+        now_bytes: u64,
+    },
+    /// A file the template names is not in the model directory.
+    #[error("{path}: in the template but not in the model directory; record the service again")]
+    ModelFileMissing { path: PathBuf },
 }
 
 impl TemplateError {

@@ -38,8 +38,10 @@ impl TriggerPipe {
             std::fs::create_dir_all(dir).map_err(WarmError::io(dir))?;
         }
         let _ = std::fs::remove_file(path);
-        let c = CString::new(path.as_os_str().as_bytes())
-            .map_err(|_| WarmError::Config(format!("{}: NUL in path", path.display())))?;
+        let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| WarmError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in path"),
+        })?;
         // SAFETY: mkfifo with a valid NUL-terminated path.
         if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
             return Err(WarmError::io(path)(std::io::Error::last_os_error()));
@@ -159,6 +161,23 @@ pub fn parse_line(line: &[u8], model_dir: &Path) -> Result<Option<AccessEvent>, 
         len,
         kind: AccessKind::Explicit,
     }))
+}
+
+/// The pid of the runtime a trigger goes to: `pid` when given, else the one
+/// runtime publishing its status in `run_dir`; none, or several, is an
+/// error that says so.
+pub fn target_runtime(run_dir: &Path, pid: Option<i32>) -> Result<i32, WarmError> {
+    if let Some(pid) = pid {
+        return Ok(pid);
+    }
+    let running = crate::status::list(run_dir)?;
+    match running.as_slice() {
+        [one] => Ok(one.pid),
+        [] => Err(WarmError::NoRuntime),
+        many => Err(WarmError::SeveralRuntimes {
+            pids: many.iter().map(|s| s.pid).collect(),
+        }),
+    }
 }
 
 /// Writes one trigger line to the pipe of a running runtime. Fails when no

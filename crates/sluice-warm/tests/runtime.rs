@@ -48,6 +48,7 @@ fn config(model_dir: &Path, command: &[&str]) -> RunConfig {
         trigger_pipe: None,
         launch_quiet: IdleGate::<ProcessTreeIo>::DEFAULT_QUIET,
         runtime: RuntimeConfig::default(),
+        numa_map: None,
     }
 }
 

@@ -9,46 +9,23 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use sluice_warm::builtin::BuiltinConfig;
-use sluice_warm::fanotify::Level;
+use sluice_warm::config::{RunMode, WarmEnv, WarmOptions};
 use sluice_warm::runtime::{self, RunConfig, RunReport, Status};
 use sluice_warm::status::{self as warm_status, RuntimeStatus};
-use sluice_warm::template::{ServiceId, TemplateStore};
+use sluice_warm::template::TemplateStore;
 use sluice_warm::WarmError;
 
 use crate::{WarmCommand, WarmCommonArgs, WarmStatusArgs, WarmTriggerArgs};
 
-/// The trigger pipe of the runtime with this pid.
-fn trigger_pipe_of(pid: i32) -> PathBuf {
-    warm_status::run_dir().join(format!("{pid}.trigger"))
-}
-
-fn trigger(args: &WarmTriggerArgs) -> Result<(), WarmError> {
-    let pid = match args.pid {
-        Some(pid) => pid,
-        None => {
-            let running = warm_status::list(&warm_status::run_dir())?;
-            match running.as_slice() {
-                [one] => one.pid,
-                [] => return Err(WarmError::Config("no warm runtime is running".into())),
-                many => {
-                    let pids: Vec<String> = many.iter().map(|s| s.pid.to_string()).collect();
-                    return Err(WarmError::Config(format!(
-                        "{} runtimes are running (pids {}): choose one with --pid",
-                        many.len(),
-                        pids.join(", ")
-                    )));
-                }
-            }
-        }
-    };
+fn trigger(args: &WarmTriggerArgs, env: &WarmEnv) -> Result<(), WarmError> {
+    let pid = sluice_warm::trigger::target_runtime(&env.run_dir(), args.pid)?;
     let line = serde_json::json!({
         "path": args.path,
         "offset": args.offset,
         "len": args.len,
         "worker": args.worker,
     });
-    sluice_warm::trigger::send(&trigger_pipe_of(pid), &line.to_string())
+    sluice_warm::trigger::send(&env.trigger_pipe(pid), &line.to_string())
 }
 
 /// Set by SIGINT/SIGTERM: the runtime stops (and stops the service).
@@ -68,116 +45,62 @@ fn install_signal_handlers() {
 }
 
 pub fn run(command: WarmCommand) -> Result<i32, WarmError> {
-    match command {
-        WarmCommand::Status(args) => status(&args).map(|()| 0),
-        WarmCommand::Trigger(args) => trigger(&args).map(|()| 0),
+    let env = WarmEnv::from_env();
+    let pid = std::process::id() as i32;
+    let (options, common) = match command {
+        WarmCommand::Status(args) => return status(&args, &env).map(|()| 0),
+        WarmCommand::Trigger(args) => return trigger(&args, &env).map(|()| 0),
         WarmCommand::Record(args) => {
-            let mut config = run_config(&args.common, "template", None, args.model, args.command)?;
-            config.builtin.record = true;
-            execute("record", &args.common, config)
+            let mut o = options(RunMode::Record, args.model, &args.common);
+            o.command = args.command;
+            (o, args.common)
         }
         WarmCommand::Run(args) => {
-            let limit = args.memory_limit.as_deref().map(bytes).transpose()?;
-            let config = run_config(&args.common, &args.policy, limit, args.model, args.command)?;
-            execute("run", &args.common, config)
+            let mut o = options(RunMode::Run, args.model, &args.common);
+            o.policy = args.policy;
+            o.memory_limit = args.memory_limit;
+            o.command = args.command;
+            (o, args.common)
         }
         WarmCommand::Daemon(args) => {
-            let config = run_config(&args.common, &args.policy, None, args.watch, Vec::new())?;
-            execute("daemon", &args.common, config)
-        }
-    }
-}
-
-fn bytes(s: &str) -> Result<u64, WarmError> {
-    sluice_load::parse_bytes(s).map_err(WarmError::Config)
-}
-
-/// The template directory: flag, `$SLUICE_TEMPLATE_DIR`, XDG cache, ~/.cache.
-pub fn template_dir(flag: Option<PathBuf>) -> PathBuf {
-    if let Some(dir) = flag.or_else(|| std::env::var_os("SLUICE_TEMPLATE_DIR").map(PathBuf::from)) {
-        return dir;
-    }
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from("/var/cache"));
-    cache.join("sluice/templates")
-}
-
-/// A 64-hex-digit id as given, else the hash of the spec.
-fn service_id(spec: &str) -> ServiceId {
-    if spec.len() == 64 {
-        if let Ok(id) = ServiceId::parse_hex(spec) {
-            return id;
-        }
-    }
-    ServiceId::from_spec(spec)
-}
-
-fn run_config(
-    common: &WarmCommonArgs,
-    policy: &str,
-    memory_limit: Option<u64>,
-    model_dir: PathBuf,
-    command: Vec<std::ffi::OsString>,
-) -> Result<RunConfig, WarmError> {
-    if !(common.watermark > 0.0 && common.watermark <= 1.0) {
-        return Err(WarmError::Config(format!(
-            "--watermark {} is not in (0, 1]",
-            common.watermark
-        )));
-    }
-    let service = common.service.as_deref().map(service_id);
-    if policy == "template" && service.is_none() {
-        return Err(WarmError::Config(
-            "the template policy needs --service (the spec its template is recorded for)".into(),
-        ));
-    }
-    let (level, explicit) = match common.events.as_str() {
-        "auto" => (None, false),
-        "pre-content" => (Some(Level::PreContent), false),
-        "open" => (Some(Level::Open), false),
-        "explicit" => (None, true),
-        other => {
-            return Err(WarmError::Config(format!(
-                "--events {other:?}: use auto, pre-content, open or explicit"
-            )))
+            let mut o = options(RunMode::Daemon, args.watch, &args.common);
+            o.policy = args.policy;
+            (o, args.common)
         }
     };
-    Ok(RunConfig {
-        model_dir,
-        policy: policy.to_string(),
-        builtin: BuiltinConfig {
-            service,
-            spec: common.service.clone().unwrap_or_default(),
-            template_dir: Some(template_dir(common.template_dir.clone())),
-            prefetch: !common.no_prefetch,
-            affinity: !common.no_affinity,
-            burn_after_reading: !common.no_burn,
-            record: false,
-            start_at_launch: common.start_at_launch && !command.is_empty(),
-            bar_distance_bytes: match common.bar_distance.as_str() {
-                "auto" => memory_limit.map_or(1 << 30, |l| (l / 8).min(1 << 30)),
-                other => bytes(other)?,
-            },
-        },
-        memory_limit,
-        watermark: common.watermark,
-        mechanism: common.mechanism.parse()?,
-        in_flight_bytes: bytes(&common.in_flight)?,
-        level,
-        explicit,
-        command,
-        trigger_pipe: Some(trigger_pipe_of(std::process::id() as i32)),
-        launch_quiet: std::time::Duration::from_millis(common.launch_quiet_ms),
-        runtime: runtime::RuntimeConfig::default(),
-    })
+    let mode = options.mode;
+    let config = options.into_run_config(&env, pid)?;
+    execute(mode.name(), &common, config, &env)
 }
 
-fn execute(mode: &str, common: &WarmCommonArgs, config: RunConfig) -> Result<i32, WarmError> {
+/// The flags every runtime takes, as options.
+fn options(mode: RunMode, model_dir: PathBuf, common: &WarmCommonArgs) -> WarmOptions {
+    WarmOptions {
+        service: common.service.clone(),
+        template_dir: common.template_dir.clone(),
+        watermark: common.watermark,
+        bar_distance: common.bar_distance.clone(),
+        start_at_launch: common.start_at_launch,
+        launch_quiet_ms: common.launch_quiet_ms,
+        prefetch: !common.no_prefetch,
+        affinity: !common.no_affinity,
+        burn_after_reading: !common.no_burn,
+        mechanism: common.mechanism.clone(),
+        in_flight: common.in_flight.clone(),
+        events: common.events.clone(),
+        ..WarmOptions::new(mode, model_dir)
+    }
+}
+
+fn execute(
+    mode: &str,
+    common: &WarmCommonArgs,
+    config: RunConfig,
+    env: &WarmEnv,
+) -> Result<i32, WarmError> {
     install_signal_handlers();
     let live = !common.no_progress && !common.json && std::io::stderr().is_terminal();
-    let run_dir = warm_status::run_dir();
+    let run_dir = env.run_dir();
     let pid = std::process::id() as i32;
     let mut base = RuntimeStatus {
         pid,
@@ -305,10 +228,10 @@ fn print_report(mode: &str, config: &RunConfig, r: &RunReport, json: bool) {
     }
 }
 
-fn status(args: &WarmStatusArgs) -> Result<(), WarmError> {
-    let all = warm_status::list(&warm_status::run_dir())?;
+fn status(args: &WarmStatusArgs, env: &WarmEnv) -> Result<(), WarmError> {
+    let all = warm_status::list(&env.run_dir())?;
     if args.json {
-        let text = serde_json::to_string(&all).map_err(|e| WarmError::Config(e.to_string()))?;
+        let text = serde_json::to_string(&all).expect("statuses serialize: plain fields only");
         println!("{text}");
         return Ok(());
     }

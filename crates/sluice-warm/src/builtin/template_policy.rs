@@ -16,9 +16,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::BuiltinConfig;
+use crate::config::ConfigError;
 use crate::error::WarmError;
 use crate::policy::{AccessEvent, FileRange, PolicyContext, Prefetch, Target, WarmPolicy};
-use crate::template::{relative_path, Recorder, Template, TemplateStore};
+use crate::template::{relative_path, Recorder, Template, TemplateError, TemplateStore};
 use recording::Recording;
 use replay::Replay;
 
@@ -50,14 +51,10 @@ const REPLAN_BYTES: u64 = 16 << 20;
 impl TemplatePolicy {
     pub fn new(config: BuiltinConfig) -> Result<TemplatePolicy, WarmError> {
         if config.service.is_none() {
-            return Err(WarmError::Config(
-                "the template policy needs a service id (--service)".into(),
-            ));
+            return Err(missing("service", "the spec its template is recorded for"));
         }
         if config.template_dir.is_none() {
-            return Err(WarmError::Config(
-                "the template policy needs a template directory".into(),
-            ));
+            return Err(missing("template-dir", "where its templates live"));
         }
         Ok(TemplatePolicy {
             config,
@@ -110,9 +107,7 @@ impl WarmPolicy for TemplatePolicy {
     fn init(&mut self, ctx: &PolicyContext) -> Result<Vec<Prefetch>, WarmError> {
         self.model_dir = ctx.model_dir.clone();
         let (Some(service), Some(dir)) = (&self.config.service, &self.config.template_dir) else {
-            return Err(WarmError::Config(
-                "template policy without a service".into(),
-            ));
+            return Err(missing("service", "the spec its template is recorded for"));
         };
         let store = TemplateStore::new(dir.clone());
         let existing = if self.config.record {
@@ -312,22 +307,27 @@ fn check_model_matches(template: &Template, ctx: &PolicyContext) -> Result<(), W
         match ctx.files.iter().find(|(p, _)| *p == path) {
             Some((_, size)) if *size == f.size => {}
             Some((_, size)) => {
-                return Err(WarmError::Config(format!(
-                    "{}: {size} bytes now, {} when the template was recorded; \
-                     record the service again",
-                    path.display(),
-                    f.size
-                )))
+                return Err(TemplateError::ModelFileResized {
+                    path,
+                    recorded_bytes: f.size,
+                    now_bytes: *size,
+                }
+                .into())
             }
-            None => {
-                return Err(WarmError::Config(format!(
-                    "{}: in the template but not in the model directory",
-                    path.display()
-                )))
-            }
+            None => return Err(TemplateError::ModelFileMissing { path }.into()),
         }
     }
     Ok(())
+}
+
+/// The template policy cannot run without `--option`.
+fn missing(option: &'static str, why: &'static str) -> WarmError {
+    ConfigError::Missing {
+        policy: "template",
+        option,
+        why,
+    }
+    .into()
 }
 
 fn mtime_ns(path: &Path) -> i64 {

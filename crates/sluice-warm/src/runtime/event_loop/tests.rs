@@ -260,7 +260,10 @@ impl WarmPolicy for FailsOnSecond {
     fn on_access(&mut self, event: &AccessEvent) -> Result<Vec<Prefetch>, WarmError> {
         self.calls += 1;
         if self.calls == 2 {
-            return Err(WarmError::Config("lost its state".into()));
+            return Err(WarmError::Policy {
+                name: "fails-on-second".into(),
+                message: "lost its state".into(),
+            });
         }
         Ok(vec![Prefetch {
             stream: 0,

@@ -1,0 +1,482 @@
+//! A warm runtime's options as a user gives them (CLI flags, keyword
+//! arguments), their defaults, their checks, and what they become: a
+//! [`RunConfig`].
+//!
+//! Every default is written once, here, and the fronts read it from here
+//! (the CLI's flag defaults are these constants). Every check is made here,
+//! so each front accepts and refuses the same things, and a bad value is a
+//! [`ConfigError`] naming the option, the value and what it must be.
+//!
+//! The environment is read in one place, [`WarmEnv::from_vars`], and every
+//! override is logged.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::builtin::BuiltinConfig;
+use crate::fanotify::Level;
+use crate::idle_gate::{IdleGate, ProcessTreeIo};
+use crate::runtime::{RunConfig, RuntimeConfig};
+use crate::template::ServiceId;
+
+/// Share of the memory limit above which prefetch pauses and the policy is
+/// asked to evict. 0.8, seed 000's threshold: it leaves a fifth of the
+/// limit for the service's own allocations and the reads in flight when it
+/// is crossed, before the kernel starts reclaiming on its own.
+pub const DEFAULT_WATERMARK: f64 = 0.8;
+
+/// The policy `run` and `daemon` use: the MAIO template (it records on the
+/// first run of a service and replays afterwards).
+pub const DEFAULT_POLICY: &str = "template";
+
+/// Prefetch mechanism: `MADV_POPULATE_READ` on loader threads, whose 2 MiB
+/// folios evict and measure 10-50x faster than WILLNEED's 4 KiB ones, for
+/// the fastest loads and the least runtime CPU (docs/design/warm.md).
+pub const DEFAULT_MECHANISM: &str = "populate";
+
+/// Prefetch bytes in flight. 16 MiB measured best on this kind of machine:
+/// deeper queues delay the service's own start-up reads (libraries,
+/// configs) behind prefetch.
+pub const DEFAULT_IN_FLIGHT: &str = "16MiB";
+
+/// Access events: the best the kernel and file system allow.
+pub const DEFAULT_EVENTS: &str = "auto";
+
+/// How far behind the reader burn-after-reading stops: `auto` is
+/// [`AUTO_BAR_DISTANCE_BYTES`], capped at an eighth of the memory limit.
+pub const DEFAULT_BAR_DISTANCE: &str = "auto";
+
+/// Seed 000's bar distance: data just read may not have reached the
+/// accelerator yet.
+pub const AUTO_BAR_DISTANCE_BYTES: u64 = 1 << 30;
+
+/// Until the service first touches the model, prefetch waits for this much
+/// quiet in the service's own storage reads ([`IdleGate::DEFAULT_QUIET`]).
+pub const DEFAULT_LAUNCH_QUIET_MS: u64 =
+    IdleGate::<ProcessTreeIo>::DEFAULT_QUIET.as_millis() as u64;
+
+/// The access-event choices `--events` takes.
+const EVENT_CHOICES: &str = "auto, pre-content, open or explicit";
+
+/// What a runtime does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunMode {
+    /// Run the service once and record its template.
+    Record,
+    /// Run the service under a policy.
+    Run,
+    /// Watch a model directory for services started elsewhere, until stopped.
+    Daemon,
+}
+
+impl RunMode {
+    /// The name the CLI and the status files use.
+    pub fn name(self) -> &'static str {
+        match self {
+            RunMode::Record => "record",
+            RunMode::Run => "run",
+            RunMode::Daemon => "daemon",
+        }
+    }
+}
+
+/// A bad option: which one, the value given and what it must be.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("--{option} {value}: {expected}")]
+    Invalid {
+        option: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+    #[error("the {policy} policy needs --{option}: {why}")]
+    Missing {
+        policy: &'static str,
+        option: &'static str,
+        why: &'static str,
+    },
+    #[error("unknown policy {name:?}: use one of {known}, or module:Class for a Python policy")]
+    UnknownPolicy { name: String, known: String },
+    #[error("${name}={value:?}: {expected}")]
+    Env {
+        name: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+}
+
+/// The environment of a warm runtime, read once.
+#[derive(Clone, Debug, Default)]
+pub struct WarmEnv {
+    /// `$SLUICE_TEMPLATE_DIR`: where templates live when no flag says.
+    pub template_dir: Option<PathBuf>,
+    /// `$XDG_CACHE_HOME`, else `$HOME/.cache`: templates go under it
+    /// otherwise.
+    pub cache_home: Option<PathBuf>,
+    /// `$SLUICE_RUN_DIR`: where runtimes publish their status and triggers.
+    pub run_dir: Option<PathBuf>,
+    /// `$XDG_RUNTIME_DIR`: the run directory's parent for non-root users.
+    pub runtime_home: Option<PathBuf>,
+    /// `$SLUICE_NUMA_MAP`: accelerator → NUMA node, instead of PCI sysfs.
+    pub numa_map: Option<String>,
+}
+
+impl WarmEnv {
+    /// The process's environment.
+    pub fn from_env() -> WarmEnv {
+        WarmEnv::from_vars(|name| std::env::var_os(name))
+    }
+
+    /// The environment as `var` reports it; each `SLUICE_*` override found
+    /// is logged.
+    pub fn from_vars(var: impl Fn(&str) -> Option<OsString>) -> WarmEnv {
+        let logged = |name: &str| {
+            let value = var(name)?;
+            tracing::info!("{name}={}", value.to_string_lossy());
+            Some(value)
+        };
+        let cache_home = var("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| var("HOME").map(|h| PathBuf::from(h).join(".cache")));
+        WarmEnv {
+            template_dir: logged("SLUICE_TEMPLATE_DIR").map(PathBuf::from),
+            cache_home,
+            run_dir: logged("SLUICE_RUN_DIR").map(PathBuf::from),
+            runtime_home: var("XDG_RUNTIME_DIR").map(PathBuf::from),
+            numa_map: logged(sluice_engine::numa::NUMA_MAP_ENV)
+                .map(|v| v.to_string_lossy().into_owned()),
+        }
+    }
+
+    /// The template directory: `flag`, `$SLUICE_TEMPLATE_DIR`,
+    /// `$XDG_CACHE_HOME/sluice/templates`, `~/.cache/sluice/templates`,
+    /// else `/var/cache/sluice/templates`.
+    pub fn template_dir(&self, flag: Option<PathBuf>) -> PathBuf {
+        if let Some(dir) = flag.or_else(|| self.template_dir.clone()) {
+            return dir;
+        }
+        let cache = self
+            .cache_home
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("/var/cache"));
+        cache.join("sluice/templates")
+    }
+
+    /// Where runtimes publish their status files and trigger pipes:
+    /// `$SLUICE_RUN_DIR`, `/run/sluice/warm` for root,
+    /// `$XDG_RUNTIME_DIR/sluice/warm`, else `/tmp/sluice-warm-UID`.
+    pub fn run_dir(&self) -> PathBuf {
+        if let Some(dir) = &self.run_dir {
+            return dir.clone();
+        }
+        // SAFETY: geteuid has no preconditions.
+        let uid = unsafe { libc::geteuid() };
+        if uid == 0 {
+            return PathBuf::from("/run/sluice/warm");
+        }
+        match &self.runtime_home {
+            Some(dir) => dir.join("sluice/warm"),
+            None => PathBuf::from(format!("/tmp/sluice-warm-{uid}")),
+        }
+    }
+
+    /// The trigger pipe of the runtime with process id `pid`.
+    pub fn trigger_pipe(&self, pid: i32) -> PathBuf {
+        self.run_dir().join(format!("{pid}.trigger"))
+    }
+}
+
+/// A warm runtime's options, as given.
+#[derive(Clone, Debug)]
+pub struct WarmOptions {
+    pub mode: RunMode,
+    /// The model directory the service loads (or the daemon watches).
+    pub model_dir: PathBuf,
+    /// A built-in policy name or a Python `module:Class`.
+    pub policy: String,
+    /// The service's spec string (hashed into its id), or the
+    /// 64-hex-digit id itself.
+    pub service: Option<String>,
+    /// Where templates live; see [`WarmEnv::template_dir`].
+    pub template_dir: Option<PathBuf>,
+    /// A cgroup memory limit for the service and the runtime (`run` only),
+    /// as a size (`6GiB`).
+    pub memory_limit: Option<String>,
+    /// See [`DEFAULT_WATERMARK`].
+    pub watermark: f64,
+    /// A size, or `auto` (see [`DEFAULT_BAR_DISTANCE`]).
+    pub bar_distance: String,
+    /// Template: replay from launch rather than from the first access.
+    pub start_at_launch: bool,
+    /// See [`DEFAULT_LAUNCH_QUIET_MS`]; 0 lets launch prefetch run at once.
+    pub launch_quiet_ms: u64,
+    /// Template breakdown: prefetch along the template.
+    pub prefetch: bool,
+    /// Template breakdown: place prefetch near each worker's accelerator.
+    pub affinity: bool,
+    /// Template breakdown: evict what every reader passed.
+    pub burn_after_reading: bool,
+    /// `populate`, `willneed` or `read` (see [`DEFAULT_MECHANISM`]).
+    pub mechanism: String,
+    /// A size (see [`DEFAULT_IN_FLIGHT`]).
+    pub in_flight: String,
+    /// `auto`, `pre-content`, `open` or `explicit`.
+    pub events: String,
+    /// The service command; empty for a daemon.
+    pub command: Vec<OsString>,
+}
+
+impl WarmOptions {
+    /// The defaults for `mode` over `model_dir`.
+    pub fn new(mode: RunMode, model_dir: PathBuf) -> WarmOptions {
+        WarmOptions {
+            mode,
+            model_dir,
+            policy: DEFAULT_POLICY.into(),
+            service: None,
+            template_dir: None,
+            memory_limit: None,
+            watermark: DEFAULT_WATERMARK,
+            bar_distance: DEFAULT_BAR_DISTANCE.into(),
+            start_at_launch: false,
+            launch_quiet_ms: DEFAULT_LAUNCH_QUIET_MS,
+            prefetch: true,
+            affinity: true,
+            burn_after_reading: true,
+            mechanism: DEFAULT_MECHANISM.into(),
+            in_flight: DEFAULT_IN_FLIGHT.into(),
+            events: DEFAULT_EVENTS.into(),
+            command: Vec::new(),
+        }
+    }
+
+    /// Checks every option and builds the run's configuration; `pid` names
+    /// the runtime's trigger pipe. `record` always uses the template
+    /// policy; a daemon launches nothing.
+    pub fn into_run_config(self, env: &WarmEnv, pid: i32) -> Result<RunConfig, ConfigError> {
+        if !(self.watermark > 0.0 && self.watermark <= 1.0) {
+            return Err(invalid("watermark", self.watermark, "must be in (0, 1]"));
+        }
+        let policy = match self.mode {
+            RunMode::Record => "template".to_string(),
+            _ => self.policy,
+        };
+        let service = self.service.as_deref().map(service_id);
+        if policy == "template" && service.is_none() {
+            return Err(ConfigError::Missing {
+                policy: "template",
+                option: "service",
+                why: "the spec its template is recorded for",
+            });
+        }
+        let memory_limit = match (&self.memory_limit, self.mode) {
+            (Some(limit), RunMode::Run) => Some(size("memory-limit", limit)?),
+            _ => None,
+        };
+        let (level, explicit) = events(&self.events)?;
+        let command = match self.mode {
+            RunMode::Daemon => Vec::new(),
+            _ => self.command,
+        };
+        Ok(RunConfig {
+            model_dir: self.model_dir,
+            builtin: BuiltinConfig {
+                service,
+                spec: self.service.unwrap_or_default(),
+                template_dir: Some(env.template_dir(self.template_dir)),
+                prefetch: self.prefetch,
+                affinity: self.affinity,
+                burn_after_reading: self.burn_after_reading,
+                record: self.mode == RunMode::Record,
+                start_at_launch: self.start_at_launch && !command.is_empty(),
+                bar_distance_bytes: bar_distance(&self.bar_distance, memory_limit)?,
+            },
+            policy,
+            memory_limit,
+            watermark: self.watermark,
+            mechanism: self.mechanism.parse()?,
+            in_flight_bytes: size("in-flight", &self.in_flight)?,
+            level,
+            explicit,
+            command,
+            trigger_pipe: Some(env.trigger_pipe(pid)),
+            launch_quiet: Duration::from_millis(self.launch_quiet_ms),
+            runtime: RuntimeConfig::default(),
+            numa_map: env.numa_map.clone(),
+        })
+    }
+}
+
+fn invalid(option: &'static str, value: impl ToString, expected: &'static str) -> ConfigError {
+    ConfigError::Invalid {
+        option,
+        value: value.to_string(),
+        expected,
+    }
+}
+
+/// A size option (`512MiB`, `1.5G`, `4096`).
+fn size(option: &'static str, value: &str) -> Result<u64, ConfigError> {
+    sluice_formats::parse_bytes(value)
+        .map_err(|_| invalid(option, value, "must be a size like 4096, 512KiB or 6GiB"))
+}
+
+/// `auto`: [`AUTO_BAR_DISTANCE_BYTES`], at most an eighth of the memory
+/// limit (measured faster under tight limits); else a size.
+fn bar_distance(value: &str, memory_limit: Option<u64>) -> Result<u64, ConfigError> {
+    match value {
+        "auto" => Ok(memory_limit.map_or(AUTO_BAR_DISTANCE_BYTES, |limit| {
+            (limit / 8).min(AUTO_BAR_DISTANCE_BYTES)
+        })),
+        other => size("bar-distance", other),
+    }
+}
+
+/// The fanotify level to insist on, and whether to run without fanotify.
+fn events(value: &str) -> Result<(Option<Level>, bool), ConfigError> {
+    match value {
+        "auto" => Ok((None, false)),
+        "pre-content" => Ok((Some(Level::PreContent), false)),
+        "open" => Ok((Some(Level::Open), false)),
+        "explicit" => Ok((None, true)),
+        other => Err(invalid("events", format!("{other:?}"), EVENT_CHOICES)),
+    }
+}
+
+/// A 64-hex-digit id as given, else the hash of the spec.
+pub fn service_id(spec: &str) -> ServiceId {
+    if spec.len() == 64 {
+        if let Ok(id) = ServiceId::parse_hex(spec) {
+            return id;
+        }
+    }
+    ServiceId::from_spec(spec)
+}
+
+/// Whether `path` could be a model directory the user meant: used by the
+/// fronts to tell a typo from a missing mount.
+pub fn model_dir_exists(path: &Path) -> bool {
+    path.is_dir()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::Mechanism;
+
+    fn options(mode: RunMode) -> WarmOptions {
+        let mut o = WarmOptions::new(mode, PathBuf::from("/models/m"));
+        o.service = Some("svc".into());
+        o.command = vec!["serve".into()];
+        o
+    }
+
+    fn env() -> WarmEnv {
+        WarmEnv::from_vars(|name| match name {
+            "HOME" => Some("/home/u".into()),
+            "SLUICE_RUN_DIR" => Some("/run/x".into()),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn defaults_become_a_run_config_with_the_documented_values() {
+        let c = options(RunMode::Run).into_run_config(&env(), 42).unwrap();
+        assert_eq!(c.policy, "template");
+        assert_eq!(c.watermark, DEFAULT_WATERMARK);
+        assert_eq!(c.mechanism, Mechanism::Populate);
+        assert_eq!(c.in_flight_bytes, 16 << 20);
+        assert_eq!((c.level, c.explicit), (None, false));
+        assert_eq!(c.builtin.bar_distance_bytes, AUTO_BAR_DISTANCE_BYTES);
+        assert_eq!(c.launch_quiet, Duration::from_millis(150));
+        assert_eq!(
+            c.builtin.template_dir.as_deref(),
+            Some(Path::new("/home/u/.cache/sluice/templates"))
+        );
+        assert_eq!(
+            c.trigger_pipe.as_deref(),
+            Some(Path::new("/run/x/42.trigger"))
+        );
+        assert_eq!(c.builtin.service, Some(ServiceId::from_spec("svc")));
+    }
+
+    #[test]
+    fn modes_decide_the_policy_the_command_and_the_limit() {
+        let mut rec = options(RunMode::Record);
+        rec.policy = "eager".into();
+        rec.memory_limit = Some("2GiB".into());
+        let c = rec.into_run_config(&env(), 1).unwrap();
+        assert_eq!(
+            (c.policy.as_str(), c.builtin.record, c.memory_limit),
+            ("template", true, None)
+        );
+        let mut daemon = options(RunMode::Daemon);
+        daemon.start_at_launch = true;
+        let c = daemon.into_run_config(&env(), 1).unwrap();
+        assert!(c.command.is_empty() && !c.builtin.start_at_launch);
+        let mut run = options(RunMode::Run);
+        run.memory_limit = Some("4GiB".into());
+        let c = run.into_run_config(&env(), 1).unwrap();
+        assert_eq!(c.memory_limit, Some(4 << 30));
+        assert_eq!(
+            c.builtin.bar_distance_bytes,
+            512 << 20,
+            "an eighth of the limit"
+        );
+    }
+
+    #[test]
+    fn bad_options_name_the_option_and_the_value() {
+        type Breaks = fn(&mut WarmOptions);
+        let cases: Vec<(Breaks, &str)> = vec![
+            (|o| o.watermark = 0.0, "--watermark 0"),
+            (|o| o.watermark = 1.5, "--watermark 1.5"),
+            (|o| o.watermark = f64::NAN, "--watermark NaN"),
+            (|o| o.events = "all".into(), "--events \"all\""),
+            (|o| o.mechanism = "mmap".into(), "--mechanism \"mmap\""),
+            (|o| o.in_flight = "lots".into(), "--in-flight lots"),
+            (|o| o.bar_distance = "-1".into(), "--bar-distance -1"),
+            (
+                |o| o.memory_limit = Some("6 parsecs".into()),
+                "--memory-limit 6 parsecs",
+            ),
+            (|o| o.service = None, "needs --service"),
+        ];
+        for (break_it, needle) in cases {
+            let mut o = options(RunMode::Run);
+            break_it(&mut o);
+            let err = o.into_run_config(&env(), 1).unwrap_err();
+            assert!(err.to_string().contains(needle), "{needle}: {err}");
+        }
+        let mut eager = options(RunMode::Run);
+        eager.policy = "eager".into();
+        eager.service = None;
+        assert!(
+            eager.into_run_config(&env(), 1).is_ok(),
+            "only template needs a service"
+        );
+    }
+
+    #[test]
+    fn the_environment_is_read_once_with_its_fallbacks() {
+        let e = WarmEnv::from_vars(|name| match name {
+            "SLUICE_TEMPLATE_DIR" => Some("/shared/t".into()),
+            "XDG_CACHE_HOME" => Some("/xdg".into()),
+            "HOME" => Some("/home/u".into()),
+            _ => None,
+        });
+        assert_eq!(e.template_dir(None), PathBuf::from("/shared/t"));
+        assert_eq!(e.template_dir(Some("/flag".into())), PathBuf::from("/flag"));
+        let e = WarmEnv::from_vars(|name| (name == "XDG_CACHE_HOME").then(|| "/xdg".into()));
+        assert_eq!(e.template_dir(None), PathBuf::from("/xdg/sluice/templates"));
+        let e = WarmEnv::from_vars(|_| None);
+        assert_eq!(
+            e.template_dir(None),
+            PathBuf::from("/var/cache/sluice/templates")
+        );
+        let hex = "ab".repeat(32);
+        assert_eq!(service_id(&hex).to_hex(), hex);
+        assert_eq!(service_id("llama tp=1"), ServiceId::from_spec("llama tp=1"));
+    }
+}
