@@ -11,7 +11,7 @@
 //! override is logged.
 
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::builtin::BuiltinConfig;
@@ -354,16 +354,11 @@ pub fn service_id(spec: &str) -> ServiceId {
     ServiceId::from_spec(spec)
 }
 
-/// Whether `path` could be a model directory the user meant: used by the
-/// fronts to tell a typo from a missing mount.
-pub fn model_dir_exists(path: &Path) -> bool {
-    path.is_dir()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::kernel::Mechanism;
+    use std::path::Path;
 
     fn options(mode: RunMode) -> WarmOptions {
         let mut o = WarmOptions::new(mode, PathBuf::from("/models/m"));

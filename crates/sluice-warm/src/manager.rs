@@ -56,10 +56,11 @@ pub struct Memory {
 /// Manager knobs.
 #[derive(Clone, Debug)]
 pub struct ManagerConfig {
-    /// Largest prefetch call: the device's `read_ahead_kb`.
+    /// Largest prefetch call: the device's `read_ahead_kb`. 8 MiB when
+    /// unknown: the `read_ahead_kb` of this machine kind's virtio disk.
     pub chunk_bytes: u64,
     /// Share of the memory limit above which prefetch pauses and the policy
-    /// is asked to evict. 0.8, seed 000's threshold.
+    /// is asked to evict: [`crate::config::DEFAULT_WATERMARK`].
     pub watermark: f64,
     /// Memory usage is re-read after this many prefetched bytes (and while
     /// paused). 32 MiB: a few chunks past the watermark at most.
@@ -70,7 +71,7 @@ impl Default for ManagerConfig {
     fn default() -> ManagerConfig {
         ManagerConfig {
             chunk_bytes: 8 << 20,
-            watermark: 0.8,
+            watermark: crate::config::DEFAULT_WATERMARK,
             memory_check_bytes: 32 << 20,
         }
     }
@@ -602,7 +603,7 @@ pub(crate) mod tests {
     fn manager(cache: FakeCache) -> Manager<FakeCache> {
         let config = ManagerConfig {
             chunk_bytes: 8,
-            watermark: 0.8,
+            watermark: crate::config::DEFAULT_WATERMARK,
             memory_check_bytes: 0,
         };
         Manager::new(
