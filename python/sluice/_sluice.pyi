@@ -13,7 +13,15 @@ from typing import Any, final
 _StrPath = str | os.PathLike[str]
 _ByteSize = int | str
 
-__all__ = ["Checkpoint", "Stream", "Window", "__version__", "open_checkpoint", "start_stream"]
+__all__ = [
+    "Checkpoint",
+    "Stream",
+    "Window",
+    "__version__",
+    "cli_main",
+    "open_checkpoint",
+    "start_stream",
+]
 
 __version__: str
 
@@ -104,3 +112,13 @@ def sim_run(
     progress: Callable[[int, int], None] | None = None,
 ) -> str:
     """Replays the grid with the GIL released; returns the rows as a JSON array."""
+
+def cli_main(argv: list[str]) -> int:
+    """Runs the ``sluice`` command line (``argv[0]`` is the program name) and returns
+    the exit status the native binary would exit with.
+
+    Output goes to file descriptors 1 and 2. While it runs the GIL is released and
+    SIGPIPE, SIGXFSZ and (where Python handles them) SIGINT and SIGTERM are at their
+    defaults, as in the binary: Ctrl-C ends the process unless the command handles
+    it (``sluice warm``). The previous dispositions are restored afterwards.
+    """
