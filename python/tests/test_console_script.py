@@ -272,7 +272,7 @@ def test_warm_python_policies_run_under_the_scripts_interpreter(script, tmp_path
 
     done = run(script, *args, "explicit", "--no-progress", "--", "true", PYTHONPATH=str(tmp_path))
 
-    if "policy python:" not in done.stderr:
-        pytest.skip(f"sluice warm run cannot run here: {done.stderr.strip()[-300:]}")
+    # Explicit events need no fanotify, so this runs without root. Unfixed, the runtime would
+    # look for `python3` on PATH, or a .venv beside the interpreter's real path.
     assert done.returncode == EXIT_OK, done.stderr
     assert f"policy python: {sys.executable}\n" in done.stderr
