@@ -13,7 +13,15 @@ from typing import Any, TypedDict, final
 _StrPath = str | os.PathLike[str]
 _ByteSize = int | str
 
-__all__ = ["Checkpoint", "Stream", "Window", "__version__", "open_checkpoint", "start_stream"]
+__all__ = [
+    "Checkpoint",
+    "Stream",
+    "Window",
+    "__version__",
+    "cli_main",
+    "open_checkpoint",
+    "start_stream",
+]
 
 __version__: str
 
@@ -116,3 +124,13 @@ def sim_run(
 ) -> str:
     """Runs the study (``sluice_sim::study::run``, as ``sluice sim run`` does) with the GIL
     released; returns the rows as a JSON array."""
+
+def cli_main(argv: list[str]) -> int:
+    """Runs the ``sluice`` command line (``argv[0]`` is the program name) and returns
+    the exit status the native binary would exit with.
+
+    Output goes to file descriptors 1 and 2. While it runs the GIL is released and
+    SIGPIPE, SIGXFSZ and (where Python handles them) SIGINT and SIGTERM are at their
+    defaults, as in the binary: Ctrl-C ends the process unless the command handles
+    it (``sluice warm``). The previous dispositions are restored afterwards.
+    """

@@ -3,6 +3,9 @@
 //! [`exit_code`] maps to the process's exit status in one place.
 
 mod commands;
+mod logging;
+
+pub use logging::{init_logging, log_filter};
 
 use std::path::PathBuf;
 
@@ -369,6 +372,28 @@ pub struct InspectArgs {
     pub summary: bool,
 }
 
+/// The whole command line, shared by the `sluice` binary and the Python
+/// console script (`sluice._sluice.cli_main`) so the two cannot drift: parses
+/// `args` (the program name first), sets up logging and runs the command.
+/// Returns the exit status; `--help` and `--version` print and give 0, usage
+/// errors print and give 2, exactly as clap's own `exit` would.
+pub fn main_with_args<I, T>(args: I) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(err) => {
+            // Like clap's `Error::exit`: a closed stdout is no error here.
+            let _ = err.print();
+            return err.exit_code();
+        }
+    };
+    init_logging(cli.verbose);
+    run(cli)
+}
+
 /// Runs the command and returns the process exit status.
 pub fn run(cli: Cli) -> i32 {
     match cli.command {
@@ -453,21 +478,6 @@ pub fn exit_code(err: &LoadError) -> i32 {
         LoadError::Config(_) => 2,
         _ => EXIT_FAILED,
     }
-}
-
-/// Logs to stderr at warn, info or debug; `SLUICE_LOG` overrides.
-pub fn init_logging(verbose: u8) {
-    let level = match verbose {
-        0 => "warn",
-        1 => "info",
-        _ => "debug",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
 }
 
 /// Flags into a `LoadConfig` (after `SLUICE_*` environment overrides).

@@ -1,6 +1,4 @@
-//! `sluice`: parse arguments, run a command, map its outcome to an exit code.
-
-use clap::Parser;
+//! `sluice`: hand the arguments to the library and exit with its status.
 
 fn main() {
     // Like other Unix tools, end quietly when the reader of our output goes
@@ -9,7 +7,5 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    let cli = sluice_cli::Cli::parse();
-    sluice_cli::init_logging(cli.verbose);
-    std::process::exit(sluice_cli::run(cli));
+    std::process::exit(sluice_cli::main_with_args(std::env::args_os()));
 }

@@ -6,6 +6,7 @@
 //! waiting on I/O happens with the GIL released.
 
 mod checkpoint;
+mod cli;
 mod config;
 mod errors;
 mod sim;
@@ -14,19 +15,11 @@ mod window;
 
 use pyo3::prelude::*;
 
-/// Routes `tracing` logs to stderr, filtered by `SLUICE_LOG` (default: warn).
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
-}
-
 #[pymodule]
 fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    init_logging();
+    // Logs to stderr, filtered by `SLUICE_LOG` (default: warn), as the CLI does.
+    sluice_cli::init_logging(0);
+    m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<checkpoint::Checkpoint>()?;
     m.add_class::<stream::Stream>()?;
