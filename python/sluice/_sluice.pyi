@@ -134,3 +134,18 @@ def cli_main(argv: list[str]) -> int:
     defaults, as in the binary: Ctrl-C ends the process unless the command handles
     it (``sluice warm``). The previous dispositions are restored afterwards.
     """
+
+def warm_run_dir() -> str:
+    """Where running ``sluice warm`` runtimes publish their status and trigger pipes."""
+
+def warm_status() -> str:
+    """The live runtimes' status as a JSON array (GIL released)."""
+
+def warm_trigger(
+    path: str,
+    offset: int | None = None,
+    length: int | None = None,
+    worker: int | None = None,
+    pid: int | None = None,
+) -> None:
+    """Sends an explicit access to a running runtime (GIL released)."""

@@ -43,6 +43,10 @@ class ConfigError(SluiceError, ValueError):
     """An option value is out of range."""
 
 
+class NoRuntimeError(SluiceError, RuntimeError):
+    """No ``sluice warm`` runtime is running, or several are and none was chosen (``pid=``)."""
+
+
 class TraceError(SluiceError, ValueError):
     """A cache trace is malformed; the message names the file, line and field."""
 
@@ -51,6 +55,7 @@ __all__ = [
     "ConfigError",
     "HeaderError",
     "MemoryLimitError",
+    "NoRuntimeError",
     "SluiceError",
     "SluiceFileNotFoundError",
     "SluiceIOError",

@@ -47,6 +47,7 @@ __all__ = [
     "Target",
     "run_dir",
     "running",
+    "status",
     "trigger",
 ]
 
@@ -239,31 +240,25 @@ def run_dir() -> str:
     """Where running ``sluice warm`` runtimes publish their status and trigger pipes:
     ``$SLUICE_RUN_DIR``, else ``/run/sluice/warm`` for root, else
     ``$XDG_RUNTIME_DIR/sluice/warm``, else ``/tmp/sluice-warm-UID``."""
-    import os
+    from sluice import _sluice
 
-    if os.environ.get("SLUICE_RUN_DIR"):
-        return os.environ["SLUICE_RUN_DIR"]
-    if os.geteuid() == 0:
-        return "/run/sluice/warm"
-    if os.environ.get("XDG_RUNTIME_DIR"):
-        return os.path.join(os.environ["XDG_RUNTIME_DIR"], "sluice", "warm")
-    return f"/tmp/sluice-warm-{os.geteuid()}"
+    return _sluice.warm_run_dir()
+
+
+def status() -> list[dict[str, Any]]:
+    """The live ``sluice warm`` runtimes' status (what ``sluice warm status --json``
+    prints): pid, mode, policy, model directory, bytes prefetched and evicted, reader
+    position. Status files of runtimes that died are removed."""
+    import json
+
+    from sluice import _sluice
+
+    return json.loads(_sluice.warm_status())
 
 
 def running() -> list[int]:
     """Pids of the live ``sluice warm`` runtimes."""
-    import os
-
-    pids = []
-    try:
-        names = os.listdir(run_dir())
-    except FileNotFoundError:
-        return []
-    for name in names:
-        stem = name.removesuffix(".json")
-        if stem != name and stem.isdigit() and os.path.exists(f"/proc/{stem}"):
-            pids.append(int(stem))
-    return sorted(pids)
+    return [s["pid"] for s in status()]
 
 
 def trigger(
@@ -276,24 +271,13 @@ def trigger(
 ) -> None:
     """Tells a running runtime that ``path`` (absolute, or relative to its model directory)
     is about to be read from ``offset`` for ``length`` bytes (default: the rest of the file):
-    an explicit access event for its policy, as ``sluice warm trigger`` sends.
-
-    ``pid`` picks the runtime when several run. Raises ``RuntimeError`` when none (or more
-    than one, without ``pid``) is running, ``OSError`` when its pipe cannot be written.
+    an explicit access event for its policy, as ``sluice warm trigger`` sends (the same
+    code). ``pid`` picks the runtime when several run. Raises
+    :class:`sluice.errors.NoRuntimeError` (a ``RuntimeError``) when none (or more than one,
+    without ``pid``) is running, ``OSError`` when its pipe cannot be written.
     """
-    import json
     import os
 
-    if pid is None:
-        pids = running()
-        if len(pids) != 1:
-            found = ", ".join(map(str, pids)) or "none"
-            raise RuntimeError(f"sluice.warm.trigger: pass pid= (running runtimes: {found})")
-        pid = pids[0]
-    line = {"path": os.fspath(path), "offset": offset, "len": length, "worker": worker}
-    fifo = os.path.join(run_dir(), f"{pid}.trigger")
-    fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-    try:
-        os.write(fd, (json.dumps(line) + "\n").encode())
-    finally:
-        os.close(fd)
+    from sluice import _sluice
+
+    _sluice.warm_trigger(os.fspath(path), offset, length, worker, pid)

@@ -221,7 +221,7 @@ def test_trigger_writes_one_json_line_to_the_runtimes_pipe(tmp_path, monkeypatch
     from sluice import warm
 
     monkeypatch.setenv("SLUICE_RUN_DIR", str(tmp_path))
-    with pytest.raises(RuntimeError, match="none"):
+    with pytest.raises(RuntimeError, match="no warm runtime is running"):
         warm.trigger("a.bin")
     me = os.getpid()
     (tmp_path / f"{me}.json").write_text("{}")
@@ -238,3 +238,11 @@ def test_trigger_writes_one_json_line_to_the_runtimes_pipe(tmp_path, monkeypatch
     assert json.loads(line) == {"path": "a.bin", "offset": 4096, "len": None, "worker": 1}
     with pytest.raises(OSError):
         warm.trigger("a.bin", pid=2**22 + 12345)
+    # Two live runtimes: the caller must choose; status() lists both by their file's pid.
+    (tmp_path / f"{os.getppid()}.json").write_text('{"mode": "run", "policy": "eager"}')
+    assert sorted(s["pid"] for s in warm.status()) == sorted([me, os.getppid()])
+    assert {s["policy"] for s in warm.status()} == {"", "eager"}
+    from sluice.errors import NoRuntimeError
+
+    with pytest.raises(NoRuntimeError, match="2 runtimes are running"):
+        warm.trigger("a.bin")

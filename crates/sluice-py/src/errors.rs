@@ -29,6 +29,24 @@ pub fn sim_to_py(py: Python<'_>, err: SimError) -> PyErr {
     raise(py, class, err.to_string())
 }
 
+/// Converts a warm-plane error into the matching `sluice.errors` exception.
+pub fn warm_to_py(py: Python<'_>, err: sluice_warm::WarmError) -> PyErr {
+    use sluice_warm::WarmError;
+    let class = match &err {
+        WarmError::Io { source, .. } => match source.kind() {
+            std::io::ErrorKind::NotFound => "SluiceFileNotFoundError",
+            std::io::ErrorKind::PermissionDenied => "SluicePermissionError",
+            _ => "SluiceIOError",
+        },
+        WarmError::NoRuntime | WarmError::SeveralRuntimes { .. } => "NoRuntimeError",
+        WarmError::BadOption(_) | WarmError::Config(_) | WarmError::InvalidArgument(_) => {
+            "ConfigError"
+        }
+        _ => "SluiceError",
+    };
+    raise(py, class, err.to_string())
+}
+
 fn raise(py: Python<'_>, class: &str, message: String) -> PyErr {
     match py.import("sluice.errors").and_then(|m| m.getattr(class)) {
         Ok(cls) => match cls.call1((message.clone(),)) {

@@ -11,6 +11,7 @@ mod config;
 mod errors;
 mod sim;
 mod stream;
+mod warm;
 mod window;
 
 use pyo3::prelude::*;
@@ -27,6 +28,9 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(checkpoint::open_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(stream::start_stream, m)?)?;
     m.add_function(wrap_pyfunction!(sim::sim_run, m)?)?;
+    m.add_function(wrap_pyfunction!(warm::warm_run_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(warm::warm_status, m)?)?;
+    m.add_function(wrap_pyfunction!(warm::warm_trigger, m)?)?;
     m.add_function(wrap_pyfunction!(sim::sim_defaults, m)?)?;
     Ok(())
 }

@@ -36,7 +36,7 @@ pub enum WarmError {
     #[error("no warm runtime is running (see sluice warm status)")]
     NoRuntime,
     /// `sluice warm trigger` without `--pid` while several runtimes run.
-    #[error("{} runtimes are running (pids {}): choose one with --pid", pids.len(), join(pids))]
+    #[error("{} runtimes are running (pids {}): choose one by its pid (--pid, pid=)", pids.len(), join(pids))]
     SeveralRuntimes { pids: Vec<i32> },
     /// A model directory with no files to serve.
     #[error("{dir}: no model files in it")]

@@ -13,8 +13,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::WarmError;
 
-/// What a runtime reports about itself.
+/// What a runtime reports about itself. Fields a file lacks (an older
+/// runtime's) read as their defaults; the pid is the file's name.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct RuntimeStatus {
     pub pid: i32,
     /// `run`, `record` or `daemon`.
@@ -76,7 +78,7 @@ pub fn list(dir: &Path) -> Result<Vec<RuntimeStatus>, WarmError> {
             .map_err(|e| e.to_string())
             .and_then(|b| serde_json::from_slice::<RuntimeStatus>(&b).map_err(|e| e.to_string()))
         {
-            Ok(s) => out.push(s),
+            Ok(s) => out.push(RuntimeStatus { pid, ..s }),
             Err(e) => tracing::warn!("{}: {e}", path.display()),
         }
     }

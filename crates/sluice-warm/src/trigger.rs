@@ -163,6 +163,35 @@ pub fn parse_line(line: &[u8], model_dir: &Path) -> Result<Option<AccessEvent>, 
     }))
 }
 
+/// An explicit access to announce to a running runtime.
+#[derive(Clone, Debug, Default)]
+pub struct TriggerRequest {
+    /// The file, absolute or relative to the runtime's model directory.
+    pub path: String,
+    /// First byte (default 0).
+    pub offset: Option<u64>,
+    /// Bytes (default: to the end of the file).
+    pub len: Option<u64>,
+    /// The loader worker this access belongs to.
+    pub worker: Option<u32>,
+    /// The runtime's pid; needed when several run.
+    pub pid: Option<i32>,
+}
+
+/// Sends `request` to its runtime (see [`target_runtime`]) through that
+/// runtime's pipe in `env`'s run directory: what `sluice warm trigger` and
+/// `sluice.warm.trigger` do.
+pub fn trigger(env: &crate::config::WarmEnv, request: &TriggerRequest) -> Result<(), WarmError> {
+    let pid = target_runtime(&env.run_dir(), request.pid)?;
+    let line = serde_json::json!({
+        "path": request.path,
+        "offset": request.offset,
+        "len": request.len,
+        "worker": request.worker,
+    });
+    send(&env.trigger_pipe(pid), &line.to_string())
+}
+
 /// The pid of the runtime a trigger goes to: `pid` when given, else the one
 /// runtime publishing its status in `run_dir`; none, or several, is an
 /// error that says so.

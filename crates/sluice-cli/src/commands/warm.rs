@@ -13,19 +13,20 @@ use sluice_warm::config::{RunMode, WarmEnv, WarmOptions};
 use sluice_warm::runtime::{self, RunConfig, RunReport, Status};
 use sluice_warm::status::{self as warm_status, RuntimeStatus};
 use sluice_warm::template::TemplateStore;
+use sluice_warm::trigger::TriggerRequest;
 use sluice_warm::WarmError;
 
 use crate::{WarmCommand, WarmCommonArgs, WarmStatusArgs, WarmTriggerArgs};
 
 fn trigger(args: &WarmTriggerArgs, env: &WarmEnv) -> Result<(), WarmError> {
-    let pid = sluice_warm::trigger::target_runtime(&env.run_dir(), args.pid)?;
-    let line = serde_json::json!({
-        "path": args.path,
-        "offset": args.offset,
-        "len": args.len,
-        "worker": args.worker,
-    });
-    sluice_warm::trigger::send(&env.trigger_pipe(pid), &line.to_string())
+    let request = TriggerRequest {
+        path: args.path.clone(),
+        offset: args.offset,
+        len: args.len,
+        worker: args.worker,
+        pid: args.pid,
+    };
+    sluice_warm::trigger::trigger(env, &request)
 }
 
 /// Set by SIGINT/SIGTERM: the runtime stops (and stops the service).
