@@ -1,0 +1,260 @@
+//! [`Host`]: the `python -m sluice.warm_host module:Class` child process and
+//! the one request/reply exchange over its pipes.
+//!
+//! The host runs in a process group of its own, so that a terminal's Ctrl-C
+//! reaches the runtime (which stops the policy in order) and a kill takes
+//! the policy's own children with it. Our ends of its pipes are
+//! non-blocking: a call writes one JSON line and reads one back, waiting in
+//! `poll(2)` until the call's deadline, with a line buffer for what arrives
+//! past the newline. No thread per policy.
+//!
+//! Every way a call can fail is a [`HostError`]. The host is killed (its
+//! whole group) when the [`Host`] is dropped; [`Host::finish`] first closes
+//! its input and gives it a grace period to exit on its own.
+
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::PythonConfig;
+
+/// A reply longer than this is garbage, not a plan (a million prefetches
+/// are about 100 MiB of JSON; no policy needs that many per event).
+const MAX_REPLY_BYTES: usize = 64 << 20;
+
+/// 100 ms: how long a host whose pipe closed gets to be reaped, so that the
+/// fault says "exited (status N)" rather than just "exited"; a process
+/// that closed its stdout is normally gone within a few ms.
+const EXIT_STATUS_WAIT: Duration = Duration::from_millis(100);
+
+/// 2 ms between `try_wait`s while waiting for an exit: short next to the
+/// waits themselves, long enough not to spin.
+const REAP_POLL: Duration = Duration::from_millis(2);
+
+/// How a call to the host failed.
+#[derive(Debug)]
+pub(super) enum HostError {
+    /// The policy raised: its `"Type: message\n<traceback>"`.
+    Raised(String),
+    /// No usable reply: it exited, or wrote something that is not one. The message completes
+    /// "the policy process …".
+    Broken(String),
+    /// The deadline passed; the message completes "the policy process …".
+    TimedOut(String),
+}
+
+/// The `sluice.warm_host` child and its pipes (non-blocking on our side).
+pub(super) struct Host {
+    pub(super) child: Child,
+    /// `None` once closed (`finish`), so the host sees end of input.
+    stdin: Option<ChildStdin>,
+    stdout: ChildStdout,
+    /// Bytes read past the last complete line.
+    buffer: Vec<u8>,
+}
+
+impl Host {
+    /// Runs `python -m sluice.warm_host spec`; its stderr is ours, so its
+    /// tracebacks and prints reach the log.
+    pub(super) fn start(python: &Path, spec: &str, config: &PythonConfig) -> Result<Host, String> {
+        let mut child = Command::new(python)
+            .args(["-m", "sluice.warm_host", spec])
+            .env("PYTHONPATH", config.host_python_path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            // Its own group: see the module header.
+            .process_group(0)
+            .spawn()
+            .map_err(|e| format!("cannot run {}: {e} (set SLUICE_PYTHON)", python.display()))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err("the interpreter's pipes were not set up".into());
+        };
+        for fd in [stdin.as_raw_fd(), stdout.as_raw_fd()] {
+            if let Err(e) = set_nonblocking(fd) {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("making its pipe non-blocking: {e}"));
+            }
+        }
+        Ok(Host {
+            child,
+            stdin: Some(stdin),
+            stdout,
+            buffer: Vec::new(),
+        })
+    }
+
+    /// Sends `request` and returns the reply's `ok` value, within `timeout`.
+    pub(super) fn call(&mut self, request: &Value, timeout: Duration) -> Result<Value, HostError> {
+        let deadline = Instant::now() + timeout;
+        let mut line = request.to_string().into_bytes();
+        line.push(b'\n');
+        self.write_all(&line, deadline, timeout)?;
+        let reply = self.read_line(deadline, timeout)?;
+        let reply: Value = serde_json::from_slice(&reply).map_err(|e| {
+            let text = String::from_utf8_lossy(&reply);
+            let head: String = text.trim_end().chars().take(200).collect();
+            HostError::Broken(format!("answered {head:?}, which is not JSON: {e}"))
+        })?;
+        match reply {
+            Value::Object(mut map) if map.len() == 1 => {
+                if let Some(value) = map.remove("ok") {
+                    return Ok(value);
+                }
+                match map.remove("error") {
+                    Some(Value::String(message)) => Err(HostError::Raised(message)),
+                    _ => Err(HostError::Broken(format!(
+                        "answered {}, not {{\"ok\": ...}} or {{\"error\": str}}",
+                        Value::Object(map)
+                    ))),
+                }
+            }
+            other => Err(HostError::Broken(format!(
+                "answered {other}, not {{\"ok\": ...}} or {{\"error\": str}}"
+            ))),
+        }
+    }
+
+    fn write_all(
+        &mut self,
+        mut bytes: &[u8],
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<(), HostError> {
+        let Some(stdin) = self.stdin.as_mut() else {
+            return Err(HostError::Broken("has no input any more".into()));
+        };
+        while !bytes.is_empty() {
+            match stdin.write(bytes) {
+                Ok(0) => return Err(self.gone("stopped reading")),
+                Ok(n) => bytes = &bytes[n..],
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    if !wait_for(stdin.as_raw_fd(), libc::POLLOUT, deadline) {
+                        return Err(timed_out(timeout, "take the request"));
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.gone(&format!("stopped reading ({e})"))),
+            }
+        }
+        Ok(())
+    }
+
+    fn read_line(&mut self, deadline: Instant, timeout: Duration) -> Result<Vec<u8>, HostError> {
+        let mut chunk = [0u8; 16 << 10];
+        let mut scanned = 0;
+        loop {
+            if let Some(at) = self.buffer[scanned..].iter().position(|&b| b == b'\n') {
+                return Ok(self.buffer.drain(..=scanned + at).collect());
+            }
+            scanned = self.buffer.len();
+            if self.buffer.len() > MAX_REPLY_BYTES {
+                return Err(HostError::Broken(format!(
+                    "wrote more than {MAX_REPLY_BYTES} bytes without a newline"
+                )));
+            }
+            match self.stdout.read(&mut chunk) {
+                Ok(0) => return Err(self.gone("exited")),
+                Ok(n) => self.buffer.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    if !wait_for(self.stdout.as_raw_fd(), libc::POLLIN, deadline) {
+                        return Err(timed_out(timeout, "reply"));
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(HostError::Broken(format!("cannot be read: {e}"))),
+            }
+        }
+    }
+
+    /// "exited (status N)" when it has, within [`EXIT_STATUS_WAIT`]; `what`
+    /// otherwise.
+    fn gone(&mut self, what: &str) -> HostError {
+        let deadline = Instant::now() + EXIT_STATUS_WAIT;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return HostError::Broken(format!("exited ({status})"));
+            }
+            std::thread::sleep(REAP_POLL);
+        }
+        HostError::Broken(what.to_string())
+    }
+
+    /// Closes the host's input and gives it `grace` to exit; then kills it.
+    pub(super) fn finish(mut self, grace: Duration) {
+        self.stdin = None;
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(REAP_POLL);
+        }
+        // Drop kills it.
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        // Only while it is unreaped is its pid surely still our group's id.
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: kill(2) has no memory effects; a negative pid names the
+            // process group the host leads (`process_group(0)`).
+            unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn timed_out(timeout: Duration, what: &str) -> HostError {
+    HostError::TimedOut(format!(
+        "did not {what} within {} ms and was killed",
+        timeout.as_millis()
+    ))
+}
+
+fn set_nonblocking(fd: i32) -> std::io::Result<()> {
+    // SAFETY: fcntl on a descriptor we own, with integer arguments only.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Waits until `fd` is ready for `events` (or hung up); false when the
+/// deadline passed first.
+fn wait_for(fd: i32, events: libc::c_short, deadline: Instant) -> bool {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        // Rounded up, so a deadline under 1 ms does not spin.
+        let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+        let mut pfd = libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        };
+        // SAFETY: one pollfd we own, for the duration of the call.
+        let ready = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if ready > 0 {
+            return true;
+        }
+        // 0: timed out (the loop re-checks the clock); EINTR: retry. Any
+        // other error: let the caller's read or write report it.
+        if ready < 0 && std::io::Error::last_os_error().kind() != ErrorKind::Interrupted {
+            return true;
+        }
+    }
+}
