@@ -431,7 +431,10 @@ pub fn warm_exit_code(err: &sluice_warm::WarmError) -> i32 {
         WarmError::BadTemplate { .. } | WarmError::Template(_) | WarmError::NoModelFiles { .. } => {
             EXIT_INVALID
         }
-        WarmError::Config(_) | WarmError::InvalidArgument(_) | WarmError::NoCommand => 2,
+        WarmError::Config(_)
+        | WarmError::InvalidArgument(_)
+        | WarmError::NoCommand
+        | WarmError::Python(_) => 2,
         WarmError::Unsupported { .. } | WarmError::Policy { .. } => EXIT_FAILED,
     }
 }

@@ -41,6 +41,10 @@ pub enum WarmError {
     /// A policy failed; it is disabled and the application is unaffected.
     #[error("policy {name}: {message}")]
     Policy { name: String, message: String },
+    /// A Python policy could not be started (see
+    /// [`crate::python::PythonError`]).
+    #[error(transparent)]
+    Python(#[from] crate::python::PythonError),
 }
 
 /// The OS layer's errors keep their meaning here: a failed call on a file

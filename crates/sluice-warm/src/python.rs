@@ -7,8 +7,8 @@
 //! deadline (500 ms, `SLUICE_PY_POLICY_TIMEOUT_MS`); a Python exception,
 //! a missed deadline, an exited host, a reply that is not JSON or has a bad
 //! field, or a range on a file that is not a model file, all become
-//! [`WarmError::Policy`], which [`crate::policy::Guarded`] turns into
-//! "disabled and logged". The host is killed (its whole process group) on
+//! [`WarmError::Policy`](crate::WarmError::Policy), which
+//! [`crate::policy::Guarded`] turns into "disabled and logged". The host is killed (its whole process group) on
 //! the first fault, and when the policy is dropped. Since the runtime
 //! answers every permission event before it asks the policy, a stuck
 //! policy costs prefetching at most one deadline, never a reader.
@@ -35,8 +35,10 @@
 //!
 //! **Start-up.** [`spawn`] starts the host and waits for `hello`, so a
 //! missing module or class fails `sluice warm run` before the service is
-//! launched (a [`WarmError::Config`] carrying the Python error). The import
-//! gets 30 s, not the call deadline: importing torch alone takes seconds.
+//! launched: a [`PythonError`] (carrying the Python error when there is
+//! one), which the runtime sees as [`WarmError::Python`](crate::WarmError::Python)
+//! and the CLI as a bad option. The import gets 30 s, not the call
+//! deadline: importing torch alone takes seconds.
 //!
 //! **Parts.**
 //! - [`PythonConfig`] (`python/config.rs`): the interpreter, the deadlines,
@@ -48,29 +50,32 @@
 //!   checked field by field;
 //! - [`PythonPolicy`] (`python/python_policy.rs`): the
 //!   [`WarmPolicy`](crate::policy::WarmPolicy) over a host;
+//! - [`PythonError`] (`python/error.rs`): why a policy did not start.
 
 mod config;
+mod error;
 mod host;
 mod protocol;
 mod python_policy;
 #[cfg(test)]
 mod tests;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
 
 pub use config::{PythonConfig, DEFAULT_CALL_TIMEOUT, DEFAULT_STARTUP_TIMEOUT};
+pub use error::{InterpreterProbe, PythonError};
+pub use host::HostError;
 pub use python_policy::PythonPolicy;
 
-use crate::error::WarmError;
-use host::{Host, HostError};
+use host::Host;
 
 /// Starts the Python policy `spec` (`package.module:Class`) with the
 /// environment's settings ([`PythonConfig::from_env`]); `python` overrides
 /// the interpreter.
-pub fn spawn(spec: &str, python: Option<PathBuf>) -> Result<PythonPolicy, WarmError> {
+pub fn spawn(spec: &str, python: Option<PathBuf>) -> Result<PythonPolicy, PythonError> {
     let mut config = PythonConfig::from_env()?;
     if python.is_some() {
         config.python = python;
@@ -78,47 +83,47 @@ pub fn spawn(spec: &str, python: Option<PathBuf>) -> Result<PythonPolicy, WarmEr
     spawn_with(spec, &config)
 }
 
-/// Starts the Python policy `spec` and waits for its `hello`. Errors
-/// ([`WarmError::Config`]): a malformed spec, no interpreter that can run
-/// `sluice.warm_host`, or the Python error of importing or instantiating
-/// the class.
-pub fn spawn_with(spec: &str, config: &PythonConfig) -> Result<PythonPolicy, WarmError> {
+/// Starts the Python policy `spec` and waits for its `hello`. Errors: a
+/// malformed spec, no interpreter that can run `sluice.warm_host`, or the
+/// Python error of importing or instantiating the class.
+pub fn spawn_with(spec: &str, config: &PythonConfig) -> Result<PythonPolicy, PythonError> {
     validate_spec(spec)?;
     let python = interpreter(spec, config)?;
-    let mut host = Host::start(&python, spec, config)
-        .map_err(|e| WarmError::Config(format!("Python policy {spec}: {e}")))?;
+    let mut host = Host::start(&python, spec, config).map_err(|source| PythonError::Start {
+        spec: spec.to_string(),
+        python: python.clone(),
+        source,
+    })?;
     let class = match host.call(&json!({"call": "hello"}), config.startup_timeout) {
         Ok(Value::String(class)) => class,
-        Ok(other) => {
-            return Err(WarmError::Config(format!(
-                "Python policy {spec}: hello answered {other}, not the class name"
-            )))
+        Ok(reply) => {
+            let spec = spec.to_string();
+            return Err(PythonError::BadHello { spec, reply });
         }
-        Err(HostError::Raised(message)) => {
-            return Err(WarmError::Config(format!(
-                "Python policy {spec}: {message}"
-            )))
-        }
-        Err(HostError::TimedOut(message)) => {
-            return Err(WarmError::Config(format!(
-                "Python policy {spec}: the host {message}: is importing it this slow?"
-            )))
-        }
-        Err(HostError::Broken(message)) => {
-            return Err(WarmError::Config(format!(
-                "Python policy {spec}: {} -m sluice.warm_host {message} before saying hello \
-                 (is the sluice package installed for it? set SLUICE_PYTHON)",
-                python.display()
-            )))
-        }
+        Err(err) => return Err(hello_failed(spec, python, err)),
     };
     tracing::info!(policy = spec, python = %python.display(), "Python policy started");
     Ok(PythonPolicy::new(spec, class, host, config.call_timeout))
 }
 
+/// Why the host did not say hello: the Python error, the start-up
+/// deadline, or a host that exited or wrote garbage.
+fn hello_failed(spec: &str, python: PathBuf, err: HostError) -> PythonError {
+    let spec = spec.to_string();
+    match err {
+        HostError::Raised { message } => PythonError::Raised { spec, message },
+        HostError::TimedOut { timeout_ms, .. } => PythonError::HelloTimedOut { spec, timeout_ms },
+        source => PythonError::HostFailed {
+            spec,
+            python,
+            source,
+        },
+    }
+}
+
 /// Checks the `a.b:C` form: a dotted module path of identifiers, a colon,
 /// and a (possibly dotted) class name.
-pub fn validate_spec(spec: &str) -> Result<(), WarmError> {
+pub fn validate_spec(spec: &str) -> Result<(), PythonError> {
     let dotted = |s: &str| {
         s.split('.').all(|part| {
             let mut chars = part.chars();
@@ -128,9 +133,9 @@ pub fn validate_spec(spec: &str) -> Result<(), WarmError> {
     };
     match spec.split_once(':') {
         Some((module, class)) if dotted(module) && dotted(class) => Ok(()),
-        _ => Err(WarmError::Config(format!(
-            "policy {spec:?} is not a Python policy of the form package.module:Class"
-        ))),
+        _ => Err(PythonError::BadSpec {
+            spec: spec.to_string(),
+        }),
     }
 }
 
@@ -150,30 +155,35 @@ pub fn default_interpreters() -> Vec<PathBuf> {
 /// The configured interpreter; else the first candidate that can import
 /// `sluice.warm_host` (probed, so a `python3` without the package does not
 /// print its ImportError when the checkout's venv has it).
-fn interpreter(spec: &str, config: &PythonConfig) -> Result<PathBuf, WarmError> {
+fn interpreter(spec: &str, config: &PythonConfig) -> Result<PathBuf, PythonError> {
     if let Some(python) = &config.python {
         return Ok(python.clone());
     }
-    let mut failures = Vec::new();
+    let mut tried = Vec::new();
     for python in default_interpreters() {
-        let probe = Command::new(&python)
-            .args(["-c", "import sluice.warm_host"])
-            .env("PYTHONPATH", config.host_python_path())
-            .stdin(Stdio::null())
-            .output();
-        match probe {
-            Ok(out) if out.status.success() => return Ok(python),
-            Ok(out) => {
-                let stderr = String::from_utf8_lossy(&out.stderr);
-                let last = stderr.lines().last().unwrap_or("failed").trim().to_string();
-                failures.push(format!("{}: {last}", python.display()));
-            }
-            Err(err) => failures.push(format!("{}: {err}", python.display())),
+        match probe(&python, config) {
+            Ok(()) => return Ok(python),
+            Err(failure) => tried.push(InterpreterProbe { python, failure }),
         }
     }
-    Err(WarmError::Config(format!(
-        "Python policy {spec}: no interpreter can import sluice.warm_host ({}); \
-         set SLUICE_PYTHON to a Python with the sluice package",
-        failures.join("; ")
-    )))
+    Err(PythonError::NoInterpreter {
+        spec: spec.to_string(),
+        tried,
+    })
+}
+
+/// Whether `python` can import `sluice.warm_host`; if not, the last line of
+/// its stderr (the ImportError) or why it did not run.
+fn probe(python: &Path, config: &PythonConfig) -> Result<(), String> {
+    let out = Command::new(python)
+        .args(["-c", "import sluice.warm_host"])
+        .env("PYTHONPATH", config.host_python_path())
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|err| err.to_string())?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    Err(stderr.lines().last().unwrap_or("failed").trim().to_string())
 }

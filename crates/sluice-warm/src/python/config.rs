@@ -6,7 +6,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::error::WarmError;
+use super::PythonError;
 
 /// 500 ms: far above a policy's honest cost per call (a dict lookup and a
 /// few objects, tens of µs plus a pipe round trip), short enough that a
@@ -55,14 +55,14 @@ impl PythonConfig {
     /// The defaults with the environment's overrides, logged:
     /// `$SLUICE_PYTHON` (the interpreter) and `$SLUICE_PY_POLICY_TIMEOUT_MS`
     /// (the call deadline, a positive integer).
-    pub fn from_env() -> Result<PythonConfig, WarmError> {
+    pub fn from_env() -> Result<PythonConfig, PythonError> {
         PythonConfig::from_vars(|name| std::env::var_os(name))
     }
 
     /// [`PythonConfig::from_env`] over any variable lookup.
     pub(super) fn from_vars(
         var: impl Fn(&str) -> Option<OsString>,
-    ) -> Result<PythonConfig, WarmError> {
+    ) -> Result<PythonConfig, PythonError> {
         let mut config = PythonConfig::default();
         if let Some(python) = var(PYTHON_VAR) {
             tracing::info!(python = %Path::new(&python).display(), "{PYTHON_VAR}");
@@ -72,9 +72,11 @@ impl PythonConfig {
             let text = raw.to_string_lossy();
             let ms = text.trim().parse::<u64>().ok().filter(|ms| *ms > 0);
             let Some(ms) = ms else {
-                return Err(WarmError::Config(format!(
-                    "{CALL_TIMEOUT_VAR}={text:?} is not a positive number of milliseconds"
-                )));
+                return Err(PythonError::BadEnv {
+                    name: CALL_TIMEOUT_VAR,
+                    value: text.into_owned(),
+                    expected: "a positive number of milliseconds",
+                });
             };
             tracing::info!(ms, "{CALL_TIMEOUT_VAR}");
             config.call_timeout = Duration::from_millis(ms);

@@ -16,7 +16,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -36,16 +36,44 @@ const EXIT_STATUS_WAIT: Duration = Duration::from_millis(100);
 /// waits themselves, long enough not to spin.
 const REAP_POLL: Duration = Duration::from_millis(2);
 
-/// How a call to the host failed.
-#[derive(Debug)]
-pub(super) enum HostError {
+/// How a call to the host failed. Each message but [`HostError::Raised`]'s
+/// completes "the policy process …".
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
     /// The policy raised: its `"Type: message\n<traceback>"`.
-    Raised(String),
-    /// No usable reply: it exited, or wrote something that is not one. The message completes
-    /// "the policy process …".
-    Broken(String),
-    /// The deadline passed; the message completes "the policy process …".
-    TimedOut(String),
+    #[error("{message}")]
+    Raised { message: String },
+    /// It exited (its pipe closed); the status when it was reaped in time.
+    #[error("exited{}", status.map(|s| format!(" ({s})")).unwrap_or_default())]
+    Exited { status: Option<ExitStatus> },
+    /// It closed its input or its input failed, and it has not exited.
+    #[error("stopped reading{}", source.as_ref().map(|e| format!(" ({e})")).unwrap_or_default())]
+    StoppedReading { source: Option<std::io::Error> },
+    /// Its input was closed by us ([`Host::finish`]).
+    #[error("has no input any more")]
+    NoInput,
+    /// Its output could not be read.
+    #[error("cannot be read: {source}")]
+    Unreadable { source: std::io::Error },
+    /// A reply line longer than [`MAX_REPLY_BYTES`].
+    #[error("wrote more than {limit_bytes} bytes without a newline")]
+    ReplyTooLong { limit_bytes: usize },
+    /// A line that is not JSON; `head` is its first 200 characters.
+    #[error("answered {head:?}, which is not JSON: {source}")]
+    NotJson {
+        head: String,
+        source: serde_json::Error,
+    },
+    /// JSON, but neither `{"ok": ...}` nor `{"error": str}`.
+    #[error("answered {reply}, not {{\"ok\": ...}} or {{\"error\": str}}")]
+    NotAReply { reply: Value },
+    /// The deadline passed while waiting for it to `waiting_for` ("take the
+    /// request", "reply").
+    #[error("did not {waiting_for} within {timeout_ms} ms and was killed")]
+    TimedOut {
+        waiting_for: &'static str,
+        timeout_ms: u64,
+    },
 }
 
 /// The `sluice.warm_host` child and its pipes (non-blocking on our side).
@@ -61,7 +89,7 @@ pub(super) struct Host {
 impl Host {
     /// Runs `python -m sluice.warm_host spec`; its stderr is ours, so its
     /// tracebacks and prints reach the log.
-    pub(super) fn start(python: &Path, spec: &str, config: &PythonConfig) -> Result<Host, String> {
+    pub(super) fn start(python: &Path, spec: &str, config: &PythonConfig) -> std::io::Result<Host> {
         let mut child = Command::new(python)
             .args(["-m", "sluice.warm_host", spec])
             .env("PYTHONPATH", config.host_python_path())
@@ -70,18 +98,20 @@ impl Host {
             .stderr(Stdio::inherit())
             // Its own group: see the module header.
             .process_group(0)
-            .spawn()
-            .map_err(|e| format!("cannot run {}: {e} (set SLUICE_PYTHON)", python.display()))?;
+            .spawn()?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             let _ = child.kill();
             let _ = child.wait();
-            return Err("the interpreter's pipes were not set up".into());
+            return Err(std::io::Error::other("its pipes were not set up"));
         };
         for fd in [stdin.as_raw_fd(), stdout.as_raw_fd()] {
             if let Err(e) = set_nonblocking(fd) {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("making its pipe non-blocking: {e}"));
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!("making its pipe non-blocking: {e}"),
+                ));
             }
         }
         Ok(Host {
@@ -99,10 +129,10 @@ impl Host {
         line.push(b'\n');
         self.write_all(&line, deadline, timeout)?;
         let reply = self.read_line(deadline, timeout)?;
-        let reply: Value = serde_json::from_slice(&reply).map_err(|e| {
+        let reply: Value = serde_json::from_slice(&reply).map_err(|source| {
             let text = String::from_utf8_lossy(&reply);
-            let head: String = text.trim_end().chars().take(200).collect();
-            HostError::Broken(format!("answered {head:?}, which is not JSON: {e}"))
+            let head = text.trim_end().chars().take(200).collect();
+            HostError::NotJson { head, source }
         })?;
         match reply {
             Value::Object(mut map) if map.len() == 1 => {
@@ -110,16 +140,16 @@ impl Host {
                     return Ok(value);
                 }
                 match map.remove("error") {
-                    Some(Value::String(message)) => Err(HostError::Raised(message)),
-                    _ => Err(HostError::Broken(format!(
-                        "answered {}, not {{\"ok\": ...}} or {{\"error\": str}}",
-                        Value::Object(map)
-                    ))),
+                    Some(Value::String(message)) => Err(HostError::Raised { message }),
+                    Some(other) => Err(HostError::NotAReply {
+                        reply: serde_json::json!({ "error": other }),
+                    }),
+                    None => Err(HostError::NotAReply {
+                        reply: Value::Object(map),
+                    }),
                 }
             }
-            other => Err(HostError::Broken(format!(
-                "answered {other}, not {{\"ok\": ...}} or {{\"error\": str}}"
-            ))),
+            reply => Err(HostError::NotAReply { reply }),
         }
     }
 
@@ -130,11 +160,11 @@ impl Host {
         timeout: Duration,
     ) -> Result<(), HostError> {
         let Some(stdin) = self.stdin.as_mut() else {
-            return Err(HostError::Broken("has no input any more".into()));
+            return Err(HostError::NoInput);
         };
         while !bytes.is_empty() {
             match stdin.write(bytes) {
-                Ok(0) => return Err(self.gone("stopped reading")),
+                Ok(0) => return Err(self.gone(HostError::StoppedReading { source: None })),
                 Ok(n) => bytes = &bytes[n..],
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
                     if !wait_for(stdin.as_raw_fd(), libc::POLLOUT, deadline) {
@@ -142,7 +172,7 @@ impl Host {
                     }
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.gone(&format!("stopped reading ({e})"))),
+                Err(e) => return Err(self.gone(HostError::StoppedReading { source: Some(e) })),
             }
         }
         Ok(())
@@ -157,12 +187,12 @@ impl Host {
             }
             scanned = self.buffer.len();
             if self.buffer.len() > MAX_REPLY_BYTES {
-                return Err(HostError::Broken(format!(
-                    "wrote more than {MAX_REPLY_BYTES} bytes without a newline"
-                )));
+                return Err(HostError::ReplyTooLong {
+                    limit_bytes: MAX_REPLY_BYTES,
+                });
             }
             match self.stdout.read(&mut chunk) {
-                Ok(0) => return Err(self.gone("exited")),
+                Ok(0) => return Err(self.gone(HostError::Exited { status: None })),
                 Ok(n) => self.buffer.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
                     if !wait_for(self.stdout.as_raw_fd(), libc::POLLIN, deadline) {
@@ -170,22 +200,24 @@ impl Host {
                     }
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(HostError::Broken(format!("cannot be read: {e}"))),
+                Err(source) => return Err(HostError::Unreadable { source }),
             }
         }
     }
 
-    /// "exited (status N)" when it has, within [`EXIT_STATUS_WAIT`]; `what`
-    /// otherwise.
-    fn gone(&mut self, what: &str) -> HostError {
+    /// [`HostError::Exited`] with its status when it has exited within
+    /// [`EXIT_STATUS_WAIT`]; `otherwise` if not.
+    fn gone(&mut self, otherwise: HostError) -> HostError {
         let deadline = Instant::now() + EXIT_STATUS_WAIT;
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
-                return HostError::Broken(format!("exited ({status})"));
+                return HostError::Exited {
+                    status: Some(status),
+                };
             }
             std::thread::sleep(REAP_POLL);
         }
-        HostError::Broken(what.to_string())
+        otherwise
     }
 
     /// Closes the host's input and gives it `grace` to exit; then kills it.
@@ -214,11 +246,11 @@ impl Drop for Host {
     }
 }
 
-fn timed_out(timeout: Duration, what: &str) -> HostError {
-    HostError::TimedOut(format!(
-        "did not {what} within {} ms and was killed",
-        timeout.as_millis()
-    ))
+fn timed_out(timeout: Duration, waiting_for: &'static str) -> HostError {
+    HostError::TimedOut {
+        waiting_for,
+        timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+    }
 }
 
 fn set_nonblocking(fd: i32) -> std::io::Result<()> {

@@ -71,11 +71,11 @@ impl PythonPolicy {
             )),
             Some(host) => match host.call(&request, self.call_timeout) {
                 Ok(value) => parse(value, &self.files).map_err(|e| format!("bad reply: {e}")),
-                Err(HostError::Raised(message)) => Err(message),
-                Err(HostError::Broken(message)) => Err(format!("the policy process {message}")),
-                Err(HostError::TimedOut(message)) => Err(format!(
-                    "the policy process {message} (SLUICE_PY_POLICY_TIMEOUT_MS)"
+                Err(HostError::Raised { message }) => Err(message),
+                Err(e @ HostError::TimedOut { .. }) => Err(format!(
+                    "the policy process {e} (SLUICE_PY_POLICY_TIMEOUT_MS)"
                 )),
+                Err(e) => Err(format!("the policy process {e}")),
             },
         };
         outcome.map_err(|message| {

@@ -13,6 +13,7 @@ use serde_json::json;
 
 use super::protocol::{parse_evictions, parse_prefetches};
 use super::*;
+use crate::builtin::{by_name, BuiltinConfig};
 use crate::error::WarmError;
 use crate::policy::{
     AccessEvent, AccessKind, FileRange, Guarded, PolicyContext, Prefetch, Target, WarmPolicy,
@@ -295,7 +296,10 @@ fn a_module_or_class_that_cannot_be_loaded_fails_spawn_with_the_python_error() {
     for (spec, needle) in cases {
         let err = spawn_with(spec, &f.config).err().expect("spawn fails");
         let text = err.to_string();
-        assert!(matches!(err, WarmError::Config(_)), "{spec}: {err:?}");
+        assert!(
+            matches!(&err, PythonError::Raised { spec: s, .. } if s == spec),
+            "{spec}: {err:?}"
+        );
         assert!(
             text.contains(spec) && text.contains(needle),
             "{spec}: {text}"
@@ -314,9 +318,10 @@ fn bad_specs_are_refused_before_any_process_starts() {
         };
         let err = spawn_with(bad, &config).err().expect("refused");
         assert!(
-            matches!(&err, WarmError::Config(m) if m.contains("module:Class")),
-            "{bad:?}: {err}"
+            matches!(&err, PythonError::BadSpec { spec } if spec == bad),
+            "{bad:?}: {err:?}"
         );
+        assert!(err.to_string().contains("module:Class"), "{bad:?}: {err}");
     }
     for good in ["a.b:C", "m:Outer.Inner", "_x:Y", "pkg.mod_2:Policy_1"] {
         assert!(validate_spec(good).is_ok(), "{good}");
@@ -326,7 +331,15 @@ fn bad_specs_are_refused_before_any_process_starts() {
         ..PythonConfig::default()
     };
     let err = spawn_with("a:B", &config).err().expect("no interpreter");
+    let PythonError::Start { spec, python, .. } = &err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(
+        (spec.as_str(), python.as_path()),
+        ("a:B", Path::new("/nonexistent/python"))
+    );
     assert!(err.to_string().contains("/nonexistent/python"), "{err}");
+    assert!(err.to_string().contains("SLUICE_PYTHON"), "{err}");
 }
 
 /// A fake host: a shell script answering `hello`, then `reply`.
@@ -372,7 +385,55 @@ fn garbage_replies_and_an_exiting_host_are_faults() {
     let config = fake_host(dir.path(), "");
     std::fs::write(config.python.as_ref().unwrap(), "#!/bin/sh\nexit 1\n").unwrap();
     let err = spawn_with("fake:Fake", &config).err().expect("no hello");
-    assert!(err.to_string().contains("before saying hello"), "{err}");
+    assert!(
+        matches!(
+            &err,
+            PythonError::HostFailed {
+                source: HostError::Exited { .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(text.contains("before saying hello"), "{text}");
+    assert!(text.contains("is the sluice package installed"), "{text}");
+}
+
+#[test]
+fn a_host_that_does_not_answer_hello_with_the_class_name_fails_spawn() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = fake_host(dir.path(), "");
+    let script = config.python.clone().unwrap();
+    std::fs::write(
+        &script,
+        "#!/bin/sh\nread line\necho '{\"ok\": 3}'\nsleep 5\n",
+    )
+    .unwrap();
+    let err = spawn_with("fake:Fake", &config).err().expect("bad hello");
+    assert!(
+        matches!(&err, PythonError::BadHello { reply, .. } if reply == &json!(3)),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("not the class name"), "{err}");
+    // Silent until killed: the start-up deadline, not the call deadline.
+    std::fs::write(&script, "#!/bin/sh\nread line\nsleep 5\n").unwrap();
+    config.startup_timeout = Duration::from_millis(300);
+    let err = spawn_with("fake:Fake", &config).err().expect("no hello");
+    assert!(
+        matches!(
+            &err,
+            PythonError::HelloTimedOut {
+                timeout_ms: 300,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("is importing it this slow"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -445,10 +506,32 @@ fn the_environment_sets_the_interpreter_and_the_deadline() {
     assert_eq!(config.python, Some(PathBuf::from("/opt/py/bin/python")));
     assert_eq!(config.call_timeout, Duration::from_millis(1500));
     for bad in ["0", "-5", "soon", ""] {
-        let err = PythonConfig::from_vars(vars(bad)).unwrap_err().to_string();
-        assert!(err.contains("SLUICE_PY_POLICY_TIMEOUT_MS"), "{bad}: {err}");
+        let err = PythonConfig::from_vars(vars(bad)).unwrap_err();
+        let PythonError::BadEnv { name, value, .. } = &err else {
+            panic!("{bad}: {err:?}");
+        };
+        assert_eq!(
+            (*name, value.as_str()),
+            ("SLUICE_PY_POLICY_TIMEOUT_MS", bad)
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("SLUICE_PY_POLICY_TIMEOUT_MS"),
+            "{bad}: {text}"
+        );
     }
     let defaults = PythonConfig::from_vars(|_| None).unwrap();
     assert_eq!(defaults.python, None);
     assert_eq!(defaults.call_timeout, DEFAULT_CALL_TIMEOUT);
+}
+
+#[test]
+fn a_start_up_failure_reaches_the_runtime_as_a_python_error() {
+    let err = by_name("not-a-module:C", &BuiltinConfig::default())
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(&err, WarmError::Python(PythonError::BadSpec { spec }) if spec == "not-a-module:C"),
+        "{err:?}"
+    );
 }
