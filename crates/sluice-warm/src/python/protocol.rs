@@ -5,7 +5,8 @@
 //! field, an unknown key is a fault rather than ignored (a misspelt
 //! `"lenght"` must not pass silently), and a path must be one of the model
 //! files the policy was given, so a policy cannot make the runtime touch
-//! any other file. A failure says which item, which field and which value.
+//! any other file. Every failure is a [`ReplyError`] saying which item,
+//! which field and which value.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -17,6 +18,53 @@ use crate::policy::{AccessEvent, AccessKind, FileRange, PolicyContext, Prefetch,
 /// The model files a range may name: the path as the policy sees it (lossy
 /// UTF-8) → the real path.
 pub(super) type ModelFiles = HashMap<PathBuf, PathBuf>;
+
+/// A reply whose `ok` value is not what the call returns.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ReplyError {
+    /// Not a list (of prefetches or evictions).
+    #[error("expected a list of {what} objects, got {got}")]
+    NotAList { what: &'static str, got: Value },
+    /// Item `index` of the list is not an object.
+    #[error("{what} {index}: {got} is not an object")]
+    NotAnObject {
+        what: &'static str,
+        index: usize,
+        got: Value,
+    },
+    /// Item `index` of the list has a bad field.
+    #[error("{what} {index}: {fault}")]
+    BadItem {
+        what: &'static str,
+        index: usize,
+        fault: FieldError,
+    },
+    /// A call whose answer is a single value got another one.
+    #[error("{call} answered {got}, not {expected}")]
+    Unexpected {
+        call: &'static str,
+        expected: &'static str,
+        got: Value,
+    },
+}
+
+/// What is wrong with one prefetch or eviction.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum FieldError {
+    #[error("unknown field {key:?}")]
+    Unknown { key: String },
+    #[error("\"path\" must be a string, got {got}")]
+    PathNotAString { got: Value },
+    #[error("path {path:?} is not absolute")]
+    PathNotAbsolute { path: String },
+    #[error("path {path:?} is not one of the model files")]
+    NotAModelFile { path: String },
+    /// Absent, negative, fractional, or too large for the field's type.
+    #[error("{key:?} must be a non-negative integer in range, got {got}")]
+    NotAnInteger { key: &'static str, got: Value },
+    #[error("target {got} is not {{\"accelerator\": n}}, {{\"numa\": n}} or null")]
+    BadTarget { got: Value },
+}
 
 /// A path as the policy sees it.
 fn lossy(path: &Path) -> String {
@@ -65,23 +113,34 @@ pub(super) fn event_json(event: &AccessEvent) -> Value {
 }
 
 /// The answer of `wait_for_init`: a bool.
-pub(super) fn parse_wait_for_init(value: Value, _: &ModelFiles) -> Result<bool, String> {
+pub(super) fn parse_wait_for_init(value: Value, _: &ModelFiles) -> Result<bool, ReplyError> {
     match value {
         Value::Bool(b) => Ok(b),
-        other => Err(format!("wait_for_init answered {other}, not a bool")),
+        got => Err(ReplyError::Unexpected {
+            call: "wait_for_init",
+            expected: "a bool",
+            got,
+        }),
     }
 }
 
 /// The answer of `exit`: `null`.
-pub(super) fn parse_exit(value: Value, _: &ModelFiles) -> Result<(), String> {
+pub(super) fn parse_exit(value: Value, _: &ModelFiles) -> Result<(), ReplyError> {
     match value {
         Value::Null => Ok(()),
-        other => Err(format!("exit answered {other}, not null")),
+        got => Err(ReplyError::Unexpected {
+            call: "exit",
+            expected: "null",
+            got,
+        }),
     }
 }
 
 /// The answer of `init` and `on_access`: a list of prefetches.
-pub(super) fn parse_prefetches(value: Value, files: &ModelFiles) -> Result<Vec<Prefetch>, String> {
+pub(super) fn parse_prefetches(
+    value: Value,
+    files: &ModelFiles,
+) -> Result<Vec<Prefetch>, ReplyError> {
     parse_list(value, "prefetch", |item| {
         let range = parse_range(item, files, &["stream", "target"])?;
         let stream = match item.get("stream") {
@@ -96,24 +155,33 @@ pub(super) fn parse_prefetches(value: Value, files: &ModelFiles) -> Result<Vec<P
 }
 
 /// The answer of `evict`: a list of ranges.
-pub(super) fn parse_evictions(value: Value, files: &ModelFiles) -> Result<Vec<FileRange>, String> {
+pub(super) fn parse_evictions(
+    value: Value,
+    files: &ModelFiles,
+) -> Result<Vec<FileRange>, ReplyError> {
     parse_list(value, "eviction", |item| parse_range(item, files, &[]))
 }
 
 fn parse_list<T>(
     value: Value,
-    what: &str,
-    parse: impl Fn(&Map<String, Value>) -> Result<T, String>,
-) -> Result<Vec<T>, String> {
+    what: &'static str,
+    parse: impl Fn(&Map<String, Value>) -> Result<T, FieldError>,
+) -> Result<Vec<T>, ReplyError> {
     let Value::Array(items) = value else {
-        return Err(format!("expected a list of {what} objects, got {value}"));
+        return Err(ReplyError::NotAList { what, got: value });
     };
     items
         .iter()
         .enumerate()
-        .map(|(i, item)| match item {
-            Value::Object(map) => parse(map).map_err(|e| format!("{what} {i}: {e}")),
-            other => Err(format!("{what} {i}: {other} is not an object")),
+        .map(|(index, item)| match item {
+            Value::Object(map) => {
+                parse(map).map_err(|fault| ReplyError::BadItem { what, index, fault })
+            }
+            other => Err(ReplyError::NotAnObject {
+                what,
+                index,
+                got: other.clone(),
+            }),
         })
         .collect()
 }
@@ -124,25 +192,23 @@ fn parse_range(
     item: &Map<String, Value>,
     files: &ModelFiles,
     extra: &[&str],
-) -> Result<FileRange, String> {
+) -> Result<FileRange, FieldError> {
     if let Some(key) = item
         .keys()
         .find(|k| !["path", "offset", "len"].contains(&k.as_str()) && !extra.contains(&k.as_str()))
     {
-        return Err(format!("unknown field {key:?}"));
+        return Err(FieldError::Unknown { key: key.clone() });
     }
     let Some(Value::String(path)) = item.get("path") else {
-        return Err(format!(
-            "\"path\" must be a string, got {}",
-            item.get("path").unwrap_or(&Value::Null)
-        ));
+        let got = item.get("path").cloned().unwrap_or(Value::Null);
+        return Err(FieldError::PathNotAString { got });
     };
     let given = Path::new(path);
     if !given.is_absolute() {
-        return Err(format!("path {path:?} is not absolute"));
+        return Err(FieldError::PathNotAbsolute { path: path.clone() });
     }
     let Some(real) = files.get(given) else {
-        return Err(format!("path {path:?} is not one of the model files"));
+        return Err(FieldError::NotAModelFile { path: path.clone() });
     };
     Ok(FileRange::new(
         real.clone(),
@@ -152,7 +218,7 @@ fn parse_range(
 }
 
 /// `{"accelerator": n}`, `{"numa": n}`, or absent or `null` for any.
-fn parse_target(target: Option<&Value>) -> Result<Target, String> {
+fn parse_target(target: Option<&Value>) -> Result<Target, FieldError> {
     match target {
         None | Some(Value::Null) => Ok(Target::Any),
         Some(Value::Object(t)) if t.len() == 1 && t.contains_key("accelerator") => {
@@ -161,17 +227,18 @@ fn parse_target(target: Option<&Value>) -> Result<Target, String> {
         Some(Value::Object(t)) if t.len() == 1 && t.contains_key("numa") => {
             Ok(Target::NumaNode(uint(t, "numa")?))
         }
-        Some(other) => Err(format!(
-            "target {other} is not {{\"accelerator\": n}}, {{\"numa\": n}} or null"
-        )),
+        Some(other) => Err(FieldError::BadTarget { got: other.clone() }),
     }
 }
 
 /// A non-negative integer field that fits `T`.
-fn uint<T: TryFrom<u64>>(map: &Map<String, Value>, key: &str) -> Result<T, String> {
+fn uint<T: TryFrom<u64>>(map: &Map<String, Value>, key: &'static str) -> Result<T, FieldError> {
     let value = map.get(key).unwrap_or(&Value::Null);
     value
         .as_u64()
         .and_then(|n| T::try_from(n).ok())
-        .ok_or_else(|| format!("{key:?} must be a non-negative integer in range, got {value}"))
+        .ok_or_else(|| FieldError::NotAnInteger {
+            key,
+            got: value.clone(),
+        })
 }

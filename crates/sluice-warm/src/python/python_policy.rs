@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::host::{Host, HostError};
-use super::protocol::{self, ModelFiles};
+use super::protocol::{self, ModelFiles, ReplyError};
 use crate::error::WarmError;
 use crate::policy::{AccessEvent, FileRange, PolicyContext, Prefetch, WarmPolicy};
 
@@ -62,7 +62,7 @@ impl PythonPolicy {
     fn request<T>(
         &mut self,
         request: Value,
-        parse: impl FnOnce(Value, &ModelFiles) -> Result<T, String>,
+        parse: impl FnOnce(Value, &ModelFiles) -> Result<T, ReplyError>,
     ) -> Result<T, WarmError> {
         let outcome = match self.host.as_mut() {
             None => Err(format!(

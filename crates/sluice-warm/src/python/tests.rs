@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::protocol::{parse_evictions, parse_prefetches};
+use super::protocol::{parse_evictions, parse_prefetches, FieldError, ReplyError};
 use super::*;
 use crate::builtin::{by_name, BuiltinConfig};
 use crate::error::WarmError;
@@ -483,14 +483,41 @@ fn replies_are_checked_field_by_field() {
     ];
     for (value, needle) in bad {
         let err = parse_prefetches(value.clone(), &files).unwrap_err();
-        assert!(err.contains(needle), "{value}: {err}");
+        let text = err.to_string();
+        assert!(text.contains(needle), "{value}: {text}");
     }
     let err = parse_evictions(
         json!([{"path": "/m/a", "offset": 0, "len": 1, "stream": 0}]),
         &files,
     )
     .unwrap_err();
-    assert!(err.contains("unknown field \"stream\""), "{err}");
+    let ReplyError::BadItem { what, index, fault } = &err else {
+        panic!("{err:?}");
+    };
+    assert_eq!((*what, *index), ("eviction", 0));
+    assert!(
+        matches!(fault, FieldError::Unknown { key } if key == "stream"),
+        "{fault:?}"
+    );
+    assert!(
+        err.to_string().contains("unknown field \"stream\""),
+        "{err}"
+    );
+    let err = parse_prefetches(
+        json!([{"path": "/m/a", "offset": 0, "len": 1}, {"path": "/m/a", "offset": 0, "len": -1}]),
+        &files,
+    )
+    .unwrap_err();
+    let ReplyError::BadItem {
+        index: 1, fault, ..
+    } = &err
+    else {
+        panic!("{err:?}");
+    };
+    let FieldError::NotAnInteger { key, got } = fault else {
+        panic!("{fault:?}");
+    };
+    assert_eq!((*key, got), ("len", &json!(-1)));
 }
 
 #[test]
