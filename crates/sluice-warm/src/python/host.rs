@@ -49,13 +49,13 @@ pub enum HostError {
     /// It closed its input or its input failed, and it has not exited.
     #[error("stopped reading{}", source.as_ref().map(|e| format!(" ({e})")).unwrap_or_default())]
     StoppedReading { source: Option<std::io::Error> },
-    /// Its input was closed by us ([`Host::finish`]).
+    /// Its input was closed by us (`Host::finish`).
     #[error("has no input any more")]
     NoInput,
     /// Its output could not be read.
     #[error("cannot be read: {source}")]
     Unreadable { source: std::io::Error },
-    /// A reply line longer than [`MAX_REPLY_BYTES`].
+    /// A reply line longer than `limit_bytes` (64 MiB, the cap on a reply).
     #[error("wrote more than {limit_bytes} bytes without a newline")]
     ReplyTooLong { limit_bytes: usize },
     /// A line that is not JSON; `head` is its first 200 characters.

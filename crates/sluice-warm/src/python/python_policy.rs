@@ -3,7 +3,7 @@
 //!
 //! A call that fails in any way (the policy raised, missed its deadline,
 //! the host exited, the reply is not one or fails
-//! [`protocol`](super::protocol)'s checks) kills the host and is
+//! [`protocol`]'s checks) kills the host and is
 //! [`WarmError::Policy`]; every later call fails at once, naming the first
 //! fault. The guard ([`crate::policy::Guarded`]) turns that into "disabled
 //! and logged".
