@@ -453,15 +453,13 @@ pub fn warm_exit_code(err: &sluice_warm::WarmError) -> i32 {
                 _ => EXIT_FAILED,
             }
         }
-        WarmError::BadTemplate { .. } | WarmError::Template(_) | WarmError::NoModelFiles { .. } => {
-            EXIT_INVALID
-        }
-        WarmError::Config(_)
-        | WarmError::BadOption(_)
+        WarmError::Template(_) | WarmError::NoModelFiles { .. } => EXIT_INVALID,
+        WarmError::BadOption(_)
         | WarmError::InvalidArgument(_)
         | WarmError::NoCommand
         | WarmError::NoRuntime
-        | WarmError::SeveralRuntimes { .. } => 2,
+        | WarmError::SeveralRuntimes { .. }
+        | WarmError::Python(_) => 2,
         WarmError::Unsupported { .. } | WarmError::Policy { .. } => EXIT_FAILED,
     }
 }

@@ -39,7 +39,7 @@ pub fn warm_to_py(py: Python<'_>, err: sluice_warm::WarmError) -> PyErr {
             _ => "SluiceIOError",
         },
         WarmError::NoRuntime | WarmError::SeveralRuntimes { .. } => "NoRuntimeError",
-        WarmError::BadOption(_) | WarmError::Config(_) | WarmError::InvalidArgument(_) => {
+        WarmError::BadOption(_) | WarmError::InvalidArgument(_) | WarmError::Python(_) => {
             "ConfigError"
         }
         _ => "SluiceError",

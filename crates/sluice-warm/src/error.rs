@@ -11,10 +11,6 @@ pub enum WarmError {
         #[source]
         source: std::io::Error,
     },
-    /// A template file that is not one, is truncated, corrupt or of another
-    /// version.
-    #[error("template {path}: {message}")]
-    BadTemplate { path: PathBuf, message: String },
     /// Reading, decoding or writing a template failed (see
     /// [`crate::template::TemplateError`]).
     #[error(transparent)]
@@ -26,9 +22,6 @@ pub enum WarmError {
         feature: &'static str,
         reason: String,
     },
-    /// A message-only option error; being replaced by the typed variants.
-    #[error("{0}")]
-    Config(String),
     /// A bad option, named with its value and what it must be.
     #[error(transparent)]
     BadOption(#[from] crate::config::ConfigError),
@@ -51,6 +44,10 @@ pub enum WarmError {
     /// A policy failed; it is disabled and the application is unaffected.
     #[error("policy {name}: {message}")]
     Policy { name: String, message: String },
+    /// A Python policy could not be started (see
+    /// [`crate::python::PythonError`]).
+    #[error(transparent)]
+    Python(#[from] crate::python::PythonError),
 }
 
 /// The OS layer's errors keep their meaning here: a failed call on a file
