@@ -239,7 +239,8 @@ def header_lines(meta: dict[str, Any]) -> list[str]:
     opts = meta.get("sluice_opts")
     command_line = f"Command: `{meta['command']}`" + (f", Sluice options {opts}." if opts else ".")
     versions_line = "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items()) + "."
-    return [machine_line, checkpoint_line, versions_line, command_line]
+    memory = [f"Memory: {meta['memory_note']}."] if meta.get("memory_note") else []
+    return [machine_line, checkpoint_line, versions_line, command_line, *memory]
 
 
 def busy_warning(meta: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:

@@ -35,7 +35,6 @@ drop_caches).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -46,11 +45,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import page_cache
 
 REPO = Path(__file__).resolve().parent.parent
 SLUICE = REPO / "target" / "release" / "sluice"
@@ -170,41 +169,6 @@ def model_bytes(model: Path) -> int:
 def drop_caches() -> None:
     os.sync()
     Path("/proc/sys/vm/drop_caches").write_text("3")
-
-
-PAGE_REPORTING = Path("/sys/module/page_reporting/parameters/page_reporting_order")
-
-
-@contextlib.contextmanager
-def free_page_reporting_off(keep: bool, prime_bytes: int) -> Iterator[str]:
-    """Turns a VM's free page reporting off for the benchmark and back on after it.
-
-    With virtio-balloon free page reporting, free memory is handed back to the host about two
-    seconds after it is freed, and the next guest touch of such a page faults on the host.
-    Every round frees the model's page cache (drop_caches) and then allocates it again, so
-    which phase of which run pays for those faults depends on timing, not on the policy: on
-    this VM the same load phase from a fully cached model took 0.5 s or 1.1-2.9 s. Reporting
-    is off while the benchmark runs (``page_reporting_order`` above the largest page order),
-    and ``prime_bytes`` of memory are touched once so the runs start on host-backed pages.
-    Yields a note for the report.
-    """
-    if keep or not PAGE_REPORTING.exists():
-        yield "free page reporting: " + ("left on" if keep else "not present")
-        return
-    before = PAGE_REPORTING.read_text().strip()
-    for order in ("11", "10"):
-        try:
-            PAGE_REPORTING.write_text(order)
-            break
-        except OSError:
-            continue
-    now = PAGE_REPORTING.read_text().strip()
-    try:
-        touched = np.ones(max(0, prime_bytes) // 8, dtype=np.int64)
-        del touched
-        yield f"free page reporting: off (page_reporting_order {before} -> {now}) for the run"
-    finally:
-        PAGE_REPORTING.write_text(before)
 
 
 def block_device(path: Path) -> str | None:
@@ -432,7 +396,9 @@ def main() -> int:
     print(f"model {model}: {size / GIB:.2f} GiB; model share {share / GIB:.2f} GiB", flush=True)
     # SIGTERM unwinds like Ctrl-C, so the page-reporting setting is put back.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    with free_page_reporting_off(args.keep_page_reporting, prime_bytes(size)) as memory_note:
+    with page_cache.free_page_reporting_off(
+        args.keep_page_reporting, prime_bytes(size)
+    ) as memory_note:
         print(memory_note, flush=True)
         runs, traces, over = measure(args, model, templates, dev, limits)
     out = Path(args.out)

@@ -8,8 +8,9 @@ every byte of the files resident, which reading them once through the cache prov
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
@@ -40,6 +41,44 @@ def warm(paths: Iterable[Path]) -> int:
             while n := f.readinto(buf):
                 total += n
     return total
+
+
+# Every benchmark that frees and reallocates gigabytes runs with this off (see below).
+PAGE_REPORTING = Path("/sys/module/page_reporting/parameters/page_reporting_order")
+
+
+@contextlib.contextmanager
+def free_page_reporting_off(keep: bool, prime_bytes: int) -> Iterator[str]:
+    """Turns a VM's free page reporting off for the benchmark and back on after it.
+
+    With virtio-balloon free page reporting, free memory is handed back to the host about two
+    seconds after it is freed, and the next guest touch of such a page faults on the host.
+    Every round frees the model's page cache (drop_caches) and then allocates it again, so
+    which phase of which run pays for those faults depends on timing, not on the policy: on
+    this VM the same load phase from a fully cached model took 0.5 s or 1.1-2.9 s. Reporting
+    is off while the benchmark runs (``page_reporting_order`` above the largest page order),
+    and ``prime_bytes`` of memory are touched once so the runs start on host-backed pages.
+    Yields a note for the report.
+    """
+    if keep or not PAGE_REPORTING.exists():
+        yield "free page reporting: " + ("left on" if keep else "not present")
+        return
+    before = PAGE_REPORTING.read_text().strip()
+    for order in ("11", "10"):
+        try:
+            PAGE_REPORTING.write_text(order)
+            break
+        except OSError:
+            continue
+    now = PAGE_REPORTING.read_text().strip()
+    try:
+        touched = bytearray(max(0, prime_bytes))
+        page = os.sysconf("SC_PAGE_SIZE")
+        touched[::page] = b"\x01" * len(range(0, len(touched), page))  # write every page
+        del touched
+        yield f"free page reporting: off (page_reporting_order {before} -> {now}) for the run"
+    finally:
+        PAGE_REPORTING.write_text(before)
 
 
 NOT_ROOT_WARNING = """

@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use sluice_testkit::is_root;
+
 fn sluice(args: &[&str], templates: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(args)
@@ -15,11 +17,6 @@ fn sluice(args: &[&str], templates: &Path) -> Output {
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
 }
 
 /// A model directory on a disk file system (pre-content events need one).

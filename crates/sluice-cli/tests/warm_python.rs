@@ -2,33 +2,15 @@
 //! drives prefetch, a stuck and raising one is disabled without holding the
 //! service back, and one that cannot be imported is refused before launch.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
+use sluice_testkit::is_root;
 
-/// `$SLUICE_PYTHON`, else the checkout's venv, when it can import
-/// `sluice.warm_host`; `None` (the test skips) otherwise.
+/// The Python that runs the policy host (the test skips without one).
 fn python() -> Option<PathBuf> {
-    let python = std::env::var_os("SLUICE_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"));
-    let ok = Command::new(&python)
-        .args(["-c", "import sluice.warm_host"])
-        .output()
-        .is_ok_and(|out| out.status.success());
-    if !ok {
-        eprintln!(
-            "skipped: {} cannot import sluice.warm_host (run `make develop`)",
-            python.display()
-        );
-        return None;
-    }
-    Some(python)
+    sluice_testkit::python_with_sluice()
 }
 
 const POLICIES: &str = "\

@@ -9,7 +9,9 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::path::PathBuf;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 /// Whether the tests run as root (fanotify, cgroups); root-only tests
 /// return early with a message otherwise.
@@ -65,4 +67,60 @@ pub fn synced_file(dir: &tempfile::TempDir, len: usize) -> (File, PathBuf) {
     file.sync_all().expect("fsync");
     drop(file);
     (File::open(&path).expect("reopen"), path)
+}
+
+/// A two-file model directory `dir/model` (`a.safetensors`: 8 MiB,
+/// `b.safetensors`: 4 MiB, plus a hidden file that is not part of it),
+/// synced and dropped from the page cache (only clean pages can be
+/// dropped), so prefetch has something to do.
+pub fn model_dir(dir: &Path) -> PathBuf {
+    let m = dir.join("model");
+    std::fs::create_dir(&m).expect("create the model directory");
+    for (name, len) in [("a.safetensors", 8usize << 20), ("b.safetensors", 4 << 20)] {
+        let path = m.join(name);
+        let mut f = File::create(&path).expect("create a model file");
+        f.write_all(&vec![1u8; len]).expect("write a model file");
+        f.sync_all().expect("fsync a model file");
+        // SAFETY: fadvise only reads its integer arguments.
+        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    }
+    std::fs::write(m.join(".hidden"), b"x").expect("write the hidden file");
+    m
+}
+
+/// A Hugging Face cache in `dir`: `snapshots/rev/*.safetensors` are
+/// symlinks to `blobs/*` (the files of [`model_dir`]). Returns the snapshot
+/// directory.
+pub fn hf_layout(dir: &Path) -> PathBuf {
+    let m = model_dir(dir);
+    let blobs = dir.join("blobs");
+    let snap = dir.join("snapshots/rev");
+    std::fs::create_dir_all(&snap).expect("create the snapshot directory");
+    std::fs::rename(&m, &blobs).expect("move the model to blobs");
+    for name in ["a.safetensors", "b.safetensors"] {
+        std::os::unix::fs::symlink(format!("../../blobs/{name}"), snap.join(name))
+            .expect("link a snapshot file");
+    }
+    snap
+}
+
+/// `$SLUICE_PYTHON`, else the checkout's `.venv/bin/python`, when it can
+/// import `sluice.warm_host`; `None` (the caller skips, and this prints
+/// why) otherwise.
+pub fn python_with_sluice() -> Option<PathBuf> {
+    let python = std::env::var_os("SLUICE_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"));
+    let ok = Command::new(&python)
+        .args(["-c", "import sluice.warm_host"])
+        .output()
+        .is_ok_and(|out| out.status.success());
+    if !ok {
+        eprintln!(
+            "skipped: {} cannot import sluice.warm_host (run `make develop`)",
+            python.display()
+        );
+        return None;
+    }
+    Some(python)
 }

@@ -22,8 +22,6 @@ mod model_files;
 mod samplers;
 mod service;
 mod service_cgroup;
-#[cfg(test)]
-mod test_model;
 
 use std::ffi::OsString;
 use std::path::PathBuf;

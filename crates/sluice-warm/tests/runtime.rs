@@ -3,15 +3,13 @@
 //! skip with a message otherwise; the loop itself is tested without either
 //! in `runtime/event_loop/tests.rs`.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{disk_tempdir, hf_layout, is_root, model, synced_file};
 use sluice_engine::page_cache;
+use sluice_testkit::{disk_tempdir, hf_layout, is_root, model_dir as model, synced_file};
 use sluice_warm::builtin::BuiltinConfig;
 use sluice_warm::fanotify::Level;
 use sluice_warm::idle_gate::{IdleGate, ProcessTreeIo};

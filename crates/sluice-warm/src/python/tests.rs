@@ -6,7 +6,6 @@
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -19,24 +18,9 @@ use crate::policy::{
     AccessEvent, AccessKind, FileRange, Guarded, PolicyContext, Prefetch, Target, WarmPolicy,
 };
 
-/// `$SLUICE_PYTHON`, else the checkout's venv; `None` (the test skips)
-/// when it cannot import `sluice.warm_host`.
+/// The Python that runs the policy host (the test skips without one).
 fn test_python() -> Option<PathBuf> {
-    let python = std::env::var_os("SLUICE_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python"));
-    let ok = Command::new(&python)
-        .args(["-c", "import sluice.warm_host"])
-        .output()
-        .is_ok_and(|out| out.status.success());
-    if !ok {
-        eprintln!(
-            "skipped: {} cannot import sluice.warm_host (run `make develop`)",
-            python.display()
-        );
-        return None;
-    }
-    Some(python)
+    sluice_testkit::python_with_sluice()
 }
 
 /// A tempdir with `module.py` holding `source`, a two-file model, and

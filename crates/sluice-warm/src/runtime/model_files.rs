@@ -98,7 +98,7 @@ impl ModelNames {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::test_model::{hf_layout, model};
+    use sluice_testkit::{hf_layout, model_dir as model};
 
     #[test]
     fn model_files_are_sorted_sized_and_skip_hidden_entries() {
