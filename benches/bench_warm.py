@@ -57,6 +57,9 @@ CONSUMER = REPO / "benches" / "warm_consumer.py"
 MIB = 1 << 20
 GIB = 1 << 30
 
+# A policy name with this suffix runs through --baseline-bin instead of this build.
+BASELINE = " @baseline"
+
 # name -> extra `sluice warm run` flags
 POLICIES: dict[str, list[str]] = {
     "native": ["--policy", "native"],
@@ -84,11 +87,18 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="leave the VM's free page reporting on (see free_page_reporting_off)",
     )
+    p.add_argument(
+        "--baseline-bin",
+        help="another build's sluice binary: adds the rows 'eager @baseline' and "
+        "'template @baseline', run by it in the same interleaved rounds (an A/B of builds)",
+    )
     p.add_argument("--out", default="docs")
     args = p.parse_args()
     # Comma lists, parsed once.
     for name in ("backends", "policies", "scenarios"):
         setattr(args, name, [x for x in getattr(args, name).split(",") if x])
+    if args.baseline_bin:
+        args.policies += [f"{p}{BASELINE}" for p in ("eager", "template") if p in args.policies]
     return args
 
 
@@ -245,9 +255,10 @@ def warm_run(
     limit: int | None,
     templates: Path,
     record: bool = False,
+    binary: Path = SLUICE,
 ) -> dict[str, Any]:
     mode = ["record"] if record else ["run", *policy_flags]
-    cmd = [str(SLUICE), "warm", *mode, "--model", str(model), "--service", service(backend),
+    cmd = [str(binary), "warm", *mode, "--model", str(model), "--service", service(backend),
            "--template-dir", str(templates), "--json", "--no-progress"]  # fmt: skip
     if limit is not None and not record:
         cmd += ["--memory-limit", f"{limit}B"]
@@ -444,8 +455,11 @@ def measure(
                     drop_caches()
                     lim = limits[backend] if scenario == "constrained" else None
                     with DiskSampler(dev) as sampler:
-                        flags = POLICIES[policy]
-                        r = warm_run(flags, model, backend, args.init_seconds, lim, templates)
+                        flags = POLICIES[policy.removesuffix(BASELINE)]
+                        binary = Path(args.baseline_bin) if BASELINE in policy else SLUICE
+                        r = warm_run(
+                            flags, model, backend, args.init_seconds, lim, templates, binary=binary
+                        )
                     r.update(scenario=scenario, backend=backend, policy=policy, round=rnd)
                     runs.append(r)
                     if rnd == 0 and backend == "mmap":

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -43,6 +45,20 @@ def warm(paths: Iterable[Path]) -> int:
     return total
 
 
+def prime(nbytes: int) -> None:
+    """Touches `nbytes` of fresh memory once, in a child process.
+
+    Not in this process: a child started with vfork (as subprocess does) inherits the
+    parent's high-water RSS into its own ``ru_maxrss`` at exec, so priming here would make
+    every later worker report a peak RSS of at least ``nbytes``.
+    """
+    code = (
+        "import os, sys; n = int(sys.argv[1]); b = bytearray(n); p = os.sysconf('SC_PAGE_SIZE');"
+        " b[::p] = b'\\x01' * len(range(0, n, p))"
+    )
+    subprocess.run([sys.executable, "-c", code, str(max(0, nbytes))], check=True)
+
+
 # Every benchmark that frees and reallocates gigabytes runs with this off (see below).
 PAGE_REPORTING = Path("/sys/module/page_reporting/parameters/page_reporting_order")
 
@@ -72,10 +88,7 @@ def free_page_reporting_off(keep: bool, prime_bytes: int) -> Iterator[str]:
             continue
     now = PAGE_REPORTING.read_text().strip()
     try:
-        touched = bytearray(max(0, prime_bytes))
-        page = os.sysconf("SC_PAGE_SIZE")
-        touched[::page] = b"\x01" * len(range(0, len(touched), page))  # write every page
-        del touched
+        prime(prime_bytes)
         yield f"free page reporting: off (page_reporting_order {before} -> {now}) for the run"
     finally:
         PAGE_REPORTING.write_text(before)
