@@ -7,21 +7,21 @@ use sluice_formats::Checkpoint as RustCheckpoint;
 
 use crate::errors::err;
 
-#[pyclass(module = "sluice._sluice", frozen)]
-pub struct Checkpoint {
+#[pyclass(name = "Checkpoint", module = "sluice._sluice", frozen)]
+pub struct PyCheckpoint {
     inner: RustCheckpoint,
 }
 
 /// Reads and validates every header of the checkpoint at `path` (GIL released).
 #[pyfunction]
-pub fn open_checkpoint(py: Python<'_>, path: std::path::PathBuf) -> PyResult<Checkpoint> {
+pub fn open_checkpoint(py: Python<'_>, path: std::path::PathBuf) -> PyResult<PyCheckpoint> {
     let inner = py
         .detach(|| sluice_load::read_checkpoint(&path))
         .map_err(err(py))?;
-    Ok(Checkpoint { inner })
+    Ok(PyCheckpoint { inner })
 }
 
-impl Checkpoint {
+impl PyCheckpoint {
     /// A copy of the validated checkpoint, for a load that skips re-parsing.
     pub fn validated(&self) -> RustCheckpoint {
         self.inner.clone()
@@ -29,7 +29,7 @@ impl Checkpoint {
 }
 
 #[pymethods]
-impl Checkpoint {
+impl PyCheckpoint {
     /// Tensor names in file order, shard by shard.
     fn keys(&self) -> Vec<String> {
         self.inner.tensors().map(|(_, t)| t.name.clone()).collect()

@@ -4,7 +4,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use sluice_load::{LoadStats, Loader, TensorStream};
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::PyCheckpoint;
 use crate::config;
 use crate::errors::err;
 use crate::window::Window;
@@ -32,7 +32,7 @@ pub fn start_stream(
     chunk_bytes: Option<Bound<'_, PyAny>>,
     memory_limit: Option<Bound<'_, PyAny>>,
     drop_cache: Option<bool>,
-    checkpoint: Option<PyRef<'_, Checkpoint>>,
+    checkpoint: Option<PyRef<'_, PyCheckpoint>>,
 ) -> PyResult<Stream> {
     let cfg = config::build(
         direct,

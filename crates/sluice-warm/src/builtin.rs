@@ -24,7 +24,7 @@ mod test_support;
 
 use std::path::PathBuf;
 
-use crate::config::ConfigError;
+use crate::config::WarmConfigError;
 use crate::error::WarmError;
 use crate::policy::{FileRange, PolicyContext, Prefetch, WarmPolicy};
 use crate::template::ServiceId;
@@ -93,7 +93,7 @@ pub fn by_name(name: &str, config: &BuiltinConfig) -> Result<Box<dyn WarmPolicy>
         "precache" => Box::new(Precache),
         "template" => Box::new(TemplatePolicy::new(config.clone())?),
         other => {
-            return Err(ConfigError::UnknownPolicy {
+            return Err(WarmConfigError::UnknownPolicy {
                 name: other.to_string(),
                 known: BUILTIN_NAMES.join(", "),
             }

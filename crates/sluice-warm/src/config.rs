@@ -5,7 +5,7 @@
 //! Every default is written once, here, and the fronts read it from here
 //! (the CLI's flag defaults are these constants). Every check is made here,
 //! so each front accepts and refuses the same things, and a bad value is a
-//! [`ConfigError`] naming the option, the value and what it must be.
+//! [`WarmConfigError`] naming the option, the value and what it must be.
 //!
 //! The environment is read in one place, [`WarmEnv::from_vars`], and every
 //! override is logged.
@@ -83,7 +83,7 @@ impl RunMode {
 
 /// A bad option: which one, the value given and what it must be.
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
+pub enum WarmConfigError {
     #[error("--{option} {value}: {expected}")]
     Invalid {
         option: &'static str,
@@ -254,7 +254,7 @@ impl WarmOptions {
     /// Checks every option and builds the run's configuration; `pid` names
     /// the runtime's trigger pipe. `record` always uses the template
     /// policy; a daemon launches nothing.
-    pub fn into_run_config(self, env: &WarmEnv, pid: i32) -> Result<RunConfig, ConfigError> {
+    pub fn into_run_config(self, env: &WarmEnv, pid: i32) -> Result<RunConfig, WarmConfigError> {
         if !(self.watermark > 0.0 && self.watermark <= 1.0) {
             return Err(invalid("watermark", self.watermark, "must be in (0, 1]"));
         }
@@ -264,7 +264,7 @@ impl WarmOptions {
         };
         let service = self.service.as_deref().map(service_id);
         if policy == "template" && service.is_none() {
-            return Err(ConfigError::Missing {
+            return Err(WarmConfigError::Missing {
                 policy: "template",
                 option: "service",
                 why: "the spec its template is recorded for",
@@ -308,8 +308,8 @@ impl WarmOptions {
     }
 }
 
-fn invalid(option: &'static str, value: impl ToString, expected: &'static str) -> ConfigError {
-    ConfigError::Invalid {
+fn invalid(option: &'static str, value: impl ToString, expected: &'static str) -> WarmConfigError {
+    WarmConfigError::Invalid {
         option,
         value: value.to_string(),
         expected,
@@ -317,14 +317,14 @@ fn invalid(option: &'static str, value: impl ToString, expected: &'static str) -
 }
 
 /// A size option (`512MiB`, `1.5G`, `4096`).
-fn size(option: &'static str, value: &str) -> Result<u64, ConfigError> {
+fn size(option: &'static str, value: &str) -> Result<u64, WarmConfigError> {
     sluice_formats::parse_bytes(value)
         .map_err(|_| invalid(option, value, "must be a size like 4096, 512KiB or 6GiB"))
 }
 
 /// `auto`: [`AUTO_BAR_DISTANCE_BYTES`], at most an eighth of the memory
 /// limit (measured faster under tight limits); else a size.
-fn bar_distance(value: &str, memory_limit: Option<u64>) -> Result<u64, ConfigError> {
+fn bar_distance(value: &str, memory_limit: Option<u64>) -> Result<u64, WarmConfigError> {
     match value {
         "auto" => Ok(memory_limit.map_or(AUTO_BAR_DISTANCE_BYTES, |limit| {
             (limit / 8).min(AUTO_BAR_DISTANCE_BYTES)
@@ -334,7 +334,7 @@ fn bar_distance(value: &str, memory_limit: Option<u64>) -> Result<u64, ConfigErr
 }
 
 /// The fanotify level to insist on, and whether to run without fanotify.
-fn events(value: &str) -> Result<(Option<Level>, bool), ConfigError> {
+fn events(value: &str) -> Result<(Option<Level>, bool), WarmConfigError> {
     match value {
         "auto" => Ok((None, false)),
         "pre-content" => Ok((Some(Level::PreContent), false)),

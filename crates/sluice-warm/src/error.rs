@@ -24,7 +24,7 @@ pub enum WarmError {
     },
     /// A bad option, named with its value and what it must be.
     #[error(transparent)]
-    BadOption(#[from] crate::config::ConfigError),
+    BadOption(#[from] crate::config::WarmConfigError),
     /// `sluice warm trigger` with no runtime to send to.
     #[error("no warm runtime is running (see sluice warm status)")]
     NoRuntime,

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::BuiltinConfig;
-use crate::config::ConfigError;
+use crate::config::WarmConfigError;
 use crate::error::WarmError;
 use crate::policy::{AccessEvent, FileRange, PolicyContext, Prefetch, Target, WarmPolicy};
 use crate::template::{relative_path, Recorder, Template, TemplateError, TemplateStore};
@@ -322,7 +322,7 @@ fn check_model_matches(template: &Template, ctx: &PolicyContext) -> Result<(), W
 
 /// The template policy cannot run without `--option`.
 fn missing(option: &'static str, why: &'static str) -> WarmError {
-    ConfigError::Missing {
+    WarmConfigError::Missing {
         policy: "template",
         option,
         why,
