@@ -204,6 +204,9 @@ fn print_report(mode: &str, config: &RunConfig, r: &RunReport, json: bool) {
             "pauses": r.stats.pauses,
             "prefetch_errors": r.stats.prefetch_errors,
             "policy_fault": r.policy_fault,
+            "watch_events": r.watch_events,
+            "watch_unanswered": r.watch_unanswered,
+            "watch_dropped": r.watch_dropped,
             "cgroup": r.cgroup.as_ref().map(|p| p.display().to_string()),
             "template": template,
         });
@@ -221,6 +224,13 @@ fn print_report(mode: &str, config: &RunConfig, r: &RunReport, json: bool) {
         human(r.stats.superseded_bytes),
         r.stats.events
     );
+    if r.watch_unanswered > 0 || r.watch_dropped > 0 {
+        eprintln!(
+            "sluice warm: of {} access events, {} permission answers were refused by the kernel \
+             and {} events were dropped (logged above)",
+            r.watch_events, r.watch_unanswered, r.watch_dropped
+        );
+    }
     if let Some(fault) = &r.policy_fault {
         eprintln!("sluice warm: the policy was disabled: {fault}");
     }
