@@ -57,7 +57,7 @@ pub const DEFAULT_LAUNCH_QUIET_MS: u64 =
     IdleGate::<ProcessTreeIo>::DEFAULT_QUIET.as_millis() as u64;
 
 /// The access-event choices `--events` takes.
-const EVENT_CHOICES: &str = "auto, pre-content, open or explicit";
+const EVENT_CHOICES: &str = "use auto, pre-content, open or explicit";
 
 /// What a runtime does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
