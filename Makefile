@@ -6,6 +6,7 @@
 #   make bench-warm - page-cache policies under an unmodified loader (root; ~20 min)
 #   make numa-test  - the warm plane's tests in a two-NUMA-node Linux 6.1 VM (part of test),
 #                     then numa-vm-watchdog: the VM script's KVM-stall fallback, end to end
+#   make fuzz       - 60 s of libFuzzer on each parser (safetensors header, .sluicetpl; nightly)
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -125,7 +126,9 @@ bench-warm: $(STAMP)/develop build
 	$(PY) benches/bench_warm.py --data bench-data/warm --size-gib 4 --runs 3 --out docs/
 
 fuzz:
-	cd fuzz && $(CARGO) +nightly fuzz run parse_header -- -max_total_time=60
+	cd fuzz && for t in parse_header decode_template; do \
+	  $(CARGO) +nightly fuzz run $$t corpus/$$t seeds/$$t -- -max_total_time=60 || exit 1; \
+	done
 
 clean:
 	rm -rf target $(VENV) bench-data demo-data
