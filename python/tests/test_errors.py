@@ -242,6 +242,24 @@ def test_missing_path_raises_file_not_found(tmp_path: Path) -> None:
     assert isinstance(caught.value, SluiceIOError)
 
 
+def test_a_fifo_is_refused_at_once_naming_it(tmp_path: Path) -> None:
+    # In a child with a deadline: before the fix, opening the FIFO blocked for good.
+    fifo = tmp_path / "m.safetensors"
+    os.mkfifo(fifo)
+    code = (
+        "import sys, sluice.numpy\n"
+        "try:\n"
+        "    sluice.numpy.load_file(sys.argv[1])\n"
+        "except OSError as e:\n"
+        "    print(type(e).__name__, e)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.startswith("SluiceIOError"), done.stdout + done.stderr
+    assert "FIFO" in done.stdout and str(fifo) in done.stdout
+
+
 def test_header_error_is_a_value_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         sluice.load_file(header_not_object(tmp_path))

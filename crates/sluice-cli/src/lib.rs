@@ -429,6 +429,7 @@ fn report<E: std::fmt::Display>(outcome: Result<(), E>, code: impl Fn(&E) -> i32
 /// Exit status of a failed `sluice sim` command.
 pub fn sim_exit_code(err: &SimError) -> i32 {
     match err {
+        SimError::Io { source, .. } if sluice_engine::is_not_regular(source) => EXIT_INVALID,
         SimError::Io { source, .. } => match source.kind() {
             std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => EXIT_NOT_FOUND,
             _ => EXIT_FAILED,
@@ -445,6 +446,11 @@ pub fn warm_exit_code(err: &sluice_warm::WarmError) -> i32 {
     use sluice_warm::template::TemplateError;
     use sluice_warm::WarmError;
     match err {
+        WarmError::Io { source, .. } | WarmError::Template(TemplateError::Io { source, .. })
+            if sluice_engine::is_not_regular(source) =>
+        {
+            EXIT_INVALID
+        }
         WarmError::Io { source, .. } | WarmError::Template(TemplateError::Io { source, .. }) => {
             match source.kind() {
                 std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
@@ -468,6 +474,9 @@ pub fn warm_exit_code(err: &sluice_warm::WarmError) -> i32 {
 pub fn exit_code(err: &LoadError) -> i32 {
     if err.is_not_found() || err.is_permission_denied() {
         return EXIT_NOT_FOUND;
+    }
+    if err.is_not_regular() {
+        return EXIT_INVALID;
     }
     match err {
         LoadError::Format(_) | LoadError::NoShards { .. } | LoadError::UnknownTensor { .. } => {

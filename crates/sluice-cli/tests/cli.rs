@@ -122,3 +122,76 @@ fn bad_option_value_exits_2() {
     assert!(stderr(&out).contains("sideways"));
     assert_eq!(sluice(&[]).status.code(), Some(2));
 }
+
+/// Runs sluice with `args`, killed (and the test failed) if it has not
+/// ended within 20 s: a FIFO must be refused, never waited on.
+fn sluice_bounded(args: &[&str]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("sluice runs");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("sluice {args:?} hung on a FIFO");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+}
+
+#[test]
+fn fifos_are_refused_as_invalid_input_naming_them_not_waited_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("m.safetensors");
+    mkfifo(&fifo);
+    let trace = dir.path().join("t.oracleGeneral");
+    mkfifo(&trace);
+    let jsonl = dir.path().join("t.jsonl");
+    mkfifo(&jsonl);
+    let f = fifo.to_str().unwrap();
+    let out_dir = dir.path().join("study");
+    let o = out_dir.to_str().unwrap();
+    for args in [
+        vec!["load", f],
+        vec!["inspect", f],
+        vec!["load", dir.path().to_str().unwrap()],
+        vec![
+            "sim",
+            "run",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--policies",
+            "lru",
+            "--out",
+            o,
+        ],
+        vec![
+            "sim",
+            "run",
+            "--trace",
+            jsonl.to_str().unwrap(),
+            "--policies",
+            "lru",
+            "--out",
+            o,
+        ],
+    ] {
+        let out = sluice_bounded(&args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {err}");
+        assert!(
+            err.contains("FIFO") && err.contains(dir.path().to_str().unwrap()),
+            "{err}"
+        );
+    }
+}

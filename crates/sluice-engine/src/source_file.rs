@@ -12,14 +12,14 @@
 //! the file to its buffered descriptor for the rest of the load, and retry.
 //! Every fallback is logged with the file's path and the reason.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::error::OpenError;
 use crate::page_cache;
+use crate::regular_file::open_regular;
 
 /// Whether reads bypass the page cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -74,7 +74,7 @@ impl SourceFile {
             op,
             source,
         };
-        let buffered = File::open(path).map_err(|e| io_err("open", e))?;
+        let buffered = open_regular(path, 0).map_err(|e| io_err("open", e))?;
         let len = buffered.metadata().map_err(|e| io_err("stat", e))?.len();
         let mut file = SourceFile {
             path: path.to_path_buf(),
@@ -127,11 +127,7 @@ impl SourceFile {
     }
 
     fn open_direct(&mut self, align: usize, mode: DirectMode) -> Result<(), OpenError> {
-        match OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(&self.path)
-        {
+        match open_regular(&self.path, libc::O_DIRECT) {
             Ok(f) => {
                 self.direct = Some(f);
                 self.direct_align = align;

@@ -5,7 +5,6 @@
 //! Only headers are read here (8 bytes plus the JSON), with plain reads;
 //! the bulk data goes through the engines.
 
-use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -44,7 +43,10 @@ fn read_directory(dir: &Path) -> Result<Checkpoint, LoadError> {
     for entry in entries {
         let entry = entry.map_err(|e| LoadError::io(dir, "list", e))?;
         let path = entry.path();
-        if path.extension().is_some_and(|e| e == "safetensors") && path.is_file() {
+        // Every `*.safetensors` entry counts, whatever it is: a FIFO, a
+        // directory or a dangling link under that name is an error naming
+        // it (read_shard), never a shard silently left out of the load.
+        if path.extension().is_some_and(|e| e == "safetensors") {
             files.push(path);
         }
     }
@@ -65,7 +67,7 @@ fn read_directory(dir: &Path) -> Result<Checkpoint, LoadError> {
 }
 
 fn read_indexed(index_path: &Path) -> Result<Checkpoint, LoadError> {
-    let json = std::fs::read(index_path).map_err(|e| LoadError::io(index_path, "read", e))?;
+    let json = read_regular(index_path)?;
     let index = parse_index(index_path, &json)?;
     let dir = index_path.parent().unwrap_or(Path::new("."));
     let mut names = index.shard_names();
@@ -89,7 +91,8 @@ fn read_indexed(index_path: &Path) -> Result<Checkpoint, LoadError> {
 
 /// Reads and validates one shard's header.
 pub fn read_shard(path: &Path) -> Result<Shard, LoadError> {
-    let mut file = File::open(path).map_err(|e| LoadError::io(path, "open", e))?;
+    let mut file =
+        sluice_engine::open_regular(path, 0).map_err(|e| LoadError::io(path, "open", e))?;
     let file_len = file
         .metadata()
         .map_err(|e| LoadError::io(path, "stat", e))?
@@ -119,4 +122,15 @@ pub fn read_shard(path: &Path) -> Result<Shard, LoadError> {
         file_len,
         header,
     })
+}
+
+/// The whole of a small file (an index), refusing FIFOs and other
+/// non-regular files instead of blocking on them.
+fn read_regular(path: &Path) -> Result<Vec<u8>, LoadError> {
+    let mut file =
+        sluice_engine::open_regular(path, 0).map_err(|e| LoadError::io(path, "open", e))?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)
+        .map_err(|e| LoadError::io(path, "read", e))?;
+    Ok(bytes)
 }

@@ -97,6 +97,17 @@ impl LoadError {
         }
     }
 
+    /// True when a path named a FIFO, a directory, a device or a socket
+    /// where a file was expected (refused before reading, never waited on).
+    pub fn is_not_regular(&self) -> bool {
+        match self {
+            LoadError::Io { source, .. } | LoadError::Open(OpenError::Io { source, .. }) => {
+                sluice_engine::is_not_regular(source)
+            }
+            _ => false,
+        }
+    }
+
     /// True when the error is a permission problem.
     pub fn is_permission_denied(&self) -> bool {
         match self {

@@ -210,7 +210,7 @@ fn delimiter(spec: &str, value: &str) -> Result<u8, SimError> {
 
 /// Reads a CSV trace.
 pub fn read(path: &Path, config: &CsvConfig) -> Result<Trace, SimError> {
-    let file = std::fs::File::open(path).map_err(|source| SimError::Io {
+    let file = sluice_engine::open_regular(path, 0).map_err(|source| SimError::Io {
         path: path.to_path_buf(),
         source,
     })?;

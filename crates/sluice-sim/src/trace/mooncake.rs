@@ -92,10 +92,16 @@ pub struct MooncakeLine<'a> {
 
 /// Reads a Mooncake-style JSONL trace.
 pub fn read(path: &Path, config: &MooncakeConfig) -> Result<Trace, SimError> {
-    let bytes = std::fs::read(path).map_err(|source| SimError::Io {
+    let io = |source| SimError::Io {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(
+        &mut sluice_engine::open_regular(path, 0).map_err(io)?,
+        &mut bytes,
+    )
+    .map_err(io)?;
     parse(&bytes, &path.display().to_string(), config)
 }
 

@@ -51,7 +51,7 @@ pub fn read(path: &Path) -> Result<Trace, SimError> {
         path: path.to_path_buf(),
         source,
     };
-    let mut file = std::fs::File::open(path).map_err(io_error)?;
+    let mut file = sluice_engine::open_regular(path, 0).map_err(io_error)?;
     let len = file.metadata().map_err(io_error)?.len();
     let len = usize::try_from(len).map_err(|_| SimError::BadTrace {
         path: path.to_path_buf(),

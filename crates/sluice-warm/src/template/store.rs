@@ -10,7 +10,6 @@
 //! service, local or shared. Loading checks that the file holds the service asked for, so
 //! a renamed or copied file is not replayed for the wrong service.
 
-use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -23,7 +22,8 @@ pub const MAX_TEMPLATE_BYTES: u64 = 256 << 20;
 
 /// Reads and decodes the template at `path`.
 pub fn read_template(path: &Path) -> Result<Template, TemplateError> {
-    let file = File::open(path).map_err(TemplateError::io(path, IoOperation::Open))?;
+    let file =
+        sluice_engine::open_regular(path, 0).map_err(TemplateError::io(path, IoOperation::Open))?;
     let too_big = |len: u64| TemplateError::TooLarge {
         path: path.to_path_buf(),
         len,
@@ -141,6 +141,25 @@ mod tests {
 
     const NAME: &str = "t.sluicetpl";
 
+    #[test]
+    fn a_fifo_in_place_of_a_template_is_refused_at_once_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(NAME);
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // With no writer, a plain open would block here for good.
+        match read_template(&path) {
+            Err(TemplateError::Io {
+                path: p, source, ..
+            }) => {
+                assert_eq!(p, path);
+                assert!(sluice_engine::is_not_regular(&source), "{source}");
+            }
+            other => panic!("expected the FIFO refused, got {other:?}"),
+        }
+    }
+
     fn sample() -> Template {
         let file = |path: &str, size| TemplateFile {
             path: path.into(),
@@ -198,7 +217,7 @@ mod tests {
     fn read_refuses_files_over_the_size_limit_without_reading_them() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(NAME);
-        let f = File::create(&path).unwrap();
+        let f = std::fs::File::create(&path).unwrap();
         f.set_len(MAX_TEMPLATE_BYTES + 1).unwrap(); // sparse
         let err = read_template(&path).unwrap_err().to_string();
         assert!(err.contains("limit") && err.contains(NAME), "{err}");
