@@ -150,6 +150,23 @@ fn run_on_a_generated_kv_trace_writes_every_row_and_metric() {
     assert!(hit("belady", 0.05) >= hit("lru", 0.05));
     let csv = std::fs::read_to_string(res.join("results.csv")).unwrap();
     assert_eq!(csv.lines().count(), 9, "{csv}");
+    // The printed amplification is the JSON's: admitted bytes over hit bytes (issue 12:
+    // it was labelled "miss bytes / hit bytes", another metric).
+    assert!(
+        text.contains("amplification (admitted bytes / hit bytes)"),
+        "{text}"
+    );
+    let lru = rows
+        .iter()
+        .find(|r| r["policy"] == "lru" && r["fraction"].as_f64() == Some(0.05))
+        .unwrap();
+    let printed = format!("{:.4}", lru["amplification"].as_f64().unwrap());
+    let table = text.split("amplification (").nth(1).unwrap();
+    let line = table
+        .lines()
+        .find(|l| l.trim_start().starts_with("lru "))
+        .unwrap();
+    assert!(line.contains(&printed), "{line} vs {printed}");
 }
 
 #[test]

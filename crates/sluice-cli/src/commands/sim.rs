@@ -139,7 +139,7 @@ fn print_table(rows: &[GridRow]) {
         let policies = unique(mine.iter().map(|r| r.policy.as_str()));
         let tables: [(&str, Metric); 2] = [
             ("hit ratio", |r| r.hit_ratio),
-            ("amplification (miss bytes / hit bytes)", |r| {
+            ("amplification (admitted bytes / hit bytes)", |r| {
                 r.amplification
             }),
         ];
