@@ -135,7 +135,7 @@ pub fn simulate(trace: &Trace, config: &SimConfig) -> Result<SimStats, SimError>
             next_access: record.next_access,
         };
         let access = policy.access(&request, &mut evicted);
-        stats.bytes_requested += record.size;
+        stats.bytes_requested = stats.bytes_requested.saturating_add(record.size);
         if starts.peek() == Some(&i) {
             starts.next();
             in_prefix = true;
@@ -143,15 +143,15 @@ pub fn simulate(trace: &Trace, config: &SimConfig) -> Result<SimStats, SimError>
         match access {
             Access::Hit => {
                 stats.hits += 1;
-                stats.hit_bytes += record.size;
+                stats.hit_bytes = stats.hit_bytes.saturating_add(record.size);
                 stats.prefix_hits += u64::from(in_prefix);
             }
             Access::Miss { admitted } => {
                 in_prefix = false;
-                stats.miss_bytes += record.size;
+                stats.miss_bytes = stats.miss_bytes.saturating_add(record.size);
                 if admitted {
                     stats.admitted += 1;
-                    stats.admitted_bytes += record.size;
+                    stats.admitted_bytes = stats.admitted_bytes.saturating_add(record.size);
                 }
             }
         }

@@ -304,7 +304,7 @@ impl RowFields<'_> {
             fnv1a64(raw_id)
         };
         let size = match config.size_col {
-            Some(col) => self.unsigned("size", col, self.field("size", col)?)?,
+            Some(col) => self.size(col)?,
             None => 1,
         };
         Ok(Record {
@@ -336,6 +336,20 @@ impl RowFields<'_> {
         let text = self.text(field, col, raw)?;
         text.parse::<u64>()
             .map_err(|_| self.error(field, col, format!("{text:?} is not an unsigned integer")))
+    }
+
+    /// An object size: an unsigned integer no larger than
+    /// [`MAX_OBJECT_BYTES`], so byte counters over any trace stay exact.
+    fn size(&self, col: usize) -> Result<u64, SimError> {
+        let size = self.unsigned("size", col, self.field("size", col)?)?;
+        if size > MAX_OBJECT_BYTES {
+            return Err(self.error(
+                "size",
+                col,
+                format!("{size} bytes: larger than {MAX_OBJECT_BYTES} (1 TiB), the largest object a trace may hold"),
+            ));
+        }
+        Ok(size)
     }
 
     /// An unsigned integer, or a decimal truncated to one.
@@ -374,6 +388,11 @@ impl RowFields<'_> {
         }
     }
 }
+
+/// The largest object size a CSV trace may give: 1 TiB, far above any
+/// cached object, and small enough that byte counters over 16 million of
+/// them stay inside `u64` (sizes near 2^64 wrapped them before).
+pub const MAX_OBJECT_BYTES: u64 = 1 << 40;
 
 /// The common case of an unsigned integer field: plain ASCII digits that
 /// fit `u64`. Anything else (`+5`, overflow, junk) goes to the slow path,
@@ -523,14 +542,40 @@ mod tests {
     }
 
     #[test]
+    fn sizes_past_a_tebibyte_are_refused_naming_line_and_field() {
+        let config = CsvConfig {
+            size_col: Some(2),
+            id_col: 1,
+            has_header: false,
+            ..CsvConfig::default()
+        };
+        let ok = format!("1,{}\n", MAX_OBJECT_BYTES);
+        assert_eq!(
+            parse(ok.as_bytes(), "t.csv", &config).unwrap().records[0].size,
+            MAX_OBJECT_BYTES
+        );
+        // 2^64 - 1 used to be taken, and wrapped every byte counter of the study.
+        let huge = format!("1,10\n2,{}\n", u64::MAX);
+        match parse(huge.as_bytes(), "t.csv", &config) {
+            Err(SimError::BadField {
+                line,
+                field,
+                message,
+                ..
+            }) => {
+                assert_eq!(line, 2);
+                assert!(field.starts_with("size"), "{field}");
+                assert!(message.contains("1 TiB"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn fields_are_trimmed_and_overflow_is_an_error() {
-        let t = parse(
-            b" 7 , 18446744073709551615 \n",
-            "t",
-            &cfg("id-col=1,size-col=2"),
-        )
-        .unwrap();
-        assert_eq!((t.records[0].id, t.records[0].size), (7, u64::MAX));
+        // The largest size taken (2^64 - 1 was taken before, and wrapped the byte counters).
+        let t = parse(b" 7 , 1099511627776 \n", "t", &cfg("id-col=1,size-col=2")).unwrap();
+        assert_eq!((t.records[0].id, t.records[0].size), (7, MAX_OBJECT_BYTES));
         let e = err("1,18446744073709551616\n", "id-col=1,size-col=2");
         assert!(
             e.contains("\"18446744073709551616\" is not an unsigned integer"),

@@ -65,7 +65,7 @@ impl Trace {
         for r in &self.records {
             if seen.insert(r.id, ()).is_none() {
                 ws.objects += 1;
-                ws.bytes += r.size;
+                ws.bytes = ws.bytes.saturating_add(r.size);
             }
         }
         ws
