@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional, Union
 
 from . import _sluice
 from ._progress import Progress, ProgressCallback
+from .errors import ConfigError
 
 PathLike = Union[str, "os.PathLike[str]"]
 NameFilter = Union[None, Iterable[str], Callable[[str], bool]]
@@ -63,7 +64,7 @@ def iter_windows(
     _local.stats = None
     for option, value in (("concurrency", concurrency),):
         if value is not None and (not isinstance(value, int) or value < 1):
-            raise ValueError(f"{option} must be a positive integer, not {value!r}")
+            raise ConfigError(f"{option} must be a positive integer, not {value!r}")
     if isinstance(direct, bool):
         direct = "on" if direct else "off"
     stream = _sluice.start_stream(

@@ -353,10 +353,14 @@ def test_bad_option_value_raises_value_error_naming_it(
     assert str(value) in message or option in message, message
 
 
-def test_negative_concurrency_raises_value_error(mixed_file) -> None:
+def test_bad_concurrency_is_a_config_error_naming_concurrency(mixed_file) -> None:
+    # A ConfigError (still a ValueError), named as the option is: it was a plain ValueError,
+    # and the Rust side said "queue_depth" (issue 12, item 13).
     path, _ = mixed_file
-    with pytest.raises(ValueError, match=r"concurrency|queue_depth"):
-        sluice.load_file(path, concurrency=-1)
+    for value in (-1, 0, 5000):
+        with pytest.raises(sluice.errors.ConfigError, match=r"concurrency") as caught:
+            sluice.load_file(path, concurrency=value)
+        assert "queue_depth" not in str(caught.value)
 
 
 @pytest.mark.parametrize(

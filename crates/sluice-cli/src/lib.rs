@@ -482,7 +482,8 @@ pub fn exit_code(err: &LoadError) -> i32 {
         LoadError::Format(_) | LoadError::NoShards { .. } | LoadError::UnknownTensor { .. } => {
             EXIT_INVALID
         }
-        LoadError::Config(_) => 2,
+        // A limit below the largest tensor is refused before any read: a bad option.
+        LoadError::Config(_) | LoadError::TensorExceedsMemoryLimit { .. } => 2,
         _ => EXIT_FAILED,
     }
 }

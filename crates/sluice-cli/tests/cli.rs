@@ -195,3 +195,38 @@ fn fifos_are_refused_as_invalid_input_naming_them_not_waited_on() {
         );
     }
 }
+
+#[test]
+fn a_memory_limit_below_the_largest_tensor_is_a_bad_option_and_a_template_dir_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.safetensors");
+    write_checkpoint(&path);
+    // Tensor "a" is 16 bytes: a 1-byte limit cannot hold it (was exit 1, an I/O failure).
+    let out = sluice(&["load", path.to_str().unwrap(), "--memory-limit", "1"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+
+    // A directory where the service's template belongs: bad input (was exit 1).
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    std::fs::copy(&path, model.join("m.safetensors")).unwrap();
+    let templates = dir.path().join("templates");
+    let id = sluice_warm::config::service_id("svc").to_hex();
+    std::fs::create_dir_all(templates.join(format!("{id}.sluicetpl"))).unwrap();
+    let out = sluice(&[
+        "warm",
+        "run",
+        "--model",
+        model.to_str().unwrap(),
+        "--service",
+        "svc",
+        "--template-dir",
+        templates.to_str().unwrap(),
+        "--events",
+        "explicit",
+        "--",
+        "true",
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("directory") && err.contains(&id), "{err}");
+}

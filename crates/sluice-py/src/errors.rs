@@ -47,6 +47,13 @@ pub fn warm_to_py(py: Python<'_>, err: sluice_warm::WarmError) -> PyErr {
     raise(py, class, err.to_string())
 }
 
+/// A `sluice.errors.ConfigError` (a `ValueError`) with `message`: an option
+/// value the load cannot take.
+pub fn config_error(message: impl Into<String>) -> PyErr {
+    let message = message.into();
+    Python::attach(|py| raise(py, "ConfigError", message))
+}
+
 fn raise(py: Python<'_>, class: &str, message: String) -> PyErr {
     match py.import("sluice.errors").and_then(|m| m.getattr(class)) {
         Ok(cls) => match cls.call1((message.clone(),)) {
