@@ -144,6 +144,10 @@ pub struct WarmRecordArgs {
     /// The model directory the service loads.
     #[arg(long)]
     pub model: PathBuf,
+    /// Write the template even when the service fails (its recording may be
+    /// partial, and the next run would replay it).
+    #[arg(long)]
+    pub keep_failed: bool,
     #[command(flatten)]
     pub common: WarmCommonArgs,
     /// The service command, after --.

@@ -483,3 +483,59 @@ fn a_daemon_prefetches_for_a_service_it_did_not_start_charged_to_its_cgroup() {
     );
     assert!(!listed(0), "status retracted");
 }
+
+/// `sluice warm record` of a service that announces one read through the
+/// trigger pipe (no root needed) and exits with `code`.
+fn record_exiting(dir: &Path, code: i32, keep_failed: bool) -> (Output, PathBuf) {
+    let model = dir.join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(model.join("a.bin"), vec![1u8; 1 << 20]).unwrap();
+    let templates = dir.join("templates");
+    let run = dir.join("run");
+    let service = format!(
+        "echo '{{\"path\": \"a.bin\"}}' > \"$SLUICE_RUN_DIR/$PPID.trigger\"; sleep 0.5; exit {code}"
+    );
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.env("SLUICE_RUN_DIR", &run)
+        .args([
+            "warm",
+            "record",
+            "--events",
+            "explicit",
+            "--service",
+            "failing",
+        ])
+        .arg("--model")
+        .arg(&model)
+        .arg("--template-dir")
+        .arg(&templates);
+    if keep_failed {
+        cmd.arg("--keep-failed");
+    }
+    let out = cmd.args(["--", "sh", "-c", &service]).output().unwrap();
+    let id = sluice_warm::config::service_id("failing").to_hex();
+    (out, templates.join(format!("{id}.sluicetpl")))
+}
+
+#[test]
+fn a_failed_service_leaves_no_template_unless_asked_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, template) = record_exiting(dir.path(), 7, false);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(7), "the service's status: {err}");
+    assert!(
+        !template.exists(),
+        "a failed run's recording was written: {err}"
+    );
+    assert!(err.contains("exited 7: no template written"), "{err}");
+
+    let (out, template) = record_exiting(dir.path(), 7, true);
+    assert_eq!(out.status.code(), Some(7));
+    assert!(template.exists(), "--keep-failed keeps it");
+    std::fs::remove_file(&template).unwrap();
+
+    let (out, template) = record_exiting(dir.path(), 0, false);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success() && template.exists(), "{err}");
+    assert!(err.contains("template written to"), "{err}");
+}

@@ -225,6 +225,9 @@ pub struct WarmOptions {
     pub events: String,
     /// The service command; empty for a daemon.
     pub command: Vec<OsString>,
+    /// `record`: keep the recording when the service fails (it may be
+    /// partial, and the next `run` would replay it).
+    pub keep_failed: bool,
 }
 
 impl WarmOptions {
@@ -248,6 +251,7 @@ impl WarmOptions {
             in_flight: DEFAULT_IN_FLIGHT.into(),
             events: DEFAULT_EVENTS.into(),
             command: Vec::new(),
+            keep_failed: false,
         }
     }
 
@@ -304,6 +308,7 @@ impl WarmOptions {
             launch_quiet: Duration::from_millis(self.launch_quiet_ms),
             runtime: RuntimeConfig::default(),
             numa_map: env.numa_map.clone(),
+            keep_failed: self.keep_failed,
         })
     }
 }

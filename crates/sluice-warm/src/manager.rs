@@ -447,6 +447,12 @@ impl<C: PageCache> Manager<C> {
         &self.policy
     }
 
+    /// The run failed: the policy keeps nothing of it (see
+    /// [`crate::policy::WarmPolicy::discard`]).
+    pub fn discard(&mut self) {
+        self.policy.discard();
+    }
+
     pub fn cache(&self) -> &C {
         &self.cache
     }

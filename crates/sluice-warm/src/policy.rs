@@ -175,6 +175,14 @@ pub trait WarmPolicy: Send {
     fn exit(&mut self) -> Result<(), WarmError> {
         Ok(())
     }
+
+    /// The run failed (the service exited with an error), before
+    /// [`WarmPolicy::exit`]: what the policy would keep from it (a
+    /// recording, possibly partial) is not to be kept. The default keeps
+    /// nothing anyway.
+    fn discard(&mut self) -> Result<(), WarmError> {
+        Ok(())
+    }
 }
 
 /// A policy behind a fail-open guard: the first error or panic disables it
@@ -221,6 +229,10 @@ impl Guarded {
 
     pub fn exit(&mut self) {
         let _ = self.call("exit", |p| p.exit());
+    }
+
+    pub fn discard(&mut self) {
+        let _ = self.call("discard", |p| p.discard());
     }
 
     fn call<T>(

@@ -79,6 +79,8 @@ pub struct RunConfig {
     /// Accelerator → NUMA node overrides (`$SLUICE_NUMA_MAP`), else PCI
     /// sysfs decides.
     pub numa_map: Option<String>,
+    /// `record`: write the template even when the service failed.
+    pub keep_failed: bool,
 }
 
 /// How a run went.
@@ -101,6 +103,8 @@ pub struct RunReport {
     pub watch_answered: u64,
     pub watch_unanswered: u64,
     pub watch_dropped: u64,
+    /// A recording not written because the service failed.
+    pub recording_discarded: bool,
 }
 
 /// Runs the service under the policy until it exits (or, with no command,
@@ -229,6 +233,12 @@ fn run_in(
         stop,
         on_status,
     )?;
+    // A recording of a failed service may be partial: it is kept only when
+    // asked for (the next run would replay it).
+    let recording_discarded = config.builtin.record && exit_code != 0 && !config.keep_failed;
+    if recording_discarded {
+        runtime.manager_mut().discard();
+    }
     runtime.finish();
     let counts = runtime.counts();
     let manager = runtime.manager();
@@ -243,6 +253,7 @@ fn run_in(
         watch_answered: counts.answered,
         watch_unanswered: counts.unanswered,
         watch_dropped: counts.dropped,
+        recording_discarded,
     })
 }
 

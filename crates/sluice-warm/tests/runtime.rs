@@ -47,6 +47,7 @@ fn config(model_dir: &Path, command: &[&str]) -> RunConfig {
         launch_quiet: IdleGate::<ProcessTreeIo>::DEFAULT_QUIET,
         runtime: RuntimeConfig::default(),
         numa_map: None,
+        keep_failed: false,
     }
 }
 

@@ -54,6 +54,7 @@ pub fn run(command: WarmCommand) -> Result<i32, WarmError> {
         WarmCommand::Record(args) => {
             let mut o = options(RunMode::Record, args.model, &args.common);
             o.command = args.command;
+            o.keep_failed = args.keep_failed;
             (o, args.common)
         }
         WarmCommand::Run(args) => {
@@ -179,7 +180,7 @@ fn human(bytes: u64) -> String {
 
 fn print_report(mode: &str, config: &RunConfig, r: &RunReport, json: bool) {
     let template = match (mode, &config.builtin.service, &config.builtin.template_dir) {
-        ("record", Some(id), Some(dir)) => {
+        ("record", Some(id), Some(dir)) if !r.recording_discarded => {
             let path = TemplateStore::new(dir.clone()).path_for(id);
             path.exists().then(|| path.display().to_string())
         }
@@ -207,6 +208,7 @@ fn print_report(mode: &str, config: &RunConfig, r: &RunReport, json: bool) {
             "watch_events": r.watch_events,
             "watch_unanswered": r.watch_unanswered,
             "watch_dropped": r.watch_dropped,
+            "recording_discarded": r.recording_discarded,
             "cgroup": r.cgroup.as_ref().map(|p| p.display().to_string()),
             "template": template,
         });
@@ -234,7 +236,13 @@ fn print_report(mode: &str, config: &RunConfig, r: &RunReport, json: bool) {
     if let Some(fault) = &r.policy_fault {
         eprintln!("sluice warm: the policy was disabled: {fault}");
     }
-    if let Some(t) = template {
+    if r.recording_discarded {
+        eprintln!(
+            "sluice warm: the service exited {}: no template written (--keep-failed keeps a \
+             failed run's recording)",
+            r.exit_code
+        );
+    } else if let Some(t) = template {
         eprintln!("sluice warm: template written to {t}");
     }
 }

@@ -219,6 +219,14 @@ impl WarmPolicy for TemplatePolicy {
         }
     }
 
+    fn discard(&mut self) -> Result<(), WarmError> {
+        if matches!(self.mode, Mode::Record(_)) {
+            tracing::warn!("the recorded run failed: no template written");
+            self.mode = Mode::Done;
+        }
+        Ok(())
+    }
+
     fn exit(&mut self) -> Result<(), WarmError> {
         if let Mode::Record(rec) = std::mem::replace(&mut self.mode, Mode::Done) {
             let rec = *rec;

@@ -337,3 +337,24 @@ fn mmap_recordings_follow_progress_samples() {
     // 0..40 from progress, then the unsampled tail 40..64 from the mapping.
     assert_eq!(r, [(0, 64)]);
 }
+
+#[test]
+fn a_discarded_recording_writes_no_template() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("t");
+    let c = ctx(dir.path(), &[("m.bin", 8 * MIB)]);
+    for discard in [true, false] {
+        let mut p = TemplatePolicy::new(config(&store, "failed")).unwrap();
+        p.init(&c).unwrap();
+        p.on_access(&event(dir.path(), 5, "m.bin", 0, MIB, AccessKind::Read))
+            .unwrap();
+        if discard {
+            p.discard().unwrap();
+        }
+        p.exit().unwrap();
+        let saved = TemplateStore::new(store.clone())
+            .load(&ServiceId::from_spec("failed"))
+            .unwrap();
+        assert_eq!(saved.is_some(), !discard, "discard {discard}");
+    }
+}
