@@ -236,13 +236,14 @@ def test_trigger_writes_one_json_line_to_the_runtimes_pipe(tmp_path, monkeypatch
     finally:
         os.close(reader)
     assert json.loads(line) == {"path": "a.bin", "offset": 4096, "len": None, "worker": 1}
-    with pytest.raises(OSError):
+    from sluice.errors import NoRuntimeError
+
+    # A stale pid: named as no runtime listening (it was "os error 6", ENXIO).
+    with pytest.raises(NoRuntimeError, match=f"pid {2**22 + 12345} listens on"):
         warm.trigger("a.bin", pid=2**22 + 12345)
     # Two live runtimes: the caller must choose; status() lists both by their file's pid.
     (tmp_path / f"{os.getppid()}.json").write_text('{"mode": "run", "policy": "eager"}')
     assert sorted(s["pid"] for s in warm.status()) == sorted([me, os.getppid()])
     assert {s["policy"] for s in warm.status()} == {"", "eager"}
-    from sluice.errors import NoRuntimeError
-
     with pytest.raises(NoRuntimeError, match="2 runtimes are running"):
         warm.trigger("a.bin")

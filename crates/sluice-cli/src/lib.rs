@@ -463,7 +463,11 @@ pub fn warm_exit_code(err: &sluice_warm::WarmError) -> i32 {
                 _ => EXIT_FAILED,
             }
         }
-        WarmError::Template(_) | WarmError::NoModelFiles { .. } => EXIT_INVALID,
+        // The pid's pipe is not there: nothing of that name runs.
+        WarmError::RuntimeGone { .. } => EXIT_NOT_FOUND,
+        WarmError::Template(_) | WarmError::NoModelFiles { .. } | WarmError::BadTrigger { .. } => {
+            EXIT_INVALID
+        }
         WarmError::BadOption(_)
         | WarmError::InvalidArgument(_)
         | WarmError::NoCommand

@@ -38,7 +38,10 @@ pub fn warm_to_py(py: Python<'_>, err: sluice_warm::WarmError) -> PyErr {
             std::io::ErrorKind::PermissionDenied => "SluicePermissionError",
             _ => "SluiceIOError",
         },
-        WarmError::NoRuntime | WarmError::SeveralRuntimes { .. } => "NoRuntimeError",
+        WarmError::NoRuntime
+        | WarmError::SeveralRuntimes { .. }
+        | WarmError::RuntimeGone { .. } => "NoRuntimeError",
+        WarmError::BadTrigger { .. } => "ConfigError",
         WarmError::BadOption(_) | WarmError::InvalidArgument(_) | WarmError::Python(_) => {
             "ConfigError"
         }

@@ -31,6 +31,13 @@ pub enum WarmError {
     /// `sluice warm trigger` without `--pid` while several runtimes run.
     #[error("{} runtimes are running (pids {}): choose one by its pid (--pid, pid=)", pids.len(), join(pids))]
     SeveralRuntimes { pids: Vec<i32> },
+    /// A trigger the runtime would refuse (a path outside its model, a file
+    /// not there, an offset past the end).
+    #[error("trigger for the runtime of pid {pid}: {message}")]
+    BadTrigger { pid: i32, message: String },
+    /// No runtime listens on the trigger pipe of `pid`.
+    #[error("no warm runtime of pid {pid} listens on {pipe} (see sluice warm status)")]
+    RuntimeGone { pid: i32, pipe: PathBuf },
     /// A model directory with no files to serve.
     #[error("{dir}: no model files in it")]
     NoModelFiles { dir: PathBuf },

@@ -89,6 +89,9 @@ pub struct Stats {
     pub superseded_bytes: u64,
     /// Bytes skipped because they were already prefetched.
     pub skipped_bytes: u64,
+    /// Bytes a policy asked for that are not the model's: ranges on other
+    /// files, or past a file's end (cut off, never read or counted).
+    pub refused_bytes: u64,
     pub evicted_bytes: u64,
     pub prefetch_errors: u64,
     pub evict_errors: u64,
@@ -283,6 +286,9 @@ pub struct Manager<C: PageCache> {
     paused: bool,
     /// Bytes prefetched since memory usage was last read.
     since_check: u64,
+    /// The model's files and sizes (from [`Manager::start`]): what a plan
+    /// may name, and where each range is cut.
+    files: HashMap<PathBuf, u64>,
 }
 
 impl<C: PageCache> Manager<C> {
@@ -296,13 +302,44 @@ impl<C: PageCache> Manager<C> {
             stats: Stats::default(),
             paused: false,
             since_check: u64::MAX,
+            files: HashMap::new(),
         }
     }
 
     /// Starts the policy; queues what it wants prefetched at once.
     pub fn start(&mut self, ctx: &PolicyContext) {
+        self.files = ctx.files.iter().cloned().collect();
         let plan = self.policy.init(ctx);
         self.submit(plan);
+    }
+
+    /// `plan` with every range cut to its file (a policy may ask for
+    /// `len = 2^63`), and ranges on files that are not the model's dropped:
+    /// what a policy asks is a recommendation, never a licence to read other
+    /// files or to count bytes that do not exist. Before `start` (no files
+    /// known) the plan passes as it is.
+    fn within_model(&mut self, plan: Vec<Prefetch>) -> Vec<Prefetch> {
+        if self.files.is_empty() {
+            return plan;
+        }
+        let mut kept = Vec::with_capacity(plan.len());
+        for mut p in plan {
+            let Some(&size) = self.files.get(&p.range.path) else {
+                self.stats.refused_bytes = self.stats.refused_bytes.saturating_add(p.range.len);
+                tracing::warn!(
+                    "policy {}: prefetch of {} refused: not a model file",
+                    self.policy.name(),
+                    p.range.path.display()
+                );
+                continue;
+            };
+            let end = p.range.end().min(size);
+            let len = end.saturating_sub(p.range.offset);
+            self.stats.refused_bytes = self.stats.refused_bytes.saturating_add(p.range.len - len);
+            p.range.len = len;
+            kept.push(p);
+        }
+        kept
     }
 
     /// Whether the policy needs exact read ranges (pre-content events).
@@ -331,6 +368,7 @@ impl<C: PageCache> Manager<C> {
     /// Queues a plan; what it drops from older plans and was not prefetched
     /// yet counts as superseded.
     fn submit(&mut self, plan: Vec<Prefetch>) {
+        let plan = self.within_model(plan);
         // Queue only what is not prefetched yet: a re-plan from a reader
         // position inside prefetched data then costs one interval pass.
         let mut missing_plan = Vec::with_capacity(plan.len());
@@ -617,6 +655,56 @@ pub(crate) mod tests {
             cache,
             config,
         )
+    }
+
+    /// Asks for absurd ranges: 2^63 bytes of a model file, and another file.
+    struct Greedy;
+
+    impl WarmPolicy for Greedy {
+        fn name(&self) -> &str {
+            "greedy"
+        }
+
+        fn on_access(&mut self, event: &AccessEvent) -> Result<Vec<Prefetch>, WarmError> {
+            Ok(vec![
+                Prefetch {
+                    stream: 0,
+                    range: FileRange::new(&event.path, 10, 1 << 63),
+                },
+                Prefetch {
+                    stream: 1,
+                    range: FileRange::new("/etc/shadow", 0, 4096),
+                },
+            ])
+        }
+    }
+
+    #[test]
+    fn plans_are_cut_to_the_model_files_and_others_refused() {
+        let mut m = Manager::new(
+            Guarded::new(Box::new(Greedy)),
+            FakeCache::default(),
+            ManagerConfig {
+                chunk_bytes: 8,
+                ..ManagerConfig::default()
+            },
+        );
+        m.start(&PolicyContext {
+            model_dir: "/m".into(),
+            files: vec![("/m/a".into(), 64)],
+            memory_limited: false,
+        });
+        m.on_event(&read(0));
+        m.drain();
+        // 54 bytes of a (10..64), nothing of another file, and the rest counted as refused
+        // (a policy's 2^63 used to be reported as prefetched).
+        assert_eq!(m.stats().prefetched_bytes, 54);
+        assert!(m
+            .cache()
+            .prefetches
+            .iter()
+            .all(|r| r.path == Path::new("/m/a")));
+        assert_eq!(m.stats().refused_bytes, (1 << 63) - 54 + 4096);
     }
 
     #[test]

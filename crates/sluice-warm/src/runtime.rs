@@ -195,6 +195,19 @@ fn run_in(
     if manager.wait_for_init() {
         manager.drain();
     }
+    // The trigger pipe exists before the service starts, so a service that
+    // writes to it at once finds it (a `>` to a path not yet there would
+    // create a plain file the runtime then replaces).
+    let triggers = match &config.trigger_pipe {
+        Some(pipe) => match crate::trigger::TriggerPipe::create(pipe) {
+            Ok(p) => Some(TriggerSource::new(p, ctx.model_dir.clone())),
+            Err(err) => {
+                tracing::warn!("explicit triggers unavailable: {err}");
+                None
+            }
+        },
+        None => None,
+    };
     let mut service = match config.command.is_empty() {
         true => None,
         false => Some(ChildService::spawn(&config.command)?),
@@ -208,14 +221,8 @@ fn run_in(
         Some(watch) => runtime.with_source(Box::new(watch)),
         None => runtime.with_source(Box::new(Idle)),
     };
-    if let Some(pipe) = &config.trigger_pipe {
-        match crate::trigger::TriggerPipe::create(pipe) {
-            Ok(p) => {
-                runtime =
-                    runtime.with_source(Box::new(TriggerSource::new(p, ctx.model_dir.clone())))
-            }
-            Err(err) => tracing::warn!("explicit triggers unavailable: {err}"),
-        }
+    if let Some(triggers) = triggers {
+        runtime = runtime.with_source(Box::new(triggers));
     }
     let sample_every = Duration::from_millis(config.runtime.sample_ms);
     runtime = runtime.with_source(Box::new(Samplers::new(sample_every)));

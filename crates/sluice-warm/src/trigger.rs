@@ -149,7 +149,14 @@ pub fn parse_line(line: &[u8], model_dir: &Path) -> Result<Option<AccessEvent>, 
         _ => return Err(format!("{}: no such file", path.display())),
     };
     let offset = field("offset")?.unwrap_or(0);
-    let len = field("len")?.unwrap_or(size.saturating_sub(offset));
+    if offset > size {
+        return Err(format!(
+            "offset {offset} is past the end of {} ({size} bytes)",
+            path.display()
+        ));
+    }
+    // A length past the end is cut to it: the access cannot reach further.
+    let len = field("len")?.map_or(size - offset, |len| len.min(size - offset));
     Ok(Some(AccessEvent {
         pid: 0,
         worker: value
@@ -181,15 +188,43 @@ pub struct TriggerRequest {
 /// Sends `request` to its runtime (see [`target_runtime`]) through that
 /// runtime's pipe in `env`'s run directory: what `sluice warm trigger` and
 /// `sluice.warm.trigger` do.
+///
+/// The line is checked here against the runtime's model directory (from
+/// its status file) before it is sent, so a path outside the model, a file
+/// that is not there or an offset past its end is an error for the caller,
+/// not a line the runtime logs and drops.
 pub fn trigger(env: &crate::config::WarmEnv, request: &TriggerRequest) -> Result<(), WarmError> {
-    let pid = target_runtime(&env.run_dir(), request.pid)?;
+    let run_dir = env.run_dir();
+    let pid = target_runtime(&run_dir, request.pid)?;
     let line = serde_json::json!({
         "path": request.path,
         "offset": request.offset,
         "len": request.len,
         "worker": request.worker,
-    });
-    send(&env.trigger_pipe(pid), &line.to_string())
+    })
+    .to_string();
+    let status = crate::status::list(&run_dir)?;
+    // A status without a model directory (an older runtime's) cannot be
+    // checked against; the runtime still checks what it receives.
+    let model_dir = status
+        .iter()
+        .find(|s| s.pid == pid && !s.model_dir.is_empty())
+        .map(|s| Path::new(&s.model_dir));
+    if let Some(model_dir) = model_dir {
+        if let Err(message) = parse_line(line.as_bytes(), model_dir) {
+            return Err(WarmError::BadTrigger { pid, message });
+        }
+    }
+    let pipe = env.trigger_pipe(pid);
+    match send(&pipe, &line) {
+        // No reader on the pipe (ENXIO) or no pipe: no runtime of that pid.
+        Err(WarmError::Io { source, .. })
+            if matches!(source.raw_os_error(), Some(libc::ENXIO | libc::ENOENT)) =>
+        {
+            Err(WarmError::RuntimeGone { pid, pipe })
+        }
+        outcome => outcome,
+    }
 }
 
 /// The pid of the runtime a trigger goes to: `pid` when given, else the one
@@ -267,6 +302,55 @@ mod tests {
             let err = parse_line(line, &m).unwrap_err();
             assert!(err.contains(needle), "{err}");
         }
+    }
+
+    #[test]
+    fn triggers_are_checked_against_the_runtimes_model_before_they_are_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = dir.path().canonicalize().unwrap().join("model");
+        std::fs::create_dir(&m).unwrap();
+        std::fs::write(m.join("a.bin"), vec![0u8; 100]).unwrap();
+        let run = dir.path().join("run");
+        let env = crate::config::WarmEnv {
+            run_dir: Some(run.clone()),
+            ..Default::default()
+        };
+        let me = std::process::id() as i32;
+        let status = crate::status::RuntimeStatus {
+            pid: me,
+            model_dir: m.display().to_string(),
+            ..Default::default()
+        };
+        crate::status::publish(&run, &status).unwrap();
+        let request = |path: &str, offset: Option<u64>| TriggerRequest {
+            path: path.into(),
+            offset,
+            ..TriggerRequest::default()
+        };
+        // No pipe yet: the runtime is named as gone, not "os error 6".
+        match trigger(&env, &request("a.bin", None)) {
+            Err(WarmError::RuntimeGone { pid, .. }) => assert_eq!(pid, me),
+            other => panic!("{other:?}"),
+        }
+        let mut pipe = TriggerPipe::create(&env.trigger_pipe(me)).unwrap();
+        for (path, offset, needle) in [
+            ("../../etc/hostname", None, "not in the model directory"),
+            ("/etc/hostname", None, "not in the model directory"),
+            ("nope.bin", None, "no such file"),
+            ("a.bin", Some(1 << 40), "past the end"),
+        ] {
+            match trigger(&env, &request(path, offset)) {
+                Err(e @ WarmError::BadTrigger { .. }) => {
+                    assert!(e.to_string().contains(needle), "{path}: {e}")
+                }
+                other => panic!("{path}: {other:?}"),
+            }
+        }
+        assert!(pipe.poll(&m).is_empty(), "nothing refused was sent");
+        trigger(&env, &request("a.bin", Some(90))).unwrap();
+        let events = pipe.poll(&m);
+        assert_eq!(events.len(), 1);
+        assert_eq!((events[0].offset, events[0].len), (90, 10));
     }
 
     #[test]

@@ -200,6 +200,7 @@ fn print_report(mode: &str, config: &RunConfig, r: &RunReport, json: bool) {
             "events": r.stats.events,
             "prefetched_bytes": r.stats.prefetched_bytes,
             "skipped_bytes": r.stats.skipped_bytes,
+            "refused_bytes": r.stats.refused_bytes,
             "superseded_bytes": r.stats.superseded_bytes,
             "evicted_bytes": r.stats.evicted_bytes,
             "pauses": r.stats.pauses,
