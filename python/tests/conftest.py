@@ -236,3 +236,13 @@ def world_readable_dir() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="sluice-perm-") as tmp:
         os.chmod(tmp, 0o755)
         yield Path(tmp)
+
+
+@pytest.fixture(scope="session")
+def sluice_bin() -> Path:
+    """The CLI: $SLUICE_BIN, else target/release/sluice (``cargo build --release``)."""
+    repo = Path(__file__).resolve().parents[2]
+    path = Path(os.environ.get("SLUICE_BIN") or repo / "target" / "release" / "sluice")
+    if not path.is_file():
+        pytest.skip(f"sluice CLI not built ({path}); run: cargo build --release --bin sluice")
+    return path

@@ -18,15 +18,6 @@ REPO = Path(__file__).resolve().parents[2]
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INVALID, EXIT_NOT_FOUND = 0, 1, 2, 3, 4
 
 
-@pytest.fixture(scope="module")
-def sluice_bin() -> Path:
-    """The CLI: $SLUICE_BIN, else target/release/sluice (``cargo build --release``)."""
-    path = Path(os.environ.get("SLUICE_BIN") or REPO / "target" / "release" / "sluice")
-    if not path.is_file():
-        pytest.skip(f"sluice CLI not built ({path}); run: cargo build --release --bin sluice")
-    return path
-
-
 def run(binary: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
     return subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=60, env=env)

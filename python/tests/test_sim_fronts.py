@@ -8,7 +8,6 @@ matching ``sluice.errors`` exception, with the same message.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,15 +56,6 @@ CASES = {
         "bad.jsonl", 2, {"policies": "nosuch"}
     ),
 }
-
-
-@pytest.fixture(scope="module")
-def sluice_bin() -> Path:
-    """The CLI: $SLUICE_BIN, else target/release/sluice (``cargo build --release``)."""
-    path = Path(os.environ.get("SLUICE_BIN") or REPO / "target" / "release" / "sluice")
-    if not path.is_file():
-        pytest.skip(f"sluice CLI not built ({path}); run: cargo build --release --bin sluice")
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -36,11 +36,11 @@ pub fn open_regular(path: &Path, flags: i32) -> io::Result<File> {
         } else if kind.is_socket() {
             "a socket"
         } else {
-            "not a regular file"
+            "something else"
         };
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("not a regular file but {what}"),
+            NotRegular { what },
         ));
     }
     // SAFETY: F_GETFL/F_SETFL on a descriptor this function owns.
@@ -53,10 +53,18 @@ pub fn open_regular(path: &Path, flags: i32) -> io::Result<File> {
     Ok(file)
 }
 
+/// [`open_regular`]'s refusal, carried inside the `io::Error` so callers
+/// can tell it from a failed read whatever wraps it.
+#[derive(Debug, thiserror::Error)]
+#[error("not a regular file but {what}")]
+struct NotRegular {
+    what: &'static str,
+}
+
 /// Whether `err` is [`open_regular`]'s refusal of a path that is not a
 /// regular file: bad input, not a failed read.
 pub fn is_not_regular(err: &io::Error) -> bool {
-    err.kind() == io::ErrorKind::InvalidInput && err.to_string().starts_with("not a regular file")
+    err.get_ref().is_some_and(|inner| inner.is::<NotRegular>())
 }
 
 #[cfg(test)]

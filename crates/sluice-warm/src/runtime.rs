@@ -171,11 +171,13 @@ fn run_in(
 ) -> Result<RunReport, WarmError> {
     let started = Instant::now();
     let names = ModelNames::new(&ctx.files);
+    // The device's per-call readahead: the manager's chunk and the loaders'.
+    let chunk_bytes = page_cache::read_ahead_limit(&ctx.files[0].0);
     let mut manager = Manager::new(
         Guarded::new(policy),
-        kernel_cache(config, ctx, &names, cgroup),
+        kernel_cache(config, chunk_bytes, &names, cgroup),
         ManagerConfig {
-            chunk_bytes: page_cache::read_ahead_limit(&ctx.files[0].0),
+            chunk_bytes,
             watermark: config.watermark,
             ..ManagerConfig::default()
         },
@@ -268,7 +270,7 @@ fn run_in(
 /// cgroup (or this process's), its loaders per NUMA node.
 fn kernel_cache(
     config: &RunConfig,
-    ctx: &PolicyContext,
+    chunk_bytes: u64,
     names: &ModelNames,
     cgroup: Option<&(Cgroup, u64)>,
 ) -> KernelCache {
@@ -281,7 +283,7 @@ fn kernel_cache(
     };
     let mut cache = KernelCache::new(
         config.mechanism,
-        page_cache::read_ahead_limit(&ctx.files[0].0),
+        chunk_bytes,
         config.in_flight_bytes,
         memory,
         NumaMap::detect(config.numa_map.as_deref()),

@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::WarmError;
 use crate::policy::{AccessEvent, AccessKind};
+use crate::status::RuntimeStatus;
 
 /// The listening end of a trigger pipe; removes the pipe when dropped.
 pub struct TriggerPipe {
@@ -194,8 +195,8 @@ pub struct TriggerRequest {
 /// that is not there or an offset past its end is an error for the caller,
 /// not a line the runtime logs and drops.
 pub fn trigger(env: &crate::config::WarmEnv, request: &TriggerRequest) -> Result<(), WarmError> {
-    let run_dir = env.run_dir();
-    let pid = target_runtime(&run_dir, request.pid)?;
+    let status = crate::status::list(&env.run_dir())?;
+    let pid = target_runtime(&status, request.pid)?;
     let line = serde_json::json!({
         "path": request.path,
         "offset": request.offset,
@@ -203,7 +204,6 @@ pub fn trigger(env: &crate::config::WarmEnv, request: &TriggerRequest) -> Result
         "worker": request.worker,
     })
     .to_string();
-    let status = crate::status::list(&run_dir)?;
     // A status without a model directory (an older runtime's) cannot be
     // checked against; the runtime still checks what it receives.
     let model_dir = status
@@ -228,14 +228,13 @@ pub fn trigger(env: &crate::config::WarmEnv, request: &TriggerRequest) -> Result
 }
 
 /// The pid of the runtime a trigger goes to: `pid` when given, else the one
-/// runtime publishing its status in `run_dir`; none, or several, is an
+/// runtime among `running` (the live statuses); none, or several, is an
 /// error that says so.
-pub fn target_runtime(run_dir: &Path, pid: Option<i32>) -> Result<i32, WarmError> {
+pub fn target_runtime(running: &[RuntimeStatus], pid: Option<i32>) -> Result<i32, WarmError> {
     if let Some(pid) = pid {
         return Ok(pid);
     }
-    let running = crate::status::list(run_dir)?;
-    match running.as_slice() {
+    match running {
         [one] => Ok(one.pid),
         [] => Err(WarmError::NoRuntime),
         many => Err(WarmError::SeveralRuntimes {

@@ -164,13 +164,10 @@ fn fadvise(
     len: u64,
     advice: libc::c_int,
 ) -> Result<(), OsError> {
-    let (off, n) = (to_off(offset, path)?, to_off(len, path)?);
-    // SAFETY: posix_fadvise only reads its integer arguments.
-    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), off, n, advice) };
-    if rc != 0 {
-        return Err(OsError::io(path)(std::io::Error::from_raw_os_error(rc)));
-    }
-    Ok(())
+    // Checked here first, for an error that names the argument and the file.
+    to_off(offset, path)?;
+    to_off(len, path)?;
+    super::fadvise_fd(file.as_raw_fd(), offset, len, advice).map_err(OsError::io(path))
 }
 
 /// Reads `[offset, offset + len)` of `file` into the page cache and returns

@@ -281,11 +281,6 @@ impl<C: PageCache> Runtime<C> {
             })
     }
 
-    /// Time since the runtime was made.
-    pub fn elapsed(&self) -> Duration {
-        self.started.elapsed()
-    }
-
     pub fn manager(&self) -> &Manager<C> {
         &self.manager
     }
