@@ -38,11 +38,18 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'sluice' has no attribute {name!r}")
 
 
-def inspect(path: str) -> list[dict[str, Any]]:
-    """Validates a checkpoint and lists its tensors: name, dtype, shape, bytes, shard."""
+def __dir__() -> list[str]:
+    # The lazily imported torch names are part of the module's surface.
+    return sorted(set(globals()) | set(_TORCH_NAMES))
+
+
+def inspect(path: str, *, allow_partial: bool = False) -> list[dict[str, Any]]:
+    """Validates a checkpoint and lists its tensors: name, dtype, shape, bytes, shard.
+
+    A missing shard is an error unless ``allow_partial=True``."""
     from ._sluice import open_checkpoint
 
-    ckpt = open_checkpoint(str(path))
+    ckpt = open_checkpoint(str(path), allow_partial=allow_partial)
     rows = []
     for name in ckpt.keys():  # noqa: SIM118 - a native method, not a dict
         info = ckpt.info(name)

@@ -29,7 +29,9 @@ def last_load_stats() -> Optional[dict[str, Any]]:
     return getattr(_local, "stats", None)
 
 
-def resolve_names(path: PathLike, names: NameFilter) -> Optional[list[str]]:
+def resolve_names(
+    path: PathLike, names: NameFilter, checkpoint: Any = None, allow_partial: bool = False
+) -> Optional[list[str]]:
     """Turns a name filter into an explicit list (``None`` selects everything).
 
     ``names`` may be an iterable of tensor names or a predicate called with
@@ -40,7 +42,9 @@ def resolve_names(path: PathLike, names: NameFilter) -> Optional[list[str]]:
     if isinstance(names, str):
         return [names]
     if callable(names):
-        keys = _sluice.open_checkpoint(os.fspath(path)).keys()
+        if checkpoint is None:
+            checkpoint = _sluice.open_checkpoint(os.fspath(path), allow_partial=allow_partial)
+        keys = checkpoint.keys()
         return [k for k in keys if names(k)]
     return list(names)
 
@@ -58,6 +62,7 @@ def iter_windows(
     chunk_bytes: ByteSize = None,
     memory_limit: ByteSize = None,
     drop_cache: Optional[bool] = None,
+    allow_partial: bool = False,
     checkpoint: Any = None,
 ) -> Generator[Any, None, None]:
     """Yields windows as their reads complete; stops the load if abandoned."""
@@ -69,7 +74,7 @@ def iter_windows(
         direct = "on" if direct else "off"
     stream = _sluice.start_stream(
         os.fspath(path),
-        resolve_names(path, names),
+        resolve_names(path, names, checkpoint, allow_partial),
         bounded=bounded,
         direct=direct,
         engine=engine,
@@ -77,6 +82,7 @@ def iter_windows(
         chunk_bytes=chunk_bytes,
         memory_limit=memory_limit,
         drop_cache=drop_cache,
+        allow_partial=allow_partial,
         checkpoint=checkpoint,
     )
     done, total = stream.progress()

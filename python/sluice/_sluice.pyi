@@ -16,6 +16,7 @@ _ByteSize = int | str
 __all__ = [
     "Checkpoint",
     "Stream",
+    "TensorBuffer",
     "Window",
     "__version__",
     "cli_main",
@@ -27,7 +28,8 @@ __version__: str
 
 @final
 class Checkpoint:
-    """A validated checkpoint's headers: a file, a directory of shards or an index."""
+    """A validated checkpoint (a file, a directory of shards or an index) with its
+    shard files held open; reads see the files that were validated."""
 
     def keys(self) -> list[str]:
         """Tensor names in file order, shard by shard."""
@@ -35,13 +37,29 @@ class Checkpoint:
         """``__metadata__`` of every shard merged (later shards win), or None."""
     def info(self, name: str) -> tuple[str, list[int], str, int] | None:
         """``(dtype, shape, shard_path, nbytes)`` of ``name``, or None if absent."""
+    def layout(self, name: str) -> tuple[str, list[int]] | None:
+        """``(dtype, shape)`` of ``name``, or None if absent."""
     def shards(self) -> list[tuple[str, int, int, int]]:
         """``(path, tensor_count, tensor_bytes, file_len)`` per shard."""
+    def read_tensor(self, name: str) -> TensorBuffer:
+        """The bytes of tensor ``name`` from the held file (GIL released)."""
+    def read_block(self, name: str, ranges: list[tuple[int, int]]) -> TensorBuffer:
+        """The row-major block of ``name`` spanning ``ranges[d] = (lo, hi)`` per dimension."""
     def __len__(self) -> int: ...
     def __contains__(self, name: str, /) -> bool: ...
 
-def open_checkpoint(path: _StrPath) -> Checkpoint:
-    """Reads and validates every header of the checkpoint at ``path`` (GIL released)."""
+def open_checkpoint(path: _StrPath, *, allow_partial: bool = False) -> Checkpoint:
+    """Reads and validates every header of the checkpoint at ``path``, keeping its files
+    open (GIL released). A missing shard is an error unless ``allow_partial``."""
+
+@final
+class TensorBuffer:
+    """One tensor's (or block's) bytes, owned by this object; numpy views it without a copy."""
+
+    def __len__(self) -> int: ...
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        """numpy's array interface: a writable 1-D uint8 view of the bytes."""
 
 @final
 class Window:
@@ -91,6 +109,8 @@ def start_stream(
     chunk_bytes: _ByteSize | None = None,
     memory_limit: _ByteSize | None = None,
     drop_cache: bool | None = None,
+    allow_partial: bool | None = None,
+    checkpoint: Checkpoint | None = None,
 ) -> Stream:
     """Starts a load of ``names`` (all when None).
 

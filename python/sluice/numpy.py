@@ -2,17 +2,19 @@
 
 Arrays are zero-copy views where the tensor's offset suits its dtype. numpy
 has no bfloat16 or float8; those load if the ``ml_dtypes`` package is
-installed and otherwise raise a TypeError naming the tensor.
+installed (``pip install ml_dtypes``) and otherwise raise a TypeError naming
+the tensor, before anything is read.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any, Optional
 
 import numpy as np
 
-from . import _core
+from . import _core, _sluice
 from ._core import ByteSize, NameFilter, PathLike
 from ._progress import ProgressCallback
 
@@ -76,10 +78,22 @@ def load_file(
     concurrency: Optional[int] = None,
     chunk_bytes: ByteSize = None,
     drop_cache: Optional[bool] = None,
+    allow_partial: bool = False,
     progress: bool = False,
     on_progress: Optional[ProgressCallback] = None,
 ) -> dict[str, np.ndarray]:
-    """Like :func:`sluice.load_file`, returning numpy arrays."""
+    """Like :func:`sluice.load_file`, returning numpy arrays.
+
+    Every selected tensor's dtype is checked before reading: a bf16 or fp8
+    tensor without ``ml_dtypes`` installed is a TypeError up front, not
+    after the whole checkpoint was read.
+    """
+    checkpoint = _sluice.open_checkpoint(os.fspath(filename), allow_partial=allow_partial)
+    selected = _core.resolve_names(filename, names, checkpoint)
+    for name in checkpoint.keys() if selected is None else selected:
+        layout = checkpoint.layout(name)
+        if layout is not None:
+            numpy_dtype(name, layout[0])
     windows = _core.iter_windows(
         filename,
         names,
@@ -91,5 +105,6 @@ def load_file(
         concurrency=concurrency,
         chunk_bytes=chunk_bytes,
         drop_cache=drop_cache,
+        checkpoint=checkpoint,
     )
     return {name: array for window in windows for name, array in window_arrays(window)}

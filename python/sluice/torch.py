@@ -7,6 +7,7 @@ safetensors, rare in practice) is copied into a fresh, aligned tensor instead.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Generator, Iterator
 from typing import Any, Optional, Union
 
@@ -16,7 +17,7 @@ import torch
 from . import _core, _sluice
 from ._core import ByteSize, NameFilter, PathLike
 from ._progress import ProgressCallback
-from .errors import TensorNotFoundError
+from .errors import ConfigError, SluiceError, TensorNotFoundError
 
 _DTYPES: dict[str, Any] = {
     "BOOL": torch.bool,
@@ -72,6 +73,23 @@ def window_tensors(window: Any) -> Iterator[tuple[str, torch.Tensor]]:
             yield name, out
 
 
+def to_device(device: Union[str, int, torch.device]) -> torch.device:
+    """``"cpu"``, ``"cuda"``, ``"cuda:N"``, an int N (CUDA device N) or a
+    ``torch.device``; anything else is a :class:`sluice.ConfigError`."""
+    if isinstance(device, torch.device):
+        return device
+    if isinstance(device, bool):
+        raise ConfigError(f"device must be a string, an int or a torch.device, not {device!r}")
+    if isinstance(device, int):
+        if device < 0:
+            raise ConfigError(f"device index must be non-negative, not {device}")
+        return torch.device("cuda", device)
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"device {device!r} is not a device torch knows: {e}") from None
+
+
 def load_file(
     filename: PathLike,
     device: Union[str, int, torch.device] = "cpu",
@@ -83,8 +101,10 @@ def load_file(
     chunk_bytes: ByteSize = None,
     memory_limit: ByteSize = None,
     drop_cache: Optional[bool] = None,
+    allow_partial: bool = False,
     progress: bool = False,
     on_progress: Optional[ProgressCallback] = None,
+    checkpoint: Any = None,
 ) -> dict[str, torch.Tensor]:
     """Loads a safetensors file, a directory of shards, or a sharded index.
 
@@ -93,9 +113,11 @@ def load_file(
     Sluice's buffers (a buffer is freed when all its tensors are). For any
     other device each tensor is copied there as it lands, and host memory
     stays under ``memory_limit`` (default 512 MiB). On error nothing is
-    returned: there are no partial results.
+    returned: there are no partial results. A checkpoint with a shard
+    missing is an error unless ``allow_partial=True``, which loads the rest
+    and lists the absent files in ``last_load_stats()["missing_shards"]``.
     """
-    dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    dev = to_device(device)
     on_cpu = dev.type == "cpu"
     windows = _core.iter_windows(
         filename,
@@ -109,6 +131,8 @@ def load_file(
         chunk_bytes=chunk_bytes,
         memory_limit=memory_limit,
         drop_cache=drop_cache,
+        allow_partial=allow_partial,
+        checkpoint=checkpoint,
     )
     result: dict[str, torch.Tensor] = {}
     for window in windows:
@@ -128,6 +152,7 @@ def stream(
     concurrency: Optional[int] = None,
     chunk_bytes: ByteSize = None,
     drop_cache: Optional[bool] = None,
+    allow_partial: bool = False,
     progress: bool = False,
     on_progress: Optional[ProgressCallback] = None,
 ) -> Generator[tuple[str, torch.Tensor], None, None]:
@@ -141,7 +166,7 @@ def stream(
     ``memory_limit`` of yielded tensors raises :class:`sluice.MemoryLimitError`
     instead of waiting forever. Closing the generator early stops the reads.
     """
-    dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    dev = to_device(device)
     windows = _core.iter_windows(
         filename,
         names,
@@ -167,55 +192,210 @@ def stream(
 class safe_open:
     """A ``safetensors.safe_open``-compatible reader over a file, directory or index.
 
-    ``keys()`` and ``metadata()`` come from the validated headers; each
-    ``get_tensor(name)`` reads just that tensor (an owned CPU tensor, or on
-    ``device``). Options are those of :func:`load_file`.
+    The headers are validated and every shard file opened once; the handle
+    keeps those descriptors until it is closed (``with`` block exit or
+    :meth:`close`), so a checkpoint replaced on disk meanwhile still yields
+    its own bytes, and one truncated in place raises :class:`sluice.SluiceIOError`.
+
+    - ``get_tensor(name)`` reads that tensor into a fresh tensor (one
+      ``pread``; split across threads above 32 MiB), on ``device``.
+    - ``get_slice(name)[...]`` reads only the bytes of the slice, with
+      torch's indexing semantics (ints, slices with steps, ``...``, ``None``).
+    - ``get_tensors()`` reads everything through the loader (io_uring,
+      O_DIRECT) into a dict.
+
+    ``device`` is ``"cpu"``, ``"cuda"``, ``"cuda:N"``, an int N (CUDA device
+    N) or a ``torch.device``, as for :func:`load_file`. ``allow_partial=True``
+    opens a checkpoint with missing shards; other options are those of
+    :func:`load_file` and apply to ``get_tensors()``.
     """
 
     def __init__(
         self,
         filename: PathLike,
         framework: str = "pt",
-        device: Union[str, int] = "cpu",
+        device: Union[str, int, torch.device] = "cpu",
+        *,
+        allow_partial: bool = False,
         **options: Any,
     ):
         if framework not in ("pt", "torch", "pytorch"):
-            raise ValueError(f"sluice.torch.safe_open supports framework='pt', not {framework!r}")
+            raise ConfigError(f"sluice.torch.safe_open supports framework='pt', not {framework!r}")
         self._path = filename
-        self._device = device
+        self._device = to_device(device)
         self._options = options
-        self._ckpt = _sluice.open_checkpoint(str(filename))
+        self._ckpt: Any = _sluice.open_checkpoint(os.fspath(filename), allow_partial=allow_partial)
 
     def __enter__(self) -> safe_open:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        return None
+        self.close()
+
+    def close(self) -> None:
+        """Closes the shard files; later reads raise :class:`sluice.SluiceError`."""
+        self._ckpt = None
+
+    def _open(self) -> Any:
+        if self._ckpt is None:
+            raise SluiceError(f"{self._path}: this safe_open handle is closed")
+        return self._ckpt
 
     def keys(self) -> list[str]:
-        return sorted(self._ckpt.keys())
+        return sorted(self._open().keys())
 
     def offset_keys(self) -> list[str]:
         """Tensor names in file order."""
-        return self._ckpt.keys()
+        return self._open().keys()
 
     def metadata(self) -> Optional[dict[str, str]]:
-        return self._ckpt.metadata()
+        return self._open().metadata()
 
     def __contains__(self, name: str) -> bool:
-        return name in self._ckpt
+        return name in self._open()
+
+    def _layout(self, name: str) -> tuple[str, list[int]]:
+        layout = self._open().layout(name)
+        if layout is None:
+            raise TensorNotFoundError(f"tensor {name!r} is not in {self._path}")
+        return layout
 
     def get_tensor(self, name: str) -> torch.Tensor:
-        if name not in self._ckpt:
-            raise TensorNotFoundError(f"tensor {name!r} is not in {self._path}")
-        # Reads with the layout validated at open: a file changed since then
-        # fails as an I/O error rather than being silently re-parsed.
-        windows = _core.iter_windows(
-            self._path, [name], bounded=False, checkpoint=self._ckpt, **self._options
-        )
-        dev = torch.device(self._device) if not isinstance(self._device, int) else None
-        for window in windows:
-            for tname, tensor in window_tensors(window):
-                if tname == name:
-                    return tensor if dev is None or dev.type == "cpu" else tensor.to(dev)
-        raise TensorNotFoundError(f"tensor {name!r} is not in {self._path}")
+        dtype, shape = self._layout(name)
+        tdtype = torch_dtype(name, dtype)
+        tensor = bytes_tensor(self._ckpt.read_tensor(name), tdtype, dtype, shape)
+        return tensor if self._device.type == "cpu" else tensor.to(self._device)
+
+    def get_slice(self, name: str) -> TensorSlice:
+        dtype, shape = self._layout(name)
+        return TensorSlice(self, name, dtype, shape)
+
+    def get_tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor, read by the loader from the held files."""
+        return load_file(self._path, self._device, checkpoint=self._open(), **self._options)
+
+
+class TensorSlice:
+    """``safe_open(...).get_slice(name)``: shape and dtype without reading, and
+    ``[index]`` reading only the bytes the index selects."""
+
+    def __init__(self, owner: safe_open, name: str, dtype: str, shape: list[int]):
+        self._owner = owner
+        self._name = name
+        self._dtype = dtype
+        self._shape = list(shape)
+
+    def get_shape(self) -> list[int]:
+        return list(self._shape)
+
+    def get_dtype(self) -> str:
+        """The safetensors dtype string, e.g. ``"BF16"``."""
+        return self._dtype
+
+    def __len__(self) -> int:
+        if not self._shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self._shape[0]
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        tdtype = torch_dtype(self._name, self._dtype)
+        ckpt = self._owner._open()
+        plan = slice_plan(self._shape, index)
+        if plan is None or self._dtype == "F4":
+            # Advanced indexing (tensors, lists, booleans), or packed 4-bit
+            # values: read the whole tensor and let torch index it.
+            whole = bytes_tensor(ckpt.read_tensor(self._name), tdtype, self._dtype, self._shape)
+            out = whole[index]
+        else:
+            ranges, rest = plan
+            block_shape = [hi - lo for lo, hi in ranges]
+            block = bytes_tensor(
+                ckpt.read_block(self._name, ranges), tdtype, self._dtype, block_shape
+            )
+            out = block[rest]
+        device = self._owner._device
+        return out if device.type == "cpu" else out.to(device)
+
+
+def slice_plan(
+    shape: list[int], index: Any
+) -> Optional[tuple[list[tuple[int, int]], tuple[Any, ...]]]:
+    """Splits a basic index into the block to read and the index into that block.
+
+    Returns ``(ranges, rest)``: ``ranges[d]`` is the bounding ``(lo, hi)`` of
+    what dimension ``d`` selects, and ``rest`` indexes the block read with
+    those ranges to give exactly ``tensor[index]``. ``None`` for indices
+    this cannot bound (tensors, lists, booleans), which the caller hands to
+    torch whole. Out-of-range integers and too many indices raise torch's
+    ``IndexError`` messages.
+    """
+    items: list[Any] = []
+    for item in index if isinstance(index, tuple) else (index,):
+        if isinstance(item, bool):
+            return None  # torch treats a bool as a mask, adding a dimension
+        if isinstance(item, (int, slice, type(Ellipsis), type(None))):
+            items.append(item)
+        elif _is_int_like(item):
+            items.append(int(item))
+        else:
+            return None
+    consuming = sum(1 for i in items if i is not Ellipsis and i is not None)
+    if consuming > len(shape):
+        raise IndexError(f"too many indices for tensor of dimension {len(shape)}")
+    expanded: list[Any] = []
+    seen_ellipsis = False
+    for item in items:
+        if item is Ellipsis:
+            if not seen_ellipsis:
+                expanded.extend([slice(None)] * (len(shape) - consuming))
+            seen_ellipsis = True
+        else:
+            expanded.append(item)
+    ranges: list[tuple[int, int]] = []
+    rest: list[Any] = []
+    dim = 0
+    for item in expanded:
+        if item is None:
+            rest.append(None)
+            continue
+        size = shape[dim]
+        if isinstance(item, int):
+            i = item + size if item < 0 else item
+            if not 0 <= i < size:
+                raise IndexError(
+                    f"index {item} is out of bounds for dimension {dim} with size {size}"
+                )
+            ranges.append((i, i + 1))
+            rest.append(0)
+        else:
+            if item.step is not None and item.step <= 0:
+                return None  # torch's own error ("step must be greater than zero")
+            start, stop, step = item.indices(size)
+            count = len(range(start, stop, step))
+            if count == 0:
+                ranges.append((start, start))
+                rest.append(slice(None))
+            else:
+                ranges.append((start, start + (count - 1) * step + 1))
+                rest.append(slice(None, None, step))
+        dim += 1
+    for size in shape[dim:]:
+        ranges.append((0, size))
+    return ranges, tuple(rest)
+
+
+def _is_int_like(value: Any) -> bool:
+    """A 0-d integer tensor or numpy integer, which indexes like an int."""
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 0 and not value.is_floating_point() and value.dtype != torch.bool
+    return isinstance(value, np.integer)
+
+
+def bytes_tensor(buffer: Any, tdtype: torch.dtype, dtype: str, shape: list[int]) -> torch.Tensor:
+    """A tensor of ``shape`` over an owned byte buffer, without a copy."""
+    if dtype == "F4" and shape:
+        shape = [*shape[:-1], shape[-1] // 2]
+    if len(buffer) == 0:
+        return torch.empty(shape, dtype=tdtype)
+    raw = torch.from_numpy(np.asarray(buffer))
+    return raw.view(tdtype).view(shape)

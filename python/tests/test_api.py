@@ -250,15 +250,16 @@ def test_last_load_stats_describe_the_load(three_shards) -> None:
 
     stats = sluice.last_load_stats()
     expected_keys = {"engine", "io_mode", "tensors", "tensor_bytes", "read_bytes", "windows"}
-    expected_keys |= {"seconds", "peak_pool_bytes", "files"}
+    expected_keys |= {"seconds", "peak_pool_bytes", "files", "mapped_bytes", "gb_per_s"}
+    expected_keys |= {"missing_shards"}
     assert expected_keys <= set(stats)
     assert stats["tensors"] == len(tensors)
     assert stats["tensor_bytes"] == sum(t.numel() * t.element_size() for t in tensors.values())
-    assert stats["read_bytes"] >= stats["tensor_bytes"]
+    assert stats["read_bytes"] + stats["mapped_bytes"] >= stats["tensor_bytes"]
     assert stats["windows"] == 3
     assert stats["seconds"] >= 0
     assert stats["io_mode"] == "buffered"
-    assert [Path(f).name for f, _, _ in stats["files"]] == [
+    assert [Path(f["path"]).name for f in stats["files"]] == [
         f"model-{i}.safetensors" for i in range(3)
     ]
 

@@ -30,7 +30,8 @@ def test_direct_auto_on_a_file_system_without_o_direct_reads_buffered(on_ramfs) 
     assert_same_tensors(loaded, tensors)
     stats = sluice.last_load_stats()
     assert stats["io_mode"] == "buffered"
-    [(file, direct, reason)] = stats["files"]
+    [entry] = stats["files"]
+    file, direct, reason = entry["path"], entry["direct"], entry["buffered_reason"]
     assert (file, direct) == (str(path), False)
     assert reason
 
@@ -83,7 +84,7 @@ def test_cold_file_under_direct_auto_uses_o_direct_and_io_uring(
     assert_same_tensors(loaded, tensors)
     stats = sluice.last_load_stats()
     assert (stats["io_mode"], stats["engine"]) == ("direct", "io_uring")
-    assert stats["files"] == [(str(path), True, None)]
+    assert stats["files"] == [{"path": str(path), "direct": True, "buffered_reason": None}]
 
 
 @pytest.mark.parametrize("direct", ["on", "off", "auto"])
@@ -115,7 +116,8 @@ def test_warm_file_under_direct_auto_is_read_buffered_because_cached(mixed_file)
     loaded = sluice.load_file(path, direct="auto")
 
     assert_same_tensors(loaded, tensors)
-    [(_, direct, reason)] = sluice.last_load_stats()["files"]
+    [entry] = sluice.last_load_stats()["files"]
+    direct, reason = entry["direct"], entry["buffered_reason"]
     assert direct is False
     assert "page cache" in reason
 
@@ -125,7 +127,8 @@ def test_direct_off_reports_the_setting_as_the_reason(mixed_file) -> None:
 
     sluice.load_file(path, direct="off")
 
-    [(_, direct, reason)] = sluice.last_load_stats()["files"]
+    [entry] = sluice.last_load_stats()["files"]
+    direct, reason = entry["direct"], entry["buffered_reason"]
     assert (direct, reason) == (False, "direct=off")
 
 
@@ -147,7 +150,7 @@ def test_mixed_direct_and_buffered_shards_report_mixed(tmp_path: Path, gen, on_r
     assert_same_tensors(loaded, {**cold, **ramfs_tensors})
     stats = sluice.last_load_stats()
     assert stats["io_mode"] == "mixed"
-    assert {Path(f).name: d for f, d, _ in stats["files"]} == {
+    assert {Path(f["path"]).name: f["direct"] for f in stats["files"]} == {
         "cold.safetensors": True,
         ramfs_shard.name: False,
     }
@@ -196,7 +199,7 @@ def test_fully_cached_file_is_mapped_not_read(mixed_file) -> None:
     assert_same_tensors(loaded, tensors)
     stats = sluice.last_load_stats()
     assert stats["mapped_bytes"] > 0
-    assert stats["bytes_read"] == 0
+    assert stats["read_bytes"] == 0
 
 
 def test_mapping_can_be_turned_off_by_environment(
@@ -211,7 +214,7 @@ def test_mapping_can_be_turned_off_by_environment(
     assert_same_tensors(loaded, tensors)
     stats = sluice.last_load_stats()
     assert stats["mapped_bytes"] == 0
-    assert stats["bytes_read"] > 0
+    assert stats["read_bytes"] > 0
 
 
 def test_mapped_tensors_are_writable_without_changing_the_file(mixed_file) -> None:

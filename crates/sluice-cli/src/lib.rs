@@ -356,6 +356,10 @@ pub struct LoadArgs {
     /// Drop what was read from the page cache (buffered reads only).
     #[arg(long)]
     pub drop_cache: bool,
+    /// Load the shards that are there when some are missing (warned about,
+    /// and reported); without it a missing shard is an error.
+    #[arg(long)]
+    pub allow_partial: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -374,6 +378,10 @@ pub struct InspectArgs {
     /// Only the per-shard summary, not every tensor.
     #[arg(long)]
     pub summary: bool,
+    /// List what is there when shards are missing (reported as partial,
+    /// exit 0); without it a missing shard is an error.
+    #[arg(long)]
+    pub allow_partial: bool,
 }
 
 /// The whole command line, shared by the `sluice` binary and the Python
@@ -514,6 +522,7 @@ pub fn load_config(args: &LoadArgs) -> Result<LoadConfig, LoadError> {
         cfg.memory_limit = Some(sluice_load::parse_bytes(m).map_err(LoadError::Config)?);
     }
     cfg.drop_cache |= args.drop_cache;
+    cfg.allow_partial |= args.allow_partial;
     cfg.validate().map_err(LoadError::Config)?;
     Ok(cfg)
 }

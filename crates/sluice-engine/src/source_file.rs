@@ -69,13 +69,31 @@ pub struct SourceFile {
 impl SourceFile {
     /// Opens `path` and decides its read mode.
     pub fn open(path: &Path, mode: DirectMode) -> Result<SourceFile, OpenError> {
-        let io_err = |op, source| OpenError::Io {
+        let buffered = open_regular(path, 0).map_err(|source| OpenError::Io {
             path: path.to_path_buf(),
-            op,
+            op: "open",
             source,
-        };
-        let buffered = open_regular(path, 0).map_err(|e| io_err("open", e))?;
-        let len = buffered.metadata().map_err(|e| io_err("stat", e))?.len();
+        })?;
+        SourceFile::from_file(path, buffered, mode)
+    }
+
+    /// Takes `buffered`, a descriptor already open on `path` (the one its
+    /// header was validated from), and decides its read mode. The direct
+    /// descriptor is a reopening of that same file, never of whatever the
+    /// path names now.
+    pub fn from_file(
+        path: &Path,
+        buffered: File,
+        mode: DirectMode,
+    ) -> Result<SourceFile, OpenError> {
+        let len = buffered
+            .metadata()
+            .map_err(|source| OpenError::Io {
+                path: path.to_path_buf(),
+                op: "stat",
+                source,
+            })?
+            .len();
         let mut file = SourceFile {
             path: path.to_path_buf(),
             len,
@@ -127,7 +145,7 @@ impl SourceFile {
     }
 
     fn open_direct(&mut self, align: usize, mode: DirectMode) -> Result<(), OpenError> {
-        match open_regular(&self.path, libc::O_DIRECT) {
+        match self.reopen_direct() {
             Ok(f) => {
                 self.direct = Some(f);
                 self.direct_align = align;
@@ -142,6 +160,25 @@ impl SourceFile {
                 Ok(())
             }
         }
+    }
+
+    /// The buffered descriptor's file opened again with O_DIRECT: through
+    /// `/proc/self/fd`, which names the open file itself, or else by path,
+    /// refused if the path now names another file (replaced since).
+    fn reopen_direct(&self) -> std::io::Result<File> {
+        use std::os::unix::fs::MetadataExt;
+        let proc_path = PathBuf::from(format!("/proc/self/fd/{}", self.buffered.as_raw_fd()));
+        if let Ok(f) = open_regular(&proc_path, libc::O_DIRECT) {
+            return Ok(f);
+        }
+        let f = open_regular(&self.path, libc::O_DIRECT)?;
+        let (ours, now) = (self.buffered.metadata()?, f.metadata()?);
+        if (ours.dev(), ours.ino()) != (now.dev(), now.ino()) {
+            return Err(std::io::Error::other(
+                "the path names another file than the one opened (replaced since)",
+            ));
+        }
+        Ok(f)
     }
 
     pub fn path(&self) -> &Path {

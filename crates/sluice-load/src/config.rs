@@ -43,6 +43,11 @@ pub struct LoadConfig {
     /// while its tensors are alive raises SIGBUS on access. Off:
     /// `SLUICE_MAP_CACHED=0`.
     pub map_cached: bool,
+    /// Load the shards that are there when some are absent (an index's
+    /// file that does not exist, a gap in a `-NNNNN-of-MMMMM` series), with
+    /// a warning naming each. Off: a missing shard is an error, never a
+    /// smaller model presented as the whole.
+    pub allow_partial: bool,
     /// Treat io_uring as unavailable (`SLUICE_IO_URING=0`): for hosts where
     /// it misbehaves, and to exercise the thread-pool fallback.
     pub io_uring_disabled: bool,
@@ -65,6 +70,7 @@ impl Default for LoadConfig {
             drop_cache: false,
             io_uring_disabled: false,
             map_cached: true,
+            allow_partial: false,
         }
     }
 }

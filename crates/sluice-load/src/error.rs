@@ -29,6 +29,12 @@ pub enum LoadError {
         shard: String,
         path: PathBuf,
     },
+    #[error(
+        "{}: {} missing: the shard names promise a complete -NNNNN-of-MMMMM series; pass allow_partial=True (--allow-partial) to load the rest",
+        dir.display(),
+        missing.iter().map(|p| p.file_name().unwrap_or_default().to_string_lossy()).collect::<Vec<_>>().join(", ")
+    )]
+    ShardsMissing { dir: PathBuf, missing: Vec<PathBuf> },
     #[error("tensor {name:?} was requested but {} has no such tensor", checkpoint.display())]
     UnknownTensor { name: String, checkpoint: PathBuf },
     #[error("{}: reading {len} bytes at offset {offset} failed: {source}", path.display())]
@@ -92,7 +98,7 @@ impl LoadError {
             LoadError::Open(OpenError::Io { source, .. }) => {
                 source.kind() == io::ErrorKind::NotFound
             }
-            LoadError::ShardFileMissing { .. } => true,
+            LoadError::ShardFileMissing { .. } | LoadError::ShardsMissing { .. } => true,
             _ => false,
         }
     }

@@ -11,13 +11,18 @@ mod checkpoint_reader;
 mod config;
 mod error;
 mod loader;
+mod open_checkpoint;
 mod read_plan;
 mod tensor_stream;
 
-pub use checkpoint_reader::{read_checkpoint, read_shard, INDEX_FILE_NAME};
+pub use checkpoint_reader::{
+    open_checkpoint_files, read_checkpoint, read_shard, CheckpointFiles, ReadOptions,
+    INDEX_FILE_NAME,
+};
 pub use config::{ConfigError, LoadConfig, DEFAULT_STREAM_MEMORY_LIMIT};
 pub use error::LoadError;
 pub use loader::{FileMode, LoadStats, LoadedCheckpoint, Loader};
+pub use open_checkpoint::{OpenCheckpoint, TensorBytes};
 pub use read_plan::{window_chunks, PlanOptions, PlannedTensor, ReadPlan, WindowPlan};
 pub use sluice_formats::parse_bytes;
 pub use tensor_stream::{LoadedWindow, Progress, TensorStream, WindowMemory};

@@ -1,6 +1,7 @@
 //! The load plane's entry point: open a checkpoint once, then stream it or
 //! load it whole.
 
+use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +12,7 @@ use sluice_engine::{
 };
 use sluice_formats::Checkpoint;
 
-use crate::checkpoint_reader::read_checkpoint;
+use crate::checkpoint_reader::{open_checkpoint_files, ReadOptions};
 use crate::config::{LoadConfig, DEFAULT_STREAM_MEMORY_LIMIT};
 use crate::error::LoadError;
 use crate::read_plan::{PlanOptions, ReadPlan};
@@ -41,6 +42,8 @@ pub struct LoadStats {
     pub windows: usize,
     pub elapsed: Duration,
     pub peak_pool_bytes: u64,
+    /// Shards left out because they are absent (only with `allow_partial`).
+    pub missing_shards: Vec<std::path::PathBuf>,
 }
 
 impl LoadStats {
@@ -74,6 +77,12 @@ pub struct LoadedCheckpoint {
 /// A validated checkpoint plus the configuration to read it with.
 pub struct Loader {
     checkpoint: Checkpoint,
+    /// The descriptors the headers were validated from, one per shard (empty
+    /// for a loader built from a checkpoint alone): the data is read from
+    /// these same files, whatever the paths name by then.
+    files: Vec<File>,
+    /// Absent shards a partial load leaves out.
+    missing: Vec<std::path::PathBuf>,
     config: LoadConfig,
     engine: Option<Arc<dyn IoEngine>>,
 }
@@ -83,9 +92,14 @@ impl Loader {
     /// index); reads nothing but headers.
     pub fn open(path: &Path, config: LoadConfig) -> Result<Loader, LoadError> {
         config.validate().map_err(LoadError::Config)?;
-        let checkpoint = read_checkpoint(path)?;
+        let options = ReadOptions {
+            allow_partial: config.allow_partial,
+        };
+        let found = open_checkpoint_files(path, options)?;
         Ok(Loader {
-            checkpoint,
+            checkpoint: found.checkpoint,
+            files: found.files,
+            missing: found.missing,
             config,
             engine: None,
         })
@@ -101,6 +115,26 @@ impl Loader {
         config.validate().map_err(LoadError::Config)?;
         Ok(Loader {
             checkpoint,
+            files: Vec::new(),
+            missing: Vec::new(),
+            config,
+            engine: None,
+        })
+    }
+
+    /// A loader over a validated checkpoint and the descriptors, one per
+    /// shard, its headers were read from.
+    pub(crate) fn from_open_files(
+        checkpoint: Checkpoint,
+        files: Vec<File>,
+        missing: Vec<std::path::PathBuf>,
+        config: LoadConfig,
+    ) -> Result<Loader, LoadError> {
+        config.validate().map_err(LoadError::Config)?;
+        Ok(Loader {
+            checkpoint,
+            files,
+            missing,
             config,
             engine: None,
         })
@@ -228,6 +262,7 @@ impl Loader {
             windows: plan.windows.len(),
             elapsed: Duration::ZERO,
             peak_pool_bytes: 0,
+            missing_shards: self.missing.clone(),
         };
         tracing::info!(
             engine = stats.engine,
@@ -260,10 +295,18 @@ impl Loader {
         self.checkpoint
             .shards
             .iter()
-            .map(|s| {
-                SourceFile::open(&s.path, self.config.direct)
-                    .map(Arc::new)
-                    .map_err(LoadError::from)
+            .enumerate()
+            .map(|(i, s)| {
+                let file = match self.files.get(i) {
+                    Some(held) => {
+                        let dup = held
+                            .try_clone()
+                            .map_err(|e| LoadError::io(&s.path, "dup", e))?;
+                        SourceFile::from_file(&s.path, dup, self.config.direct)
+                    }
+                    None => SourceFile::open(&s.path, self.config.direct),
+                };
+                file.map(Arc::new).map_err(LoadError::from)
             })
             .collect()
     }

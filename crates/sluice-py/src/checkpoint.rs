@@ -1,30 +1,64 @@
-//! Checkpoint metadata for `safe_open` and `sluice inspect`-style listings.
+//! An open checkpoint for `safe_open` and listings: validated headers, the
+//! shard files held open, and per-tensor and per-block reads from them.
 
 use std::collections::BTreeMap;
 
 use pyo3::prelude::*;
-use sluice_formats::Checkpoint as RustCheckpoint;
+use pyo3::types::PyDict;
+use sluice_load::{LoadConfig, Loader, OpenCheckpoint, ReadOptions, TensorBytes};
 
 use crate::errors::err;
 
 #[pyclass(name = "Checkpoint", module = "sluice._sluice", frozen)]
 pub struct PyCheckpoint {
-    inner: RustCheckpoint,
+    inner: OpenCheckpoint,
 }
 
-/// Reads and validates every header of the checkpoint at `path` (GIL released).
+/// Reads and validates every header of the checkpoint at `path`, keeping its
+/// files open (GIL released).
 #[pyfunction]
-pub fn open_checkpoint(py: Python<'_>, path: std::path::PathBuf) -> PyResult<PyCheckpoint> {
+#[pyo3(signature = (path, *, allow_partial=false))]
+pub fn open_checkpoint(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    allow_partial: bool,
+) -> PyResult<PyCheckpoint> {
+    let options = ReadOptions { allow_partial };
     let inner = py
-        .detach(|| sluice_load::read_checkpoint(&path))
+        .detach(|| OpenCheckpoint::open(&path, options))
         .map_err(err(py))?;
     Ok(PyCheckpoint { inner })
 }
 
 impl PyCheckpoint {
-    /// A copy of the validated checkpoint, for a load that skips re-parsing.
-    pub fn validated(&self) -> RustCheckpoint {
-        self.inner.clone()
+    /// A loader over the held files: the load reads what was validated.
+    pub fn loader(&self, config: LoadConfig) -> Result<Loader, sluice_load::LoadError> {
+        self.inner.loader(config)
+    }
+}
+
+/// One tensor's (or block's) bytes, owned here and viewed by numpy without a
+/// copy; numpy keeps this object alive as the array's base.
+#[pyclass(module = "sluice._sluice", frozen)]
+pub struct TensorBuffer {
+    bytes: TensorBytes,
+}
+
+#[pymethods]
+impl TensorBuffer {
+    fn __len__(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// numpy's array interface: a writable 1-D uint8 view of the bytes.
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("version", 3)?;
+        d.set_item("shape", (self.bytes.len(),))?;
+        d.set_item("typestr", "|u1")?;
+        d.set_item("data", (self.bytes.as_slice().as_ptr() as usize, false))?;
+        Ok(d)
     }
 }
 
@@ -32,13 +66,17 @@ impl PyCheckpoint {
 impl PyCheckpoint {
     /// Tensor names in file order, shard by shard.
     fn keys(&self) -> Vec<String> {
-        self.inner.tensors().map(|(_, t)| t.name.clone()).collect()
+        self.inner
+            .checkpoint()
+            .tensors()
+            .map(|(_, t)| t.name.clone())
+            .collect()
     }
 
     /// `__metadata__` of every shard merged (later shards win on conflicts).
     fn metadata(&self) -> Option<BTreeMap<String, String>> {
         let mut merged: Option<BTreeMap<String, String>> = None;
-        for shard in &self.inner.shards {
+        for shard in &self.inner.checkpoint().shards {
             if let Some(m) = &shard.header.metadata {
                 merged.get_or_insert_with(BTreeMap::new).extend(m.clone());
             }
@@ -49,7 +87,10 @@ impl PyCheckpoint {
     /// `(dtype, shape, shard_path, nbytes)` of `name`, or `None`.
     fn info(&self, name: &str) -> Option<(String, Vec<u64>, String, u64)> {
         let (shard, t) = self.inner.find(name)?;
-        let path = self.inner.shards[shard].path.display().to_string();
+        let path = self.inner.checkpoint().shards[shard]
+            .path
+            .display()
+            .to_string();
         Some((
             t.dtype.as_str().to_string(),
             t.shape.clone(),
@@ -58,9 +99,16 @@ impl PyCheckpoint {
         ))
     }
 
+    /// `(dtype, shape)` of `name`, or `None`: the cheap lookup `get_tensor` uses.
+    fn layout(&self, name: &str) -> Option<(&'static str, Vec<u64>)> {
+        let (_, t) = self.inner.find(name)?;
+        Some((t.dtype.as_str(), t.shape.clone()))
+    }
+
     /// `(path, tensor_count, tensor_bytes, file_len)` per shard.
     fn shards(&self) -> Vec<(String, usize, u64, u64)> {
         self.inner
+            .checkpoint()
             .shards
             .iter()
             .map(|s| {
@@ -74,8 +122,30 @@ impl PyCheckpoint {
             .collect()
     }
 
+    /// The bytes of tensor `name`, read from the held file (GIL released).
+    fn read_tensor(&self, py: Python<'_>, name: &str) -> PyResult<TensorBuffer> {
+        let bytes = py
+            .detach(|| self.inner.read_tensor(name))
+            .map_err(err(py))?;
+        Ok(TensorBuffer { bytes })
+    }
+
+    /// The block of `name` spanning `ranges[d] = (lo, hi)` in each dimension,
+    /// row-major, reading only its bytes (GIL released).
+    fn read_block(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        ranges: Vec<(u64, u64)>,
+    ) -> PyResult<TensorBuffer> {
+        let bytes = py
+            .detach(|| self.inner.read_block(name, &ranges))
+            .map_err(err(py))?;
+        Ok(TensorBuffer { bytes })
+    }
+
     fn __len__(&self) -> usize {
-        self.inner.tensor_count()
+        self.inner.checkpoint().tensor_count()
     }
 
     fn __contains__(&self, name: &str) -> bool {

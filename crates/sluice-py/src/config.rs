@@ -15,6 +15,7 @@ pub fn build(
     chunk_bytes: Option<Bound<'_, PyAny>>,
     memory_limit: Option<Bound<'_, PyAny>>,
     drop_cache: Option<bool>,
+    allow_partial: Option<bool>,
 ) -> PyResult<LoadConfig> {
     let mut cfg = LoadConfig::default()
         .with_env_overrides()
@@ -37,6 +38,9 @@ pub fn build(
     }
     if let Some(d) = drop_cache {
         cfg.drop_cache = d;
+    }
+    if let Some(p) = allow_partial {
+        cfg.allow_partial = p;
     }
     cfg.validate().map_err(config_error)?;
     Ok(cfg)

@@ -23,6 +23,7 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<checkpoint::PyCheckpoint>()?;
+    m.add_class::<checkpoint::TensorBuffer>()?;
     m.add_class::<stream::Stream>()?;
     m.add_class::<window::Window>()?;
     m.add_function(wrap_pyfunction!(checkpoint::open_checkpoint, m)?)?;

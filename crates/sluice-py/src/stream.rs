@@ -19,7 +19,8 @@ pub struct Stream {
 /// reuse; `bounded=False` keeps every window alive as long as it is held.
 #[pyfunction]
 #[pyo3(signature = (path, names=None, *, bounded, direct=None, engine=None, concurrency=None,
-                    chunk_bytes=None, memory_limit=None, drop_cache=None, checkpoint=None))]
+                    chunk_bytes=None, memory_limit=None, drop_cache=None, allow_partial=None,
+                    checkpoint=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn start_stream(
     py: Python<'_>,
@@ -32,6 +33,7 @@ pub fn start_stream(
     chunk_bytes: Option<Bound<'_, PyAny>>,
     memory_limit: Option<Bound<'_, PyAny>>,
     drop_cache: Option<bool>,
+    allow_partial: Option<bool>,
     checkpoint: Option<PyRef<'_, PyCheckpoint>>,
 ) -> PyResult<Stream> {
     let cfg = config::build(
@@ -41,11 +43,12 @@ pub fn start_stream(
         chunk_bytes,
         memory_limit,
         drop_cache,
+        allow_partial,
     )?;
-    let validated = checkpoint.map(|c| c.validated());
+    let held = checkpoint.as_deref();
     let started = py.detach(|| {
-        let loader = match validated {
-            Some(ckpt) => Loader::from_checkpoint(ckpt, cfg)?,
+        let loader = match held {
+            Some(ckpt) => ckpt.loader(cfg)?,
             None => Loader::open(&path, cfg)?,
         };
         if bounded {
@@ -101,7 +104,12 @@ impl Stream {
         }
     }
 
-    /// What the load did: engine, per-file I/O mode, bytes, seconds.
+    /// What the load did, as `sluice.last_load_stats()` documents it:
+    /// `engine`, `io_mode`, `tensors`, `tensor_bytes`, `read_bytes` (read from
+    /// the files), `mapped_bytes` (served by mapping cached pages instead),
+    /// `windows`, `seconds`, `gb_per_s`, `peak_pool_bytes`,
+    /// `files` (a dict per shard: `path`, `direct`, `buffered_reason`) and
+    /// `missing_shards` (paths left out by `allow_partial`).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = &self.stats;
         let d = PyDict::new(py);
@@ -109,21 +117,31 @@ impl Stream {
         d.set_item("io_mode", s.io_mode())?;
         d.set_item("tensors", s.tensors)?;
         d.set_item("tensor_bytes", s.tensor_bytes)?;
-        d.set_item("read_bytes", s.read_bytes)?;
+        let (read, mapped) = match &self.inner {
+            Some(inner) => (inner.bytes_read(), inner.mapped_bytes()),
+            None => (s.read_bytes, 0),
+        };
+        d.set_item("read_bytes", read)?;
+        d.set_item("mapped_bytes", mapped)?;
         d.set_item("windows", s.windows)?;
         d.set_item("seconds", s.elapsed.as_secs_f64())?;
+        d.set_item("gb_per_s", s.gb_per_s())?;
         d.set_item("peak_pool_bytes", s.peak_pool_bytes)?;
-        if let Some(inner) = &self.inner {
-            d.set_item("pool", format!("{:?}", inner.pool().stats()))?;
-            d.set_item("mapped_bytes", inner.mapped_bytes())?;
-            d.set_item("bytes_read", inner.bytes_read())?;
+        let files = pyo3::types::PyList::empty(py);
+        for f in &s.files {
+            let file = PyDict::new(py);
+            file.set_item("path", f.path.display().to_string())?;
+            file.set_item("direct", f.direct)?;
+            file.set_item("buffered_reason", f.reason.clone())?;
+            files.append(file)?;
         }
-        let files: Vec<(String, bool, Option<String>)> = s
-            .files
-            .iter()
-            .map(|f| (f.path.display().to_string(), f.direct, f.reason.clone()))
-            .collect();
         d.set_item("files", files)?;
+        let missing: Vec<String> = s
+            .missing_shards
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        d.set_item("missing_shards", missing)?;
         Ok(d)
     }
 

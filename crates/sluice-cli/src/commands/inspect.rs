@@ -1,21 +1,29 @@
 //! `sluice inspect`: validate a checkpoint and list what it holds.
 
+use std::path::PathBuf;
+
 use sluice_formats::Checkpoint;
-use sluice_load::{read_checkpoint, LoadError};
+use sluice_load::{open_checkpoint_files, LoadError, ReadOptions};
 
 use crate::InspectArgs;
 
 pub fn run(args: &InspectArgs) -> Result<(), LoadError> {
-    let ckpt = read_checkpoint(&args.path)?;
+    let options = ReadOptions {
+        allow_partial: args.allow_partial,
+    };
+    let found = open_checkpoint_files(&args.path, options)?;
     if args.json {
-        println!("{}", to_json(&ckpt, !args.summary));
+        println!(
+            "{}",
+            to_json(&found.checkpoint, &found.missing, !args.summary)
+        );
     } else {
-        print_text(&ckpt, !args.summary);
+        print_text(&found.checkpoint, &found.missing, !args.summary);
     }
     Ok(())
 }
 
-fn to_json(ckpt: &Checkpoint, with_tensors: bool) -> serde_json::Value {
+fn to_json(ckpt: &Checkpoint, missing: &[PathBuf], with_tensors: bool) -> serde_json::Value {
     let shards: Vec<_> = ckpt
         .shards
         .iter()
@@ -41,13 +49,15 @@ fn to_json(ckpt: &Checkpoint, with_tensors: bool) -> serde_json::Value {
     serde_json::json!({
         "path": ckpt.source.path(),
         "valid": true,
+        "complete": missing.is_empty(),
+        "missing_shards": missing,
         "tensor_count": ckpt.tensor_count(),
         "tensor_bytes": ckpt.total_bytes(),
         "shards": shards,
     })
 }
 
-fn print_text(ckpt: &Checkpoint, with_tensors: bool) {
+fn print_text(ckpt: &Checkpoint, missing: &[PathBuf], with_tensors: bool) {
     for shard in &ckpt.shards {
         println!(
             "{}  {} tensors, {} bytes",
@@ -69,10 +79,23 @@ fn print_text(ckpt: &Checkpoint, with_tensors: bool) {
             );
         }
     }
+    for path in missing {
+        println!("{}  MISSING", path.display());
+    }
+    let verdict = if missing.is_empty() {
+        "valid"
+    } else {
+        "partial"
+    };
     println!(
-        "valid: {} tensors in {} shard(s), {} bytes",
+        "{verdict}: {} tensors in {} shard(s), {} bytes{}",
         ckpt.tensor_count(),
         ckpt.shards.len(),
-        ckpt.total_bytes()
+        ckpt.total_bytes(),
+        if missing.is_empty() {
+            String::new()
+        } else {
+            format!("; {} shard(s) missing", missing.len())
+        }
     );
 }

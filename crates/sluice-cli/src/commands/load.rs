@@ -59,6 +59,8 @@ fn print_result(args: &LoadArgs, stats: &LoadStats, bytes_read: u64) {
             "io_mode": stats.io_mode(),
             "peak_buffer_bytes": stats.peak_pool_bytes,
             "files": files,
+            "complete": stats.missing_shards.is_empty(),
+            "missing_shards": stats.missing_shards,
         });
         println!("{out}");
         return;
@@ -79,5 +81,8 @@ fn print_result(args: &LoadArgs, stats: &LoadStats, bytes_read: u64) {
             f.path.display(),
             f.reason.as_deref().unwrap_or("-")
         );
+    }
+    for path in &stats.missing_shards {
+        println!("  MISSING (--allow-partial): {}", path.display());
     }
 }
