@@ -242,3 +242,45 @@ def test_permission_denied_exits_4_naming_the_file(
         pytest.skip(f"cannot switch to an unprivileged user here: {e}")
 
     assert_one_line_error(done, EXIT_NOT_FOUND, str(path), "ermission")
+
+
+def logged_stderr(binary: Path, path: Path, *, tty: bool, no_color: bool = False) -> str:
+    """stderr of an info-level `sluice load`, written to a pipe or to a pseudo-terminal."""
+    import pty
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_") and k != "NO_COLOR"}
+    env["SLUICE_LOG"] = "info"
+    if no_color:
+        env["NO_COLOR"] = "1"
+    args = [str(binary), "load", "--no-progress", "--direct", "off", str(path)]
+    if not tty:
+        return subprocess.run(args, capture_output=True, text=True, timeout=60, env=env).stderr
+    leader, follower = pty.openpty()
+    try:
+        subprocess.run(args, stdout=subprocess.DEVNULL, stderr=follower, timeout=60, env=env)
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the terminal's other side is closed
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks).decode(errors="replace")
+    finally:
+        os.close(leader)
+
+
+def test_logs_are_plain_off_a_terminal_and_coloured_on_one(sluice_bin, checkpoint) -> None:
+    path, _ = checkpoint
+    piped = logged_stderr(sluice_bin, path, tty=False)
+    assert "INFO" in piped
+    assert "\x1b[" not in piped
+
+    on_terminal = logged_stderr(sluice_bin, path, tty=True)
+    assert "INFO" in on_terminal
+    assert "\x1b[" in on_terminal
+
+    assert "\x1b[" not in logged_stderr(sluice_bin, path, tty=True, no_color=True)

@@ -39,6 +39,14 @@ pub fn init_logging(verbose: u8) {
     set_filter(log_filter(verbose));
 }
 
+/// Colour only for a person at a terminal: not when stderr is a pipe or a
+/// file (logs collected by systemd, a CI runner or `2>log` stay plain), and
+/// never with `NO_COLOR` set (no-color.org).
+fn colour_wanted() -> bool {
+    use std::io::IsTerminal;
+    std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()) && std::io::stderr().is_terminal()
+}
+
 /// Installs the subscriber with `filter`, or gives the installed one `filter`.
 fn set_filter(filter: EnvFilter) {
     if let Some(handle) = FILTER.get() {
@@ -50,7 +58,11 @@ fn set_filter(filter: EnvFilter) {
     let (filter, handle) = reload::Layer::new(filter);
     let installed = tracing_subscriber::registry()
         .with(filter)
-        .with(fmt::layer().with_writer(std::io::stderr))
+        .with(
+            fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(colour_wanted()),
+        )
         .try_init();
     if installed.is_ok() {
         let _ = FILTER.set(handle);
