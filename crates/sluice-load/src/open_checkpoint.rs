@@ -13,8 +13,9 @@
 //! A block (`get_slice`) is a range per dimension. Its bytes are the runs
 //! of the row-major layout it covers: one run when only the first sliced
 //! dimension is narrowed, one per outer index otherwise. Runs closer than
-//! [`GAP_READ_OVER`] are read as one span into a scratch buffer and copied
-//! out, so a slice of a narrow last dimension is not a million tiny reads.
+//! [`GAP_READ_OVER`] are read as one span with `preadv`, the runs straight
+//! into the output and the gaps into a discard buffer, so a slice of a
+//! narrow last dimension is not a million tiny reads.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -32,8 +33,12 @@ use crate::loader::Loader;
 /// away): 64 KiB costs less to read than a second system call's latency on a
 /// cold device.
 const GAP_READ_OVER: u64 = 64 << 10;
-/// Largest span read into scratch at once, bounding the scratch buffer.
+/// Largest span one job reads, so a long run of small pieces still splits
+/// across threads.
 const MAX_SPAN: u64 = 16 << 20;
+/// Runs per `preadv`: with a gap between each pair that is twice as many
+/// iovecs, within Linux's IOV_MAX of 1024.
+const RUNS_PER_CALL: usize = 512;
 /// Reads at least this large are split across threads.
 const PARALLEL_FROM: usize = 32 << 20;
 /// Piece size for split reads: large enough for readahead to stream.
@@ -298,20 +303,89 @@ fn too_large(name: &str) -> LoadError {
 
 /// Reads one span (`runs` consecutive in the file, within [`MAX_SPAN`]) into
 /// `dest`, which is exactly the runs' total length.
+///
+/// Each group of runs is one `preadv`: the runs land in `dest` in place, and
+/// the gaps between them go to one small discard buffer, so there is no
+/// scratch copy of the span and one system call per [`RUNS_PER_CALL`] runs.
 fn read_span(file: &File, path: &Path, runs: &[Run], dest: &mut [u8]) -> Result<(), LoadError> {
     if let [run] = runs {
         return read_exact(file, path, run.file_offset, dest);
     }
-    let first = runs[0].file_offset;
-    let last = runs[runs.len() - 1];
-    let span_len = (last.file_offset + last.len as u64 - first) as usize;
-    let mut scratch = vec![0u8; span_len];
-    read_exact(file, path, first, &mut scratch)?;
-    let mut at = 0;
-    for run in runs {
-        let from = (run.file_offset - first) as usize;
-        dest[at..at + run.len].copy_from_slice(&scratch[from..from + run.len]);
-        at += run.len;
+    let max_gap = runs
+        .windows(2)
+        .map(|w| w[1].file_offset - (w[0].file_offset + w[0].len as u64))
+        .max()
+        .unwrap_or(0);
+    let mut discard = vec![0u8; max_gap as usize];
+    let mut at = 0usize;
+    for group in runs.chunks(RUNS_PER_CALL) {
+        let group_len: usize = group.iter().map(|r| r.len).sum();
+        let (head, _) = dest[at..].split_at_mut(group_len);
+        let mut iov = Vec::with_capacity(group.len() * 2);
+        let mut expected = 0usize;
+        let mut out = 0usize;
+        for (k, run) in group.iter().enumerate() {
+            if k > 0 {
+                let prev = group[k - 1];
+                let gap = (run.file_offset - (prev.file_offset + prev.len as u64)) as usize;
+                if gap > 0 {
+                    iov.push(libc::iovec {
+                        iov_base: discard.as_mut_ptr().cast(),
+                        iov_len: gap,
+                    });
+                    expected += gap;
+                }
+            }
+            iov.push(libc::iovec {
+                // SAFETY (of the later preadv): `out + run.len <= group_len`,
+                // so every run's iovec lies inside `head`, and they are disjoint.
+                iov_base: head[out..].as_mut_ptr().cast(),
+                iov_len: run.len,
+            });
+            out += run.len;
+            expected += run.len;
+        }
+        let offset = libc::off_t::try_from(group[0].file_offset).map_err(|_| LoadError::Read {
+            path: path.to_path_buf(),
+            offset: group[0].file_offset,
+            len: expected,
+            source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+        })?;
+        let got = loop {
+            // SAFETY: every iovec points into `head` or `discard`, both alive
+            // and exclusively borrowed for the call; `iov.len()` is at most
+            // 2 * RUNS_PER_CALL, under IOV_MAX.
+            let n = unsafe {
+                libc::preadv(
+                    std::os::fd::AsRawFd::as_raw_fd(file),
+                    iov.as_ptr(),
+                    iov.len() as libc::c_int,
+                    offset,
+                )
+            };
+            if n >= 0 {
+                break n as usize;
+            }
+            let err = std::io::Error::last_os_error();
+            if err.kind() != std::io::ErrorKind::Interrupted {
+                return Err(LoadError::Read {
+                    path: path.to_path_buf(),
+                    offset: group[0].file_offset,
+                    len: expected,
+                    source: err,
+                });
+            }
+        };
+        if got < expected {
+            // Short (end of file, or a signal part way): finish run by run,
+            // which completes the group or names the truncation.
+            let mut out = 0usize;
+            for run in group {
+                read_exact(file, path, run.file_offset, &mut head[out..out + run.len])?;
+                out += run.len;
+            }
+        }
+        at += group_len;
     }
     Ok(())
 }

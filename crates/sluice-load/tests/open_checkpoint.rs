@@ -286,3 +286,23 @@ fn a_load_reads_the_files_its_headers_came_from() {
         }
     }
 }
+
+#[test]
+fn a_column_block_of_a_truncated_file_is_a_truncation_not_zeros() {
+    // Many runs in one preadv; the file ends part way through them.
+    let dir = tempdir();
+    let path = write_file(&dir.path().join("m.safetensors"), &[f32_tensor("w", 600, 64, 4)]);
+    let ckpt = OpenCheckpoint::open(&path, ReadOptions::default()).unwrap();
+    let len = std::fs::metadata(&path).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len - 64 * 4 * 100)
+        .unwrap();
+    let err = ckpt.read_block("w", &[(0, 600), (8, 16)]).unwrap_err();
+    assert!(matches!(err, LoadError::Truncated { .. }), "{err:?}");
+    let head = ckpt.read_block("w", &[(0, 500), (8, 16)]).unwrap();
+    let whole = f32_tensor("w", 600, 64, 4).bytes;
+    assert_eq!(&head.as_slice()[..32], &whole[32..64]);
+}
