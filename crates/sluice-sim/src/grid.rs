@@ -86,10 +86,8 @@ pub fn run_grid(
 ) -> Result<Vec<GridRow>, SimError> {
     config.validate()?;
     let needs_oracle = config.policies.iter().any(|(_, p)| p.kind().is_oracle());
-    for trace in traces.iter_mut() {
-        if needs_oracle && !trace.has_next_access {
-            trace.fill_next_access();
-        }
+    if needs_oracle {
+        traces.iter_mut().for_each(fill_next_access);
     }
     let traces: &[Trace] = traces;
     let working_sets: Vec<WorkingSet> = traces.iter().map(Trace::working_set).collect();
@@ -146,6 +144,24 @@ pub fn run_grid(
         .into_iter()
         .map(|r| r.expect("every job ran"))
         .collect()
+}
+
+/// Computes `trace`'s next accesses for the oracles, and warns once when the
+/// ones its file stored were wrong (see [`crate::trace`]).
+fn fill_next_access(trace: &mut Trace) {
+    if trace.has_next_access() {
+        return;
+    }
+    let check = trace.fill_next_access();
+    if let Some(first) = check.first {
+        tracing::warn!(
+            "{}: {} of {} records stored a wrong next access (first: {first}); \
+             the oracles use next accesses computed from the trace's ids",
+            trace.name,
+            check.disagreed,
+            check.records
+        );
+    }
 }
 
 fn run_job(

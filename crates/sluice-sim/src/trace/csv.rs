@@ -23,7 +23,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::error::SimError;
-use crate::trace::{Record, Trace};
+use crate::trace::{NextAccess, Record, Trace};
 
 /// Where a CSV trace keeps its fields. Column numbers are 1-based.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -263,7 +263,7 @@ fn read_from<R: std::io::Read>(
         name: name.to_string(),
         records,
         request_starts: Vec::new(),
-        has_next_access: false,
+        next_access: NextAccess::Missing,
     })
 }
 
@@ -507,7 +507,7 @@ mod tests {
         let want = [(10, 7, 100), (11, 8, 200)];
         let got: Vec<_> = t.records.iter().map(|r| (r.time, r.id, r.size)).collect();
         assert_eq!(got, want);
-        assert!(!t.has_next_access);
+        assert!(!t.has_next_access());
     }
 
     #[test]
