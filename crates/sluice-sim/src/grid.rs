@@ -32,6 +32,9 @@ pub struct GridConfig {
 pub struct GridRow {
     pub trace: String,
     pub policy: String,
+    /// Whether the policy is an offline oracle (reads the future): a
+    /// reference, kept off the Pareto front of the plots.
+    pub oracle: bool,
     pub fraction: f64,
     pub capacity: u64,
     pub count_mode: bool,
@@ -181,6 +184,7 @@ fn run_job(
     Ok(GridRow {
         trace: trace.name.clone(),
         policy: spec.clone(),
+        oracle: policy.kind().is_oracle(),
         fraction,
         capacity,
         count_mode,
@@ -256,6 +260,8 @@ mod tests {
         assert_eq!(order[0], ("lru", 0.01));
         assert_eq!(order[2], ("lru", 0.5));
         assert_eq!(order[11], ("belady", 0.5));
+        let oracles: Vec<bool> = one.iter().step_by(3).map(|r| r.oracle).collect();
+        assert_eq!(oracles, [false, false, false, true]);
         for r in &one {
             assert!(r.capacity <= r.working_set_bytes);
             assert_eq!(
