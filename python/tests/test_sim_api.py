@@ -59,6 +59,7 @@ def test_rows_cover_the_grid_and_metrics_add_up(zipf: Path) -> None:
         assert r["capacity"] == pytest.approx(
             r["fraction"] * r["working_set_bytes"], rel=1e-6, abs=1
         )
+    assert [r["oracle"] for r in rows] == [r["policy"] == "belady" for r in rows]
     by = {(r["policy"], r["fraction"]): r["hit_ratio"] for r in rows}
     for f in (0.05, 0.2):
         assert by[("belady", f)] >= by[("lru", f)]
@@ -77,7 +78,7 @@ def test_kv_trace_sizes_blocks_from_the_model_and_scores_prefix_hits(tmp_path: P
     assert count["working_set_bytes"] == 3
 
 
-def test_plots_are_pngs_with_one_panel_per_trace(zipf: Path, tmp_path: Path) -> None:
+def test_plot_writes_both_pngs(zipf: Path, tmp_path: Path) -> None:
     other = make_trace(tmp_path / "scan.oracleGeneral", "scan", 5_000, 500, seed=9)
     rows = sim.run([zipf, other], ["lru", "arc", "tinylfu"], [0.05, 0.2])
     paths = sim.plot(rows, tmp_path / "plots")
@@ -86,6 +87,66 @@ def test_plots_are_pngs_with_one_panel_per_trace(zipf: Path, tmp_path: Path) -> 
         assert p.read_bytes()[:8] == PNG_MAGIC and p.stat().st_size > 10_000
     with pytest.raises(ValueError, match="no rows"):
         sim.plot([], tmp_path / "empty")
+
+
+def study_rows(trace: str, with_oracle_key: bool = True) -> list[dict]:
+    """Hand-made rows: LRU leads at the small cache, ARC at the large one, Belady beats both."""
+    points = {  # (policy, fraction): (amplification, hit ratio)
+        ("lru", 0.05): (1.0, 0.3),
+        ("arc", 0.05): (2.0, 0.2),
+        ("belady", 0.05): (0.5, 0.5),
+        ("lru", 0.2): (1.0, 0.4),
+        ("arc", 0.2): (None, 0.0),  # nothing hit: amplification is null in JSON
+        ("belady", 0.2): (0.5, 0.7),
+        ("lru", 0.5): (1.0, 0.5),
+        ("arc", 0.5): (0.8, 0.6),
+        ("belady", 0.5): (0.5, 0.9),
+    }
+    rows = []
+    for (policy, fraction), (amp, hit) in points.items():
+        row = {"trace": trace, "policy": policy, "fraction": fraction}
+        row |= {"amplification": amp, "hit_ratio": hit}
+        if with_oracle_key:  # results.json written before rows said so lack it
+            row["oracle"] = policy == "belady"
+        rows.append(row)
+    return rows
+
+
+def test_pareto_panels_are_per_fraction_with_oracles_off_the_front() -> None:
+    rows = study_rows("/t/a.oracleGeneral") + study_rows("/t/b.csv", with_oracle_key=False)
+    panels = sim.pareto_panels(rows)
+    assert [(Path(p.trace).name, p.fraction) for p in panels] == [
+        (name, f) for name in ("a.oracleGeneral", "b.csv") for f in (0.05, 0.2, 0.5)
+    ]
+    for panel in panels:
+        assert panel.oracle == [False, False, True]
+    fronts = [[panels[0].policies[i] for i in p.front] for p in panels[:3]]
+    # Belady beats every policy but is no contender; each fraction has its own leader.
+    assert fronts == [["lru"], ["lru"], ["arc"]]
+    assert [p.front for p in panels[3:]] == [p.front for p in panels[:3]]
+
+
+def test_pareto_png_has_a_panel_per_trace_and_fraction_and_one_legend(tmp_path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    rows = study_rows("/t/a.oracleGeneral") + study_rows("/t/b.csv")
+    fig = sim.pareto_figure(rows)
+    assert len(fig.axes) == 2 * 3
+    assert [ax.get_title() for ax in fig.axes[:3]] == [
+        f"a.oracleGeneral, cache {f} of working set" for f in ("0.05", "0.2", "0.5")
+    ]
+    # Policies are named once, in the legend, not by labels beside points that overlap.
+    (legend,) = fig.legends
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert labels == ["lru", "arc", "belady (oracle)", "Pareto front (no oracles)"]
+    for ax in fig.axes:
+        assert [t.get_text() for t in ax.texts] in ([], ["nothing hit: arc"])
+    width, height = fig.get_size_inches()
+    plt.close(fig)
+    (_, pareto) = sim.plot(rows, tmp_path)
+    image = plt.imread(pareto)
+    assert image.shape[:2] == (round(height * 120), round(width * 120))
+    assert image.shape[1] > 1000 and image.shape[0] > 700
 
 
 def test_pareto_front_keeps_only_undominated_points() -> None:

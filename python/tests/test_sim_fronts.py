@@ -47,6 +47,12 @@ CASES = {
     "fraction_above_one": Case("good.oracleGeneral", 2, {"fractions": [0.5, 1.5]}),
     "bad_csv_columns_on_a_csv_trace": Case("good.csv", 2, {"csv_columns": "id-col=0"}),
     "bad_csv_columns_on_a_kv_trace": Case("good.jsonl", 2, {"csv_columns": "bogus=1"}),
+    "csv_header_given_over_a_first_row_of_numbers": Case(
+        "headerless.csv", 3, {"csv_columns": "time-col=1,id-col=2,size-col=3,has-header=true"}
+    ),
+    "csv_header_undecidable_with_string_ids_alone": Case(
+        "keys.csv", 3, {"csv_columns": "id-col=1,id-is-num=false"}
+    ),
     "unknown_format": Case("good.oracleGeneral", 2, {"format": "parquet"}),
     "unknown_model_on_a_kv_trace": Case("good.jsonl", 2, {"model": "llama-9000"}),
     "unknown_model_on_an_oracle_trace": Case("good.oracleGeneral", 2, {"model": "llama-9000"}),
@@ -67,6 +73,8 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "bad.jsonl").write_text(KV_LINE + '{"timestamp": 1}\n')
     (d / "good.jsonl").write_text(KV_LINE * 3)
     (d / "good.csv").write_text("time,id,size\n0,1,10\n1,2,10\n2,1,10\n")
+    (d / "headerless.csv").write_text("0,1,10\n1,2,10\n")
+    (d / "keys.csv").write_text("alpha\nbeta\n")
     ids = np.array([1, 2, 1, 3, 1], dtype=np.uint64)
     write_oracle(d / "good.oracleGeneral", ids, np.full(len(ids), 10, np.uint32))
     return d

@@ -219,7 +219,8 @@ pub struct SimTraceArgs {
     #[arg(long, default_value_t = sluice_sim::source::TraceFormat::default().to_string())]
     pub format: String,
     /// CSV columns, 1-based, e.g. "time-col=1,id-col=2,size-col=3,has-header=true,delimiter=;";
-    /// id-is-num=false hashes non-numeric ids. Default: the time,id,size layout with a header.
+    /// id-is-num=false hashes non-numeric ids. Default: the time,id,size layout. Without
+    /// has-header, a first row is a header when its numeric columns hold words.
     #[arg(long)]
     pub csv_columns: Option<String>,
     /// KV traces: model preset (llama3-8b, llama3.1-70b, deepseek-v3, gpt-oss-120b) or
@@ -446,7 +447,9 @@ pub fn sim_exit_code(err: &SimError) -> i32 {
             std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => EXIT_NOT_FOUND,
             _ => EXIT_FAILED,
         },
-        SimError::BadField { .. } | SimError::BadTrace { .. } => EXIT_INVALID,
+        SimError::BadField { .. } | SimError::BadTrace { .. } | SimError::CsvHeader { .. } => {
+            EXIT_INVALID
+        }
         SimError::Policy(_) | SimError::Config(_) => 2,
         SimError::Cancelled => EXIT_FAILED,
     }

@@ -393,3 +393,63 @@ fn empty_traces_of_every_format_fail_with_status_3_naming_the_file() {
         assert!(err.contains(name) && err.contains("no requests"), "{err}");
     }
 }
+
+#[test]
+fn wrong_stored_next_accesses_are_warned_about_once_and_not_replayed() {
+    // A cyclic trace, written once with its true next accesses and once with
+    // every next_access_vtime -1 ("never"), which Belady trusted (issue 12,
+    // item 15).
+    let ids = [1u64, 2, 3, 1, 2, 3, 1, 2, 3];
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, next: &dyn Fn(usize) -> i64| {
+        let mut bytes = Vec::new();
+        for (i, id) in ids.iter().enumerate() {
+            bytes.extend_from_slice(&(i as u32).to_le_bytes());
+            bytes.extend_from_slice(&id.to_le_bytes());
+            bytes.extend_from_slice(&1u32.to_le_bytes());
+            bytes.extend_from_slice(&next(i).to_le_bytes());
+        }
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path
+    };
+    // 1-based position of the next request of the same id, three on.
+    let right = write("right.oracleGeneral", &|i| {
+        if i + 3 < ids.len() {
+            i as i64 + 4
+        } else {
+            -1
+        }
+    });
+    let wrong = write("wrong.oracleGeneral", &|_| -1);
+    let run = |trace: &Path| {
+        let res = dir.path().join("res");
+        let out = sluice(&[
+            "sim",
+            "run",
+            "--trace",
+            p(trace),
+            "--policies",
+            "belady",
+            "--fractions",
+            "0.67,1",
+            "--count-mode",
+            "--out",
+            p(&res),
+            "--no-plots",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let hits: Vec<f64> = rows(&res)
+            .iter()
+            .map(|r| r["hit_ratio"].as_f64().unwrap())
+            .collect();
+        (hits, stderr(&out))
+    };
+    let (truth, quiet) = run(&right);
+    assert!(!quiet.contains("wrong next access"), "{quiet}");
+    let (hits, err) = run(&wrong);
+    assert_eq!(hits, truth);
+    let warning = "6 of 9 records stored a wrong next access (first: record 1 stored its next \
+                   request at never, the trace has it at record 4)";
+    assert_eq!(err.matches(warning).count(), 1, "{err}");
+}

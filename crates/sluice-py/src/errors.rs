@@ -22,7 +22,9 @@ pub fn sim_to_py(py: Python<'_>, err: SimError) -> PyErr {
             std::io::ErrorKind::PermissionDenied => "SluicePermissionError",
             _ => "SluiceIOError",
         },
-        SimError::BadField { .. } | SimError::BadTrace { .. } => "TraceError",
+        SimError::BadField { .. } | SimError::BadTrace { .. } | SimError::CsvHeader { .. } => {
+            "TraceError"
+        }
         SimError::Policy(_) | SimError::Config(_) => "ConfigError",
         SimError::Cancelled => "SluiceError",
     };

@@ -21,6 +21,17 @@ pub enum SimError {
     },
     #[error("{path}: {message}")]
     BadTrace { path: PathBuf, message: String },
+    /// A CSV trace's first row and the header option disagree, or the option
+    /// was left out and the row cannot tell.
+    #[error("{path}:{line}: first row {row:?} {problem}")]
+    CsvHeader {
+        path: PathBuf,
+        /// 1-based line of the row.
+        line: u64,
+        /// The row as read (its first 80 characters).
+        row: String,
+        problem: crate::trace::csv::HeaderProblem,
+    },
     #[error(transparent)]
     Policy(#[from] sluice_policy::PolicyError),
     #[error("{0}")]

@@ -32,6 +32,9 @@ pub struct GridConfig {
 pub struct GridRow {
     pub trace: String,
     pub policy: String,
+    /// Whether the policy is an offline oracle (reads the future): a
+    /// reference, kept off the Pareto front of the plots.
+    pub oracle: bool,
     pub fraction: f64,
     pub capacity: u64,
     pub count_mode: bool,
@@ -86,10 +89,8 @@ pub fn run_grid(
 ) -> Result<Vec<GridRow>, SimError> {
     config.validate()?;
     let needs_oracle = config.policies.iter().any(|(_, p)| p.kind().is_oracle());
-    for trace in traces.iter_mut() {
-        if needs_oracle && !trace.has_next_access {
-            trace.fill_next_access();
-        }
+    if needs_oracle {
+        traces.iter_mut().for_each(fill_next_access);
     }
     let traces: &[Trace] = traces;
     let working_sets: Vec<WorkingSet> = traces.iter().map(Trace::working_set).collect();
@@ -148,6 +149,24 @@ pub fn run_grid(
         .collect()
 }
 
+/// Computes `trace`'s next accesses for the oracles, and warns once when the
+/// ones its file stored were wrong (see [`crate::trace`]).
+fn fill_next_access(trace: &mut Trace) {
+    if trace.has_next_access() {
+        return;
+    }
+    let check = trace.fill_next_access();
+    if let Some(first) = check.first {
+        tracing::warn!(
+            "{}: {} of {} records stored a wrong next access (first: {first}); \
+             the oracles use next accesses computed from the trace's ids",
+            trace.name,
+            check.disagreed,
+            check.records
+        );
+    }
+}
+
 fn run_job(
     trace: &Trace,
     ws: WorkingSet,
@@ -165,6 +184,7 @@ fn run_job(
     Ok(GridRow {
         trace: trace.name.clone(),
         policy: spec.clone(),
+        oracle: policy.kind().is_oracle(),
         fraction,
         capacity,
         count_mode,
@@ -240,6 +260,8 @@ mod tests {
         assert_eq!(order[0], ("lru", 0.01));
         assert_eq!(order[2], ("lru", 0.5));
         assert_eq!(order[11], ("belady", 0.5));
+        let oracles: Vec<bool> = one.iter().step_by(3).map(|r| r.oracle).collect();
+        assert_eq!(oracles, [false, false, false, true]);
         for r in &one {
             assert!(r.capacity <= r.working_set_bytes);
             assert_eq!(

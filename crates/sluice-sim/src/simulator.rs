@@ -110,12 +110,12 @@ impl SimStats {
 
 /// Replays `trace` through the policy of `config`.
 ///
-/// Oracle policies need `trace.has_next_access` (see
+/// Oracle policies need `trace.has_next_access()` (see
 /// [`Trace::fill_next_access`]); without it this is an error rather than
 /// silently wrong numbers.
 pub fn simulate(trace: &Trace, config: &SimConfig) -> Result<SimStats, SimError> {
     let kind = config.policy.kind();
-    if kind.is_oracle() && !trace.has_next_access {
+    if kind.is_oracle() && !trace.has_next_access() {
         return Err(SimError::Config(format!(
             "policy {} needs next-access times; trace {} has none (fill them first)",
             kind.name(),
@@ -234,7 +234,7 @@ mod tests {
     #[test]
     fn oracles_refuse_a_trace_without_next_access() {
         let mut t = trace(&[1, 2], 1);
-        t.has_next_access = false;
+        t.next_access = crate::trace::NextAccess::Stored;
         let config = SimConfig {
             policy: PolicyConfig::Belady,
             capacity: 1,

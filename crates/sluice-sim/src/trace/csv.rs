@@ -7,6 +7,9 @@
 //! obj-id-is-num=true, has-header=true`) or the shorter Sluice names
 //! (`time-col=1,id-col=2,size-col=3,has-header=true,delimiter=,`).
 //!
+//! The first row is checked against `has-header`, or, when the options
+//! leave it out, judged a header or a request: see `csv/header.rs`.
+//!
 //! - Without a size column every request has size 1 (libCacheSim's rule);
 //!   rows of size 0 are skipped, as libCacheSim skips them.
 //! - Ids are unsigned integers, or, with `id-is-num=false`, any bytes,
@@ -23,7 +26,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::error::SimError;
-use crate::trace::{Record, Trace};
+use crate::trace::{NextAccess, Record, Trace};
+
+mod header;
+
+pub use header::{HeaderProblem, HeaderRow};
 
 /// Where a CSV trace keeps its fields. Column numbers are 1-based.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,8 +41,9 @@ pub struct CsvConfig {
     pub id_col: usize,
     /// Size column in bytes; `None` gives every record size 1.
     pub size_col: Option<usize>,
-    /// Whether the first row names the columns (and is skipped).
-    pub has_header: bool,
+    /// Whether the first row names the columns (and is skipped): as given,
+    /// or judged from the row ([`HeaderRow::Detect`], the default).
+    pub header: HeaderRow,
     /// Field separator.
     pub delimiter: u8,
     /// Whether ids are unsigned integers; `false` hashes them.
@@ -43,14 +51,16 @@ pub struct CsvConfig {
 }
 
 impl Default for CsvConfig {
-    /// The layout [`write_csv`] produces: a `time,id,size` header, then
-    /// numeric rows. Reading what we write needs no options.
+    /// The layout [`write_csv`] produces: `time,id,size`, numeric rows. The
+    /// header [`write_csv`] writes is detected, and so is its absence, so
+    /// reading what we write, or the same columns without a header, needs
+    /// no options.
     fn default() -> CsvConfig {
         CsvConfig {
             time_col: Some(1),
             id_col: 2,
             size_col: Some(3),
-            has_header: true,
+            header: HeaderRow::Detect,
             delimiter: b',',
             id_is_numeric: true,
         }
@@ -64,8 +74,9 @@ impl CsvConfig {
     /// Parses an option string of `key=value` pairs separated by commas.
     ///
     /// Like libCacheSim, what the string leaves out is absent: no time or
-    /// size column, no header, `,` as delimiter, numeric ids; `id-col` is
-    /// required. A column of `0` or `none` removes it. The delimiter may be
+    /// size column, `,` as delimiter, numeric ids; `id-col` is required,
+    /// and the header row is detected unless `has-header` is given. A
+    /// column of `0` or `none` removes it. The delimiter may be
     /// written as itself (`delimiter=,` and `delimiter=;` both work), as
     /// `\t`, or by name: `comma`, `tab`, `space`, `semicolon`, `pipe`.
     pub fn parse(spec: &str) -> Result<CsvConfig, SimError> {
@@ -73,7 +84,7 @@ impl CsvConfig {
             time_col: None,
             id_col: 0,
             size_col: None,
-            has_header: false,
+            header: HeaderRow::Detect,
             delimiter: b',',
             id_is_numeric: true,
         };
@@ -95,7 +106,12 @@ impl CsvConfig {
                     .ok_or_else(|| spec_error(spec, "id-col must be a column number"))?;
             }
             "size-col" | "obj-size-col" => self.size_col = column(spec, key, value)?,
-            "has-header" | "header" => self.has_header = boolean(spec, key, value)?,
+            "has-header" | "header" => {
+                self.header = match boolean(spec, key, value)? {
+                    true => HeaderRow::Present,
+                    false => HeaderRow::Absent,
+                }
+            }
             "id-is-num" | "obj-id-is-num" => self.id_is_numeric = boolean(spec, key, value)?,
             "delimiter" | "delim" => self.delimiter = delimiter(spec, value)?,
             _ => {
@@ -231,14 +247,17 @@ fn read_from<R: std::io::Read>(
     name: &str,
     config: &CsvConfig,
 ) -> Result<Trace, SimError> {
+    // The header row is handled here, not by the CSV reader, so that it can
+    // be checked or detected (see the module header).
     let mut reader = ::csv::ReaderBuilder::new()
-        .has_headers(config.has_header)
+        .has_headers(false)
         .delimiter(config.delimiter)
         .flexible(true)
         .from_reader(input);
     let mut row = ::csv::ByteRecord::new();
     let mut records = Vec::new();
     let mut skipped = 0u64;
+    let mut first = true;
     while reader
         .read_byte_record(&mut row)
         .map_err(|e| csv_error(e, name))?
@@ -249,6 +268,9 @@ fn read_from<R: std::io::Read>(
             line,
             name,
         };
+        if std::mem::take(&mut first) && fields.is_header(config)? {
+            continue;
+        }
         let record = fields.record(config)?;
         if record.size == 0 {
             skipped += 1;
@@ -263,7 +285,7 @@ fn read_from<R: std::io::Read>(
         name: name.to_string(),
         records,
         request_starts: Vec::new(),
-        has_next_access: false,
+        next_access: NextAccess::Missing,
     })
 }
 
@@ -456,13 +478,13 @@ mod tests {
         assert_eq!(c.time_col, Some(2));
         assert_eq!(c.id_col, 5);
         assert_eq!(c.size_col, Some(4));
-        assert!(c.has_header && c.id_is_numeric);
+        assert!(c.has_header() == Some(true) && c.id_is_numeric);
     }
 
     #[test]
     fn unspecified_options_are_absent_like_libcachesim() {
         let c = cfg("id-col=2");
-        assert_eq!((c.time_col, c.size_col, c.has_header), (None, None, false));
+        assert_eq!((c.time_col, c.size_col, c.has_header()), (None, None, None));
         assert_eq!(c.delimiter, b',');
     }
 
@@ -507,7 +529,7 @@ mod tests {
         let want = [(10, 7, 100), (11, 8, 200)];
         let got: Vec<_> = t.records.iter().map(|r| (r.time, r.id, r.size)).collect();
         assert_eq!(got, want);
-        assert!(!t.has_next_access);
+        assert!(!t.has_next_access());
     }
 
     #[test]
@@ -521,7 +543,7 @@ mod tests {
         let t = parse(
             b"alpha\nbeta\nalpha\n",
             "t",
-            &cfg("id-col=1,id-is-num=false"),
+            &cfg("id-col=1,id-is-num=false,has-header=false"),
         )
         .unwrap();
         assert_eq!(
@@ -546,7 +568,7 @@ mod tests {
         let config = CsvConfig {
             size_col: Some(2),
             id_col: 1,
-            has_header: false,
+            header: HeaderRow::Absent,
             ..CsvConfig::default()
         };
         let ok = format!("1,{}\n", MAX_OBJECT_BYTES);
@@ -630,7 +652,12 @@ mod tests {
 
     #[test]
     fn invalid_utf8_string_ids_are_hashed() {
-        let t = parse(b"\xff\n", "t", &cfg("id-col=1,id-is-num=false")).unwrap();
+        let t = parse(
+            b"\xff\n",
+            "t",
+            &cfg("id-col=1,id-is-num=false,has-header=no"),
+        )
+        .unwrap();
         assert_eq!(ids(&t), [fnv1a64(b"\xff")]);
     }
 
