@@ -20,6 +20,29 @@ pub const EXIT_NOT_FOUND: i32 = 4;
 /// Exit status for other I/O or load failures.
 pub const EXIT_FAILED: i32 = 1;
 
+/// `sluice warm run` / `record` pass the service's status through, so their
+/// own failures use the codes `env(1)`, `timeout(1)` and `docker run` keep
+/// for themselves: sluice warm itself failed (a bad option, a bad template,
+/// a missing model, no cgroup), before or after the service started.
+pub const EXIT_WARM_FAILED: i32 = 125;
+/// The service command was found but could not be executed.
+pub const EXIT_SERVICE_NOT_EXECUTABLE: i32 = 126;
+/// The service command was not found.
+pub const EXIT_SERVICE_NOT_FOUND: i32 = 127;
+
+/// The exit statuses of `warm run` and `warm record`, for their `--help`.
+const LAUNCHER_EXIT_STATUS_HELP: &str = "\
+Exit status: the service's own (its code, or 128 + the signal that ended it, as a shell \
+reports it: 137 for SIGKILL, also when the OOM killer took it); 125 when sluice warm itself \
+failed (bad option, bad template, missing model, no cgroup), 126 when the service command \
+cannot be executed, 127 when it is not found. The report (--json: exit_code, service_exit, \
+oom_killed, stopped_by) tells the service's end apart from warm's.
+
+SIGINT, SIGTERM and SIGHUP stop the run: the signal is sent on to the service (not when the \
+terminal sent it to the service already), which gets --grace-period to exit; then every process \
+left (all of the cgroup with --memory-limit, else the service's process tree) is killed. A \
+second signal kills at once.";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "sluice",
@@ -51,8 +74,10 @@ pub enum Command {
 #[derive(Subcommand, Debug)]
 pub enum WarmCommand {
     /// Run CMD once and record each loader worker's reads of the model as a template.
+    #[command(after_help = LAUNCHER_EXIT_STATUS_HELP)]
     Record(WarmRecordArgs),
     /// Run CMD with a page-cache policy (template, eager, precache, native).
+    #[command(after_help = LAUNCHER_EXIT_STATUS_HELP)]
     Run(WarmRunArgs),
     /// Watch a model directory and apply a policy to whoever loads it, until stopped.
     Daemon(WarmDaemonArgs),
@@ -148,6 +173,10 @@ pub struct WarmRecordArgs {
     /// partial, and the next run would replay it).
     #[arg(long)]
     pub keep_failed: bool,
+    /// After SIGINT, SIGTERM or SIGHUP, how long the service gets to exit before what is
+    /// left of it is killed, e.g. 10s, 500ms.
+    #[arg(long, default_value = sluice_warm::config::DEFAULT_GRACE_PERIOD)]
+    pub grace_period: String,
     #[command(flatten)]
     pub common: WarmCommonArgs,
     /// The service command, after --.
@@ -163,9 +192,14 @@ pub struct WarmRunArgs {
     /// template, eager, precache, native, or a Python policy as module:Class.
     #[arg(long, default_value = sluice_warm::config::DEFAULT_POLICY)]
     pub policy: String,
-    /// Run the service and the runtime in a new cgroup with this memory limit, e.g. 6GiB.
+    /// Run the service and the runtime in a new cgroup with this memory limit, e.g. 6GiB
+    /// (at least 32MiB). The runtime is exempt from the OOM killer there; the service is not.
     #[arg(long)]
     pub memory_limit: Option<String>,
+    /// After SIGINT, SIGTERM or SIGHUP, how long the service gets to exit before what is
+    /// left of it is killed, e.g. 10s, 500ms.
+    #[arg(long, default_value = sluice_warm::config::DEFAULT_GRACE_PERIOD)]
+    pub grace_period: String,
     #[command(flatten)]
     pub common: WarmCommonArgs,
     /// The service command, after --.
@@ -395,12 +429,16 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let cli = match Cli::try_parse_from(args) {
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    let cli = match Cli::try_parse_from(&args) {
         Ok(cli) => cli,
         Err(err) => {
             // Like clap's `Error::exit`: a closed stdout is no error here.
             let _ = err.print();
-            return err.exit_code();
+            return match err.exit_code() {
+                2 if launches_service(&args) => EXIT_WARM_FAILED,
+                code => code,
+            };
         }
     };
     init_logging(cli.verbose);
@@ -419,13 +457,19 @@ pub fn run(cli: Cli) -> i32 {
         Command::Sim(SimCommand::Models(args)) => {
             report(commands::sim::models(&args), sim_exit_code)
         }
-        Command::Warm(command) => match commands::warm::run(command) {
-            Ok(code) => code,
-            Err(err) => {
-                eprintln!("sluice: error: {err}");
-                warm_exit_code(&err)
+        Command::Warm(command) => {
+            let launcher = matches!(command, WarmCommand::Run(_) | WarmCommand::Record(_));
+            match commands::warm::run(command) {
+                Ok(code) => code,
+                Err(err) => {
+                    eprintln!("sluice: error: {err}");
+                    match launcher {
+                        true => launcher_exit_code(&err),
+                        false => warm_exit_code(&err),
+                    }
+                }
             }
-        },
+        }
     }
 }
 
@@ -455,8 +499,34 @@ pub fn sim_exit_code(err: &SimError) -> i32 {
     }
 }
 
-/// Exit status of a failed `sluice warm` command (before the service ran;
-/// afterwards the service's own status is returned).
+/// Whether a command line (program name first) is `sluice warm run` or
+/// `sluice warm record`, whose usage errors exit [`EXIT_WARM_FAILED`].
+fn launches_service(args: &[std::ffi::OsString]) -> bool {
+    let mut words = args
+        .iter()
+        .skip(1)
+        .filter(|a| !a.to_string_lossy().starts_with('-'));
+    words.next().is_some_and(|w| w == "warm")
+        && words.next().is_some_and(|w| w == "run" || w == "record")
+}
+
+/// Exit status of a failed `sluice warm run` or `record`, which otherwise
+/// exit with the service's status: 127 for a service command not found,
+/// 126 for one that cannot be executed, 125 for anything else.
+pub fn launcher_exit_code(err: &sluice_warm::WarmError) -> i32 {
+    match err {
+        sluice_warm::WarmError::Launch { source, .. }
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            EXIT_SERVICE_NOT_FOUND
+        }
+        sluice_warm::WarmError::Launch { .. } => EXIT_SERVICE_NOT_EXECUTABLE,
+        _ => EXIT_WARM_FAILED,
+    }
+}
+
+/// Exit status of a failed `sluice warm status`, `trigger` or `daemon`
+/// (`run` and `record` use [`launcher_exit_code`]).
 pub fn warm_exit_code(err: &sluice_warm::WarmError) -> i32 {
     use sluice_warm::template::TemplateError;
     use sluice_warm::WarmError;
@@ -485,7 +555,9 @@ pub fn warm_exit_code(err: &sluice_warm::WarmError) -> i32 {
         | WarmError::NoRuntime
         | WarmError::SeveralRuntimes { .. }
         | WarmError::Python(_) => 2,
-        WarmError::Unsupported { .. } | WarmError::Policy { .. } => EXIT_FAILED,
+        WarmError::Unsupported { .. } | WarmError::Policy { .. } | WarmError::Launch { .. } => {
+            EXIT_FAILED
+        }
     }
 }
 

@@ -205,7 +205,8 @@ fn a_memory_limit_below_the_largest_tensor_is_a_bad_option_and_a_template_dir_ba
     let out = sluice(&["load", path.to_str().unwrap(), "--memory-limit", "1"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 
-    // A directory where the service's template belongs: bad input (was exit 1).
+    // A directory where the service's template belongs: bad input, which `warm run` reports
+    // as its own failure, 125 (was exit 1), never a status the service could give.
     let model = dir.path().join("model");
     std::fs::create_dir(&model).unwrap();
     std::fs::copy(&path, model.join("m.safetensors")).unwrap();
@@ -227,6 +228,6 @@ fn a_memory_limit_below_the_largest_tensor_is_a_bad_option_and_a_template_dir_ba
         "true",
     ]);
     let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert_eq!(out.status.code(), Some(125), "{err}");
     assert!(err.contains("directory") && err.contains(&id), "{err}");
 }

@@ -126,7 +126,8 @@ fn record_then_replay_a_template() {
         "the node-1 loader thread ran: {}",
         stderr(&out)
     );
-    // A corrupt template is refused with status 3, naming it.
+    // A corrupt template is refused with status 125 (warm's own failure,
+    // not the service's), naming it.
     std::fs::write(&template, b"SLTPL\0garbage").unwrap();
     let out = sluice(
         &[
@@ -141,7 +142,7 @@ fn record_then_replay_a_template() {
         ],
         &templates,
     );
-    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
     assert!(stderr(&out).contains(".sluicetpl"), "{}", stderr(&out));
 }
 
@@ -208,7 +209,7 @@ fn tmpfs_models_fall_back_from_pre_content_to_open_events() {
     );
     assert_eq!(
         out.status.code(),
-        Some(1),
+        Some(125),
         "insisting on pre-content fails: {}",
         stderr(&out)
     );
@@ -261,99 +262,248 @@ fn a_memory_limit_runs_the_service_in_a_cgroup_that_is_removed_after() {
 }
 
 #[test]
-fn bad_input_has_distinct_statuses_and_names_the_problem() {
+fn warms_own_failures_exit_125_126_or_127_never_a_code_the_service_could_give() {
     let (dir, m, templates) = model();
     let m_str = m.to_str().unwrap();
     let missing = dir.path().join("nope");
-    let cases: Vec<(Vec<&str>, i32, &str)> = vec![
+    let not_executable = dir.path().join("serve.sh");
+    std::fs::write(&not_executable, "#!/bin/sh\nexit 0\n").unwrap();
+    let run = |extra: &[&str], command: &[&str]| -> Vec<String> {
+        let mut args = vec!["warm", "run"];
+        if !extra.contains(&"--policy") {
+            args.extend_from_slice(&["--policy", "eager"]);
+        }
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--model", m_str, "--"]);
+        args.extend_from_slice(command);
+        args.into_iter().map(String::from).collect()
+    };
+    let cases: Vec<(Vec<String>, i32, &str)> = vec![
+        (run(&["--policy", "lru"], &["true"]), 125, "lru"),
         (
-            vec![
-                "warm", "run", "--policy", "lru", "--model", m_str, "--", "true",
-            ],
-            2,
-            "lru",
-        ),
-        (
-            vec!["warm", "run", "--model", m_str, "--", "true"],
-            2,
+            vec!["warm", "run", "--model", m_str, "--", "true"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            125,
             "--service",
         ),
+        (run(&["--events", "magic"], &["true"]), 125, "magic"),
+        (run(&["--watermark", "1.5"], &["true"]), 125, "1.5"),
+        (run(&["--mechanism", "mmap"], &["true"]), 125, "mmap"),
+        (run(&["--memory-limit", "lots"], &["true"]), 125, "lots"),
+        // Below what anything starts in: refused before a cgroup is made.
         (
-            vec![
-                "warm", "run", "--policy", "eager", "--events", "magic", "--model", m_str, "--",
-                "true",
-            ],
-            2,
-            "magic",
+            run(&["--memory-limit", "2MiB"], &["true"]),
+            125,
+            "at least 32MiB",
         ),
         (
-            vec![
-                "warm",
-                "run",
-                "--policy",
-                "eager",
-                "--watermark",
-                "1.5",
-                "--model",
-                m_str,
-                "--",
-                "true",
-            ],
-            2,
-            "1.5",
+            run(&["--memory-limit", "0"], &["true"]),
+            125,
+            "at least 32MiB",
         ),
+        (run(&["--grace-period", "soon"], &["true"]), 125, "soon"),
+        // A usage error clap finds.
+        (run(&["--bogus"], &["true"]), 125, "--bogus"),
         (
-            vec![
-                "warm",
-                "run",
-                "--policy",
-                "eager",
-                "--mechanism",
-                "mmap",
-                "--model",
-                m_str,
-                "--",
-                "true",
-            ],
-            2,
-            "mmap",
-        ),
-        (
-            vec![
-                "warm",
-                "run",
-                "--policy",
-                "eager",
-                "--memory-limit",
-                "lots",
-                "--model",
-                m_str,
-                "--",
-                "true",
-            ],
-            2,
-            "lots",
-        ),
-        (
-            vec![
-                "warm",
-                "run",
-                "--policy",
-                "eager",
-                "--model",
-                missing.to_str().unwrap(),
-                "--",
-                "true",
-            ],
-            4,
+            vec!["warm", "run", "--policy", "eager", "--model"]
+                .into_iter()
+                .map(String::from)
+                .chain([missing.display().to_string(), "--".into(), "true".into()])
+                .collect(),
+            125,
             "nope",
+        ),
+        (run(&[], &["/nonexistent/serve"]), 127, "/nonexistent/serve"),
+        (
+            run(&[], &[not_executable.to_str().unwrap()]),
+            126,
+            "serve.sh",
         ),
     ];
     for (args, code, needle) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = sluice(&args, &templates);
         assert_eq!(out.status.code(), Some(code), "{args:?}: {}", stderr(&out));
         assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
     }
+    // The commands that launch nothing keep the usual statuses.
+    let out = sluice(&["warm", "status", "--bogus"], &templates);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    // --help says all this.
+    let out = sluice(&["warm", "run", "--help"], &templates);
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in ["125", "126", "127", "128 + the signal", "--grace-period"] {
+        assert!(help.contains(needle), "{needle}: {help}");
+    }
+}
+
+#[test]
+fn a_service_killed_by_a_signal_exits_128_plus_it_and_the_report_names_it() {
+    let (_dir, m, templates) = model();
+    let out = sluice(
+        &[
+            "warm",
+            "run",
+            "--policy",
+            "eager",
+            "--events",
+            "explicit",
+            "--model",
+            m.to_str().unwrap(),
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            "kill -TERM $$",
+        ],
+        &templates,
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(128 + libc::SIGTERM),
+        "{}",
+        stderr(&out)
+    );
+    let report = json(&out);
+    assert_eq!(
+        report["service_exit"],
+        serde_json::json!({"signal": libc::SIGTERM, "signal_name": "SIGTERM"})
+    );
+    assert_eq!(
+        (
+            report["stopped_by"].is_null(),
+            report["oom_killed"].as_bool()
+        ),
+        (true, Some(false))
+    );
+}
+
+/// `sluice warm run` of a shell `script` that prints `ready` once its traps
+/// are set, with stdout piped: the test reads up to that line (an early
+/// failure closes stdout, so the read cannot hang).
+fn start_service(m: &Path, templates: &Path, grace: &str, script: &str) -> std::process::Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["warm", "run", "--policy", "eager", "--events", "explicit"])
+        .args(["--grace-period", grace, "--json", "--model"])
+        .arg(m)
+        .args(["--", "sh", "-c", script])
+        .env("SLUICE_TEMPLATE_DIR", templates)
+        .env("SLUICE_RUN_DIR", templates.join("run"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    assert_eq!(line, "ready\n", "the service did not start");
+    child.stdout = Some(stdout.into_inner());
+    child
+}
+
+/// Waits for `child` with a guard against a hang (not a timing assertion).
+fn finish(mut child: std::process::Child) -> Output {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("sluice warm run did not end");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn signal(child: &std::process::Child, signal: i32) {
+    // SAFETY: kill(2) on our own child, which we have not reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+}
+
+#[test]
+fn sigterm_reaches_the_service_which_exits_in_its_grace_period_with_its_own_status() {
+    let (_dir, m, templates) = model();
+    let script = "trap 'exit 3' TERM; sleep 1000 & echo ready; wait";
+    let child = start_service(&m, &templates, "60s", script);
+    signal(&child, libc::SIGTERM);
+    let out = finish(child);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let report = json(&out);
+    assert_eq!(report["service_exit"], serde_json::json!({"code": 3}));
+    assert_eq!(report["stopped_by"], "SIGTERM");
+    assert_eq!(report["signal_forwarded"], true);
+    assert_eq!(report["killed_processes"], 0, "{report}");
+    // The shell's sleep went with it.
+    assert_eq!(report["leftover_processes"], 1, "{report}");
+    assert_eq!(report["surviving_processes"], 0, "{report}");
+}
+
+#[test]
+fn a_second_signal_kills_a_deaf_service_at_once() {
+    let (_dir, m, templates) = model();
+    // Deaf to SIGTERM, and so is its sleep; an hour of grace.
+    let script = "trap '' TERM; sleep 1000 & echo ready; wait";
+    let child = start_service(&m, &templates, "3600s", script);
+    // Two different signals: two of the same may merge into one while
+    // pending.
+    signal(&child, libc::SIGTERM);
+    signal(&child, libc::SIGHUP);
+    let out = finish(child);
+    assert_eq!(
+        out.status.code(),
+        Some(128 + libc::SIGKILL),
+        "{}",
+        stderr(&out)
+    );
+    let report = json(&out);
+    assert_eq!(
+        report["killed_processes"], 2,
+        "the shell and its sleep: {report}"
+    );
+    assert_eq!(report["surviving_processes"], 0, "{report}");
+}
+
+#[test]
+fn stale_status_files_and_trigger_pipes_of_dead_runtimes_are_removed() {
+    let (_dir, m, templates) = model();
+    let run_dir = templates.join("run");
+    std::fs::create_dir_all(&run_dir).unwrap();
+    // A pid that cannot exist (above any pid_max): a runtime killed before
+    // it could clean up.
+    let stale = [
+        run_dir.join("2147483646.json"),
+        run_dir.join("2147483646.trigger"),
+    ];
+    std::fs::write(&stale[0], b"{}").unwrap();
+    let fifo = std::ffi::CString::new(stale[1].to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let out = sluice(
+        &[
+            "warm",
+            "run",
+            "--policy",
+            "eager",
+            "--events",
+            "explicit",
+            "--model",
+            m.to_str().unwrap(),
+            "--",
+            "true",
+        ],
+        &templates,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    for path in &stale {
+        assert!(!path.exists(), "{} left behind", path.display());
+    }
+    let left: Vec<_> = std::fs::read_dir(&run_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "the run cleaned up after itself: {left:?}");
 }
 
 #[test]

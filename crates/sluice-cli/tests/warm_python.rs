@@ -14,13 +14,23 @@ fn python() -> Option<PathBuf> {
 }
 
 const POLICIES: &str = "\
-import time
+import os, time
 from sluice.warm import Policy, Prefetch
 
 class StuckThenRaises(Policy):
     def on_access(self, event):
         time.sleep(2)
         raise RuntimeError('policy bug after a nap')
+
+class Forks(Policy):
+    def init(self, ctx):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(600)
+            os._exit(0)
+        with open(os.path.join(os.path.dirname(__file__), 'child.pid'), 'w') as f:
+            f.write(str(pid))
+        return []
 
 class WholeModel(Policy):
     def init(self, ctx):
@@ -53,10 +63,17 @@ fn setup() -> Option<Setup> {
 
 impl Setup {
     fn sluice(&self, policy: &str, service: &str) -> Output {
+        self.command(policy, service, "auto")
+            .output()
+            .expect("sluice runs")
+    }
+
+    fn command(&self, policy: &str, service: &str, events: &str) -> Command {
         let run = self.dir.path().join("run");
-        Command::new(env!("CARGO_BIN_EXE_sluice"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        command
             .args([
-                "warm", "run", "--policy", policy, "--events", "auto", "--json",
+                "warm", "run", "--policy", policy, "--events", events, "--json",
             ])
             .arg("--model")
             .arg(&self.model)
@@ -64,9 +81,8 @@ impl Setup {
             .env("SLUICE_PYTHON", &self.python)
             .env("PYTHONPATH", self.dir.path())
             .env("SLUICE_TEMPLATE_DIR", self.dir.path().join("templates"))
-            .env("SLUICE_RUN_DIR", run)
-            .output()
-            .expect("sluice runs")
+            .env("SLUICE_RUN_DIR", run);
+        command
     }
 }
 
@@ -147,14 +163,46 @@ fn a_policy_that_cannot_be_imported_is_refused_before_launch() {
     let marker = s.dir.path().join("launched");
     let service = format!("touch {}", marker.display());
     let out = s.sluice("warm_e2e_no_such_module:Policy", &service);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
     let text = stderr(&out);
     assert!(
         text.contains("ModuleNotFoundError: No module named 'warm_e2e_no_such_module'"),
         "{text}"
     );
     let out = s.sluice("warm_e2e_policies:NoSuchClass", &service);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
     assert!(stderr(&out).contains("AttributeError"), "{}", stderr(&out));
     assert!(!marker.exists(), "the service was never started");
+}
+
+#[test]
+fn a_child_forked_by_the_policy_does_not_hold_the_runs_output_open() {
+    let Some(s) = setup() else {
+        return;
+    };
+    // As `$(sluice warm run ... 2>&1)` does: read stdout and stderr to their
+    // end. The forked child inherits stderr and sleeps for ten minutes.
+    let child = s
+        .command("warm_e2e_policies:Forks", "true", "explicit")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("sluice runs");
+    let (done, outcome) = std::sync::mpsc::channel();
+    std::thread::spawn(move || done.send(child.wait_with_output()));
+    // A guard against the hang, not a timing assertion.
+    let out = outcome.recv_timeout(Duration::from_secs(60));
+    let forked: Option<i32> = std::fs::read_to_string(s.dir.path().join("child.pid"))
+        .ok()
+        .and_then(|p| p.parse().ok());
+    let Ok(out) = out else {
+        if let Some(pid) = forked {
+            // SAFETY: kill(2); the pid is the policy's sleeping child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        panic!("the output stayed open: the policy's child {forked:?} held it");
+    };
+    let out = out.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(forked.is_some(), "the policy forked: {}", stderr(&out));
 }

@@ -214,6 +214,55 @@ impl Cgroup {
     pub fn remove(self) -> Result<(), OsError> {
         std::fs::remove_dir(&self.path).map_err(OsError::io(&self.path))
     }
+
+    /// The processes in this cgroup now (`cgroup.procs`), in no order.
+    pub fn pids(&self) -> Result<Vec<i32>, OsError> {
+        let file = self.path.join("cgroup.procs");
+        let text = std::fs::read_to_string(&file).map_err(OsError::io(&file))?;
+        Ok(text
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect())
+    }
+
+    /// Sends SIGKILL to every process in this cgroup; returns how many were
+    /// in it. On v2 (Linux 5.14+) through `cgroup.kill`, which also takes
+    /// processes forked while it runs; elsewhere to each pid `cgroup.procs`
+    /// lists, so a process forked meanwhile needs another call (callers
+    /// repeat until [`Cgroup::pids`] is empty). The caller must not be in
+    /// it.
+    pub fn kill_all(&self) -> Result<usize, OsError> {
+        let pids = self.pids()?;
+        let kill_file = self.path.join("cgroup.kill");
+        if self.version == CgroupVersion::V2 && std::fs::write(&kill_file, "1").is_ok() {
+            return Ok(pids.len());
+        }
+        for &pid in &pids {
+            // SAFETY: kill(2) has no memory effects; a pid that exited
+            // meanwhile gives ESRCH, which is what we wanted.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        Ok(pids.len())
+    }
+
+    /// Processes the kernel's OOM killer killed in this cgroup since it was
+    /// created: `oom_kill` in `memory.events` (v2) or `memory.oom_control`
+    /// (v1, Linux 4.13+). `None` where the kernel does not count them.
+    pub fn oom_kills(&self) -> Option<u64> {
+        let file = match self.version {
+            CgroupVersion::V1 => "memory.oom_control",
+            CgroupVersion::V2 => "memory.events",
+        };
+        let text = std::fs::read_to_string(self.path.join(file)).ok()?;
+        oom_kill_count(&text)
+    }
+}
+
+/// The `oom_kill N` line of `memory.events` or `memory.oom_control`.
+fn oom_kill_count(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|n| n.trim().parse().ok())
 }
 
 #[cfg(test)]
@@ -265,6 +314,22 @@ mod tests {
     }
 
     #[test]
+    fn oom_kills_are_read_from_either_versions_file() {
+        let v1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n";
+        let v2 = "low 0\nhigh 0\nmax 5\noom 1\noom_kill 1\noom_group_kill 0\n";
+        assert_eq!(oom_kill_count(v1), Some(2));
+        assert_eq!(oom_kill_count(v2), Some(1));
+        assert_eq!(oom_kill_count("oom_kill_disable 0\n"), None);
+        let dir = tempfile::tempdir().unwrap();
+        let cg = create_cgroup_at(CgroupVersion::V1, dir.path(), "w", None).unwrap();
+        assert_eq!(cg.oom_kills(), None, "no file: not counted");
+        std::fs::write(cg.path.join("memory.oom_control"), v1).unwrap();
+        assert_eq!(cg.oom_kills(), Some(2));
+        std::fs::write(cg.path.join("cgroup.procs"), "12\n34\n").unwrap();
+        assert_eq!(cg.pids().unwrap(), vec![12, 34]);
+    }
+
+    #[test]
     fn real_cgroup_with_a_limit_is_created_and_removed() {
         // SAFETY: geteuid has no side effects.
         if unsafe { libc::geteuid() } != 0 {
@@ -291,6 +356,24 @@ mod tests {
         };
         let path = cg.path.clone();
         let checks = (cg.limit(), cg.usage());
+        // A process inside keeps it from being removed until it is killed.
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("100")
+            .spawn()
+            .unwrap();
+        cg.add_pid(sleeper.id() as i32).unwrap();
+        assert_eq!(cg.pids().unwrap(), vec![sleeper.id() as i32]);
+        assert!(
+            cg.clone().remove().is_err(),
+            "busy while the process is in it"
+        );
+        assert_eq!(cg.kill_all().unwrap(), 1);
+        let status = sleeper.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL)
+        );
+        assert_eq!(cg.oom_kills(), Some(0));
         cg.remove().unwrap();
         assert!(!path.exists(), "{} still there", path.display());
         assert_eq!(checks.0.unwrap(), Some(64 * MIB));

@@ -56,6 +56,20 @@ pub const AUTO_BAR_DISTANCE_BYTES: u64 = 1 << 30;
 pub const DEFAULT_LAUNCH_QUIET_MS: u64 =
     IdleGate::<ProcessTreeIo>::DEFAULT_QUIET.as_millis() as u64;
 
+/// How long a stopped service (SIGINT, SIGTERM or SIGHUP to the runtime)
+/// gets to exit before everything left of it is killed. 10 s, as `docker
+/// stop`: long enough for a server to close its sockets and flush its logs,
+/// short enough for a person at a terminal (systemd's 90 s is not).
+pub const DEFAULT_GRACE_PERIOD: &str = "10s";
+
+/// The smallest `--memory-limit` a run accepts: 32 MiB. The runtime's own
+/// allocations after it joins the cgroup come to about 1.5 MiB, its default
+/// prefetch window is 16 MiB of page cache, and a bare Python interpreter
+/// starts in 8 MiB (measured with `memory.max_usage_in_bytes`, 2026-11-26);
+/// below that not even the start-up fits, and the kernel's OOM killer, not
+/// the policy, decides the run (a 2 MiB limit killed the runtime itself).
+pub const MIN_MEMORY_LIMIT_BYTES: u64 = 32 << 20;
+
 /// The access-event choices `--events` takes.
 const EVENT_CHOICES: &str = "use auto, pre-content, open or explicit";
 
@@ -228,6 +242,8 @@ pub struct WarmOptions {
     /// `record`: keep the recording when the service fails (it may be
     /// partial, and the next `run` would replay it).
     pub keep_failed: bool,
+    /// A duration (see [`DEFAULT_GRACE_PERIOD`]): `10s`, `500ms`, `2.5`.
+    pub grace_period: String,
 }
 
 impl WarmOptions {
@@ -252,6 +268,7 @@ impl WarmOptions {
             events: DEFAULT_EVENTS.into(),
             command: Vec::new(),
             keep_failed: false,
+            grace_period: DEFAULT_GRACE_PERIOD.into(),
         }
     }
 
@@ -275,7 +292,7 @@ impl WarmOptions {
             });
         }
         let memory_limit = match (&self.memory_limit, self.mode) {
-            (Some(limit), RunMode::Run) => Some(size("memory-limit", limit)?),
+            (Some(limit), RunMode::Run) => Some(memory_limit(limit)?),
             _ => None,
         };
         let (level, explicit) = events(&self.events)?;
@@ -309,6 +326,7 @@ impl WarmOptions {
             runtime: RuntimeConfig::default(),
             numa_map: env.numa_map.clone(),
             keep_failed: self.keep_failed,
+            grace: duration("grace-period", &self.grace_period)?,
         })
     }
 }
@@ -325,6 +343,35 @@ fn invalid(option: &'static str, value: impl ToString, expected: &'static str) -
 fn size(option: &'static str, value: &str) -> Result<u64, WarmConfigError> {
     sluice_formats::parse_bytes(value)
         .map_err(|_| invalid(option, value, "must be a size like 4096, 512KiB or 6GiB"))
+}
+
+/// A memory limit, at least [`MIN_MEMORY_LIMIT_BYTES`].
+fn memory_limit(value: &str) -> Result<u64, WarmConfigError> {
+    let bytes = size("memory-limit", value)?;
+    if bytes < MIN_MEMORY_LIMIT_BYTES {
+        return Err(invalid(
+            "memory-limit",
+            value,
+            "must be at least 32MiB: the runtime, its 16 MiB prefetch window and the \
+             service's start-up must fit in it",
+        ));
+    }
+    Ok(bytes)
+}
+
+/// A duration option: seconds (`10`, `2.5`, `10s`) or milliseconds
+/// (`500ms`).
+fn duration(option: &'static str, value: &str) -> Result<Duration, WarmConfigError> {
+    let (number, scale) = match value.strip_suffix("ms") {
+        Some(ms) => (ms, 1e-3),
+        None => (value.strip_suffix('s').unwrap_or(value), 1.0),
+    };
+    number
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .and_then(|n| Duration::try_from_secs_f64(n * scale).ok())
+        .ok_or_else(|| invalid(option, value, "must be a duration like 10s, 2.5 or 500ms"))
 }
 
 /// `auto`: [`AUTO_BAR_DISTANCE_BYTES`], at most an eighth of the memory
@@ -390,6 +437,7 @@ mod tests {
         assert_eq!((c.level, c.explicit), (None, false));
         assert_eq!(c.builtin.bar_distance_bytes, AUTO_BAR_DISTANCE_BYTES);
         assert_eq!(c.launch_quiet, Duration::from_millis(150));
+        assert_eq!(c.grace, Duration::from_secs(10));
         assert_eq!(
             c.builtin.template_dir.as_deref(),
             Some(Path::new("/home/u/.cache/sluice/templates"))
@@ -417,8 +465,22 @@ mod tests {
         assert!(c.command.is_empty() && !c.builtin.start_at_launch);
         let mut run = options(RunMode::Run);
         run.memory_limit = Some("4GiB".into());
+        run.grace_period = "250ms".into();
         let c = run.into_run_config(&env(), 1).unwrap();
         assert_eq!(c.memory_limit, Some(4 << 30));
+        assert_eq!(c.grace, Duration::from_millis(250));
+        for (given, seconds) in [("0", 0.0), ("2.5", 2.5), ("3s", 3.0)] {
+            assert_eq!(
+                duration("grace-period", given).unwrap().as_secs_f64(),
+                seconds
+            );
+        }
+        let mut floor = options(RunMode::Run);
+        floor.memory_limit = Some("32MiB".into());
+        assert_eq!(
+            floor.into_run_config(&env(), 1).unwrap().memory_limit,
+            Some(MIN_MEMORY_LIMIT_BYTES)
+        );
         assert_eq!(
             c.builtin.bar_distance_bytes,
             512 << 20,
@@ -441,6 +503,16 @@ mod tests {
                 |o| o.memory_limit = Some("6 parsecs".into()),
                 "--memory-limit 6 parsecs",
             ),
+            (
+                |o| o.memory_limit = Some("2MiB".into()),
+                "--memory-limit 2MiB: must be at least 32MiB",
+            ),
+            (
+                |o| o.memory_limit = Some("0".into()),
+                "--memory-limit 0: must be at least 32MiB",
+            ),
+            (|o| o.grace_period = "soon".into(), "--grace-period soon"),
+            (|o| o.grace_period = "-1s".into(), "--grace-period -1s"),
             (|o| o.service = None, "needs --service"),
         ];
         for (break_it, needle) in cases {

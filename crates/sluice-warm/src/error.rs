@@ -45,6 +45,14 @@ pub enum WarmError {
     /// watermark), named with what it must be.
     #[error(transparent)]
     InvalidArgument(sluice_engine::OsError),
+    /// The service command could not be started: not found, not
+    /// executable, not a program.
+    #[error("{program}: cannot start the service: {source}")]
+    Launch {
+        program: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     /// `run` or `record` without a command to launch.
     #[error("no service command given (put it after --)")]
     NoCommand,

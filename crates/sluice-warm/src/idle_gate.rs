@@ -78,7 +78,7 @@ fn parse_read_bytes(io: &str) -> Option<u64> {
 }
 
 /// The children of every thread of `pid`.
-fn children(pid: i32) -> Vec<i32> {
+pub(crate) fn children(pid: i32) -> Vec<i32> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Vec::new();
     };

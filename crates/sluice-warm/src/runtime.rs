@@ -10,7 +10,9 @@
 //! - [`EventSource`]: fanotify ([`FanotifySource`]), the trigger pipe
 //!   ([`TriggerSource`]), the progress [`Samplers`], scripted events
 //!   ([`MemoryEvents`]).
-//! - [`Service`]: the launched command ([`ChildService`]).
+//! - [`Service`]: the launched command ([`ChildService`]), and how it is
+//!   ended when the run is stopped or its root exits ([`shutdown`],
+//!   asked for through a [`StopRequest`]).
 //! - [`enter_cgroup`] / [`join_reader_cgroup`]: where prefetch is charged.
 //!
 //! Prefetch runs in this process, which sits in the service's cgroup, so
@@ -22,10 +24,11 @@ mod model_files;
 mod samplers;
 mod service;
 mod service_cgroup;
+pub mod shutdown;
+mod stop_request;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 pub use event_loop::{Runtime, RuntimeConfig, Status, WorkerLookup};
@@ -34,8 +37,12 @@ pub use event_source::{
 };
 pub use model_files::{model_files, ModelNames};
 pub use samplers::{worker_from_environ, Samplers};
-pub use service::{exit_code_of, ChildService, Service};
-pub use service_cgroup::{enter_cgroup, join_reader_cgroup, leave_cgroup};
+pub use service::{exit_code_of, exit_of, signal_name, ChildService, Service, ServiceExit};
+pub use service_cgroup::{
+    enter_cgroup, join_reader_cgroup, leave_cgroup, remove_cgroup, ServiceCgroup,
+};
+pub use shutdown::{end_service, Ending};
+pub use stop_request::StopRequest;
 
 use crate::builtin::{by_name, BuiltinConfig};
 use crate::error::WarmError;
@@ -44,7 +51,6 @@ use crate::idle_gate::{IdleGate, ProcessTreeIo, ServiceIo};
 use crate::kernel::{KernelCache, Mechanism, MemorySource};
 use crate::manager::{Manager, ManagerConfig, Stats};
 use crate::policy::{Guarded, PolicyContext};
-use sluice_engine::cgroup::Cgroup;
 use sluice_engine::numa::NumaMap;
 use sluice_engine::page_cache;
 
@@ -81,13 +87,27 @@ pub struct RunConfig {
     pub numa_map: Option<String>,
     /// `record`: write the template even when the service failed.
     pub keep_failed: bool,
+    /// How long a stopped service gets to exit before what is left of it
+    /// is killed (see [`shutdown`]).
+    pub grace: Duration,
 }
 
 /// How a run went.
 #[derive(Debug)]
 pub struct RunReport {
-    /// The service's exit status (128 + signal when killed).
+    /// The service's exit status (128 + signal when killed); 0 for a
+    /// daemon.
     pub exit_code: i32,
+    /// How the service ended and what the runtime did to end it; `None`
+    /// for a daemon.
+    pub ending: Option<Ending>,
+    /// The cgroup's memory limit, when one was created.
+    pub memory_limit: Option<u64>,
+    /// Processes the kernel's OOM killer took in the cgroup; `None`
+    /// without a cgroup or where the kernel does not count them.
+    pub oom_kills: Option<u64>,
+    /// The cgroup was removed after the run (false: left behind, logged).
+    pub cgroup_removed: bool,
     pub stats: Stats,
     /// What fanotify could see; `None` in explicit mode.
     pub level: Option<Level>,
@@ -107,12 +127,28 @@ pub struct RunReport {
     pub recording_discarded: bool,
 }
 
+impl RunReport {
+    /// The service was killed by the OOM killer: it ended by SIGKILL (or
+    /// with 137, as a shell whose child was killed so reports) that the
+    /// runtime did not send, and the cgroup counted an OOM kill.
+    pub fn service_oom_killed(&self) -> bool {
+        let Some(e) = &self.ending else {
+            return false;
+        };
+        let sigkill = matches!(
+            e.exit,
+            ServiceExit::Signal(libc::SIGKILL) | ServiceExit::Code(137)
+        );
+        sigkill && e.killed == 0 && self.oom_kills.unwrap_or(0) > 0
+    }
+}
+
 /// Runs the service under the policy until it exits (or, with no command,
-/// until `stop` is set: the daemon); `on_status` is called about every
-/// 200 ms (a TTY summary, the status file).
+/// until a stop is requested: the daemon); `on_status` is called about
+/// every 200 ms (a TTY summary, the status file).
 pub fn run(
     config: &RunConfig,
-    stop: &AtomicBool,
+    stop: &StopRequest,
     on_status: &mut dyn FnMut(&Status),
 ) -> Result<RunReport, WarmError> {
     let policy = by_name(&config.policy, &config.builtin)?;
@@ -135,7 +171,7 @@ pub fn run(
 pub fn run_with(
     config: &RunConfig,
     policy: Box<dyn crate::policy::WarmPolicy>,
-    stop: &AtomicBool,
+    stop: &StopRequest,
     on_status: &mut dyn FnMut(&Status),
 ) -> Result<RunReport, WarmError> {
     let model_dir = config
@@ -149,14 +185,20 @@ pub fn run_with(
         memory_limited: config.memory_limit.is_some(),
     };
     let cgroup = match config.memory_limit {
-        Some(limit) => Some((enter_cgroup(limit)?, limit)),
+        Some(limit) => Some(enter_cgroup(limit)?),
         None => None,
     };
     let outcome = run_in(config, &ctx, policy, cgroup.as_ref(), stop, on_status);
-    if let Some((cgroup, _)) = cgroup {
-        leave_cgroup(cgroup);
-    }
-    outcome
+    let Some(cgroup) = cgroup else {
+        return outcome;
+    };
+    // Left already when a service ran; not when the run failed before.
+    leave_cgroup(&cgroup);
+    let removed = remove_cgroup(cgroup);
+    outcome.map(|report| RunReport {
+        cgroup_removed: removed,
+        ..report
+    })
 }
 
 /// The run inside its cgroup: the page cache, the manager, the watch, the
@@ -165,8 +207,8 @@ fn run_in(
     config: &RunConfig,
     ctx: &PolicyContext,
     policy: Box<dyn crate::policy::WarmPolicy>,
-    cgroup: Option<&(Cgroup, u64)>,
-    stop: &AtomicBool,
+    cgroup: Option<&ServiceCgroup>,
+    stop: &StopRequest,
     on_status: &mut dyn FnMut(&Status),
 ) -> Result<RunReport, WarmError> {
     let started = Instant::now();
@@ -212,7 +254,10 @@ fn run_in(
     };
     let mut service = match config.command.is_empty() {
         true => None,
-        false => Some(ChildService::spawn(&config.command)?),
+        false => Some(ChildService::spawn_with_oom_score(
+            &config.command,
+            cgroup.and_then(|c| c.oom_score_adj),
+        )?),
     };
     if let (Some(w), Some(s)) = (&watch, &service) {
         w.only_tree_of(s.pid());
@@ -237,11 +282,18 @@ fn run_in(
     if config.command.is_empty() && cgroup.is_none() {
         runtime = runtime.with_reader_cgroup_join();
     }
-    let exit_code = runtime.run(
+    let looped = runtime.run(
         service.as_mut().map(|s| s as &mut dyn Service),
         stop,
         on_status,
-    )?;
+    );
+    // Whatever ended the loop, the service ends with it.
+    let ending = match service.as_mut() {
+        Some(service) => Some(end(service, cgroup, stop, config.grace)?),
+        None => None,
+    };
+    looped?;
+    let exit_code = ending.as_ref().map_or(0, |e| e.exit.status());
     // A recording of a failed service may be partial: it is kept only when
     // asked for (the next run would replay it).
     let recording_discarded = config.builtin.record && exit_code != 0 && !config.keep_failed;
@@ -253,11 +305,15 @@ fn run_in(
     let manager = runtime.manager();
     Ok(RunReport {
         exit_code,
+        ending,
+        memory_limit: cgroup.map(|c| c.limit),
+        oom_kills: cgroup.and_then(|c| c.cgroup.oom_kills()),
+        cgroup_removed: false,
         stats: manager.stats().clone(),
         level,
         policy_fault: manager.policy().fault().map(str::to_string),
         seconds: started.elapsed().as_secs_f64(),
-        cgroup: cgroup.map(|(c, _)| c.path.clone()),
+        cgroup: cgroup.map(|c| c.cgroup.path.clone()),
         watch_events: counts.events,
         watch_answered: counts.answered,
         watch_unanswered: counts.unanswered,
@@ -266,18 +322,39 @@ fn run_in(
     })
 }
 
+/// Ends the service (see [`shutdown`]): with a cgroup, every process in
+/// it, after the runtime left it; without, its root's process tree.
+fn end(
+    service: &mut ChildService,
+    cgroup: Option<&ServiceCgroup>,
+    stop: &StopRequest,
+    grace: Duration,
+) -> Result<Ending, WarmError> {
+    match cgroup {
+        Some(cgroup) => {
+            leave_cgroup(cgroup);
+            let mut processes = shutdown::CgroupProcesses(&cgroup.cgroup);
+            end_service(service, &mut processes, stop, grace)
+        }
+        None => {
+            let mut processes = shutdown::ProcessTree::new(service.pid());
+            end_service(service, &mut processes, stop, grace)
+        }
+    }
+}
+
 /// The kernel's page cache for this run, its memory read from the run's
 /// cgroup (or this process's), its loaders per NUMA node.
 fn kernel_cache(
     config: &RunConfig,
     chunk_bytes: u64,
     names: &ModelNames,
-    cgroup: Option<&(Cgroup, u64)>,
+    cgroup: Option<&ServiceCgroup>,
 ) -> KernelCache {
     let memory = match cgroup {
-        Some((cg, limit)) => MemorySource::Cgroup {
-            cgroup: cg.clone(),
-            limit: *limit,
+        Some(c) => MemorySource::Cgroup {
+            cgroup: c.cgroup.clone(),
+            limit: c.limit,
         },
         None => MemorySource::Pid(std::process::id() as i32),
     };

@@ -1,7 +1,10 @@
 //! `sluice warm status`: every running runtime keeps a small JSON file
 //! describing itself in the run directory, rewritten atomically about every
 //! 200 ms; `status` lists the files whose process is still alive and
-//! removes the others.
+//! removes the others, with the trigger pipes of dead runtimes (a runtime
+//! removes both when it exits, but not when it is killed). `warm run`,
+//! `record`, `daemon` and `trigger` list too, so stale files go whichever
+//! command comes next.
 //!
 //! The directory is [`crate::config::WarmEnv::run_dir`]: `$SLUICE_RUN_DIR`,
 //! else `/run/sluice/warm` for root, else `$XDG_RUNTIME_DIR/sluice/warm`,
@@ -51,8 +54,9 @@ pub fn retract(dir: &Path, pid: i32) {
     let _ = std::fs::remove_file(dir.join(format!("{pid}.json")));
 }
 
-/// The status of every live runtime, by pid; files of dead processes are
-/// removed, unreadable ones skipped with a warning.
+/// The status of every live runtime, by pid; status files and trigger
+/// pipes of dead processes are removed, unreadable ones skipped with a
+/// warning.
 pub fn list(dir: &Path) -> Result<Vec<RuntimeStatus>, WarmError> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
@@ -62,16 +66,22 @@ pub fn list(dir: &Path) -> Result<Vec<RuntimeStatus>, WarmError> {
     let mut out = Vec::new();
     for entry in entries.flatten() {
         let path = entry.path();
-        let Some(pid) = path
+        let Some((pid, kind)) = path
             .file_name()
             .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_suffix(".json"))
-            .and_then(|n| n.parse::<i32>().ok())
+            .and_then(|n| n.rsplit_once('.'))
+            .and_then(|(pid, kind)| Some((pid.parse::<i32>().ok()?, kind)))
         else {
             continue;
         };
+        if !matches!(kind, "json" | "trigger") {
+            continue;
+        }
         if !alive(pid) {
             let _ = std::fs::remove_file(&path);
+            continue;
+        }
+        if kind == "trigger" {
             continue;
         }
         match std::fs::read(&path)
@@ -115,10 +125,23 @@ mod tests {
             ..me.clone()
         };
         publish(dir.path(), &dead).unwrap();
+        // A killed runtime's pipe, and one with no status file at all.
+        let pipe =
+            crate::trigger::TriggerPipe::create(&dir.path().join(format!("{}.trigger", dead.pid)))
+                .unwrap();
+        std::mem::forget(pipe);
+        std::fs::write(dir.path().join(format!("{}.trigger", i32::MAX - 2)), b"").unwrap();
+        let mine = dir.path().join(format!("{}.trigger", me.pid));
+        std::fs::write(&mine, b"").unwrap();
         std::fs::write(dir.path().join("garbage.json"), b"{").unwrap();
         let listed = list(dir.path()).unwrap();
         assert_eq!(listed, std::slice::from_ref(&me));
         assert!(!dir.path().join(format!("{}.json", i32::MAX - 1)).exists());
+        for gone in [i32::MAX - 1, i32::MAX - 2] {
+            let stale = dir.path().join(format!("{gone}.trigger"));
+            assert!(!stale.exists(), "{} removed", stale.display());
+        }
+        assert!(mine.exists(), "a live runtime's pipe stays");
         retract(dir.path(), me.pid);
         assert!(list(dir.path()).unwrap().is_empty());
         assert!(list(&dir.path().join("missing")).unwrap().is_empty());

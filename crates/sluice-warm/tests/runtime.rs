@@ -5,7 +5,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sluice_engine::page_cache;
@@ -15,7 +14,9 @@ use sluice_warm::fanotify::Level;
 use sluice_warm::idle_gate::{IdleGate, ProcessTreeIo};
 use sluice_warm::kernel::Mechanism;
 use sluice_warm::policy::{AccessEvent, PolicyContext, Prefetch, WarmPolicy};
-use sluice_warm::runtime::{model_files, run, run_with, RunConfig, RuntimeConfig};
+use sluice_warm::runtime::{
+    model_files, run, run_with, RunConfig, RuntimeConfig, ServiceExit, StopRequest,
+};
 use sluice_warm::template::{ServiceId, TemplateStore};
 use sluice_warm::WarmError;
 
@@ -48,6 +49,7 @@ fn config(model_dir: &Path, command: &[&str]) -> RunConfig {
         runtime: RuntimeConfig::default(),
         numa_map: None,
         keep_failed: false,
+        grace: Duration::from_secs(10),
     }
 }
 
@@ -116,7 +118,7 @@ fn prefetch_queued_before_the_first_access_waits_while_the_service_reads() {
     let startup = format!("cat {} > /dev/null", libs.display());
     let mut c = config(&m, &["sh", "-c", &startup]);
     c.launch_quiet = Duration::from_secs(2);
-    let stop = AtomicBool::new(false);
+    let stop = StopRequest::new();
     let held = run_with(&c, Box::new(AtInit), &stop, &mut |_| {}).unwrap();
     assert_eq!(held.exit_code, 0);
     assert_eq!(held.stats.prefetched_bytes, 0, "{held:?}");
@@ -145,7 +147,7 @@ fn the_first_model_access_lets_launch_prefetch_run() {
     );
     let mut c = config(&m, &["sh", "-c", &service]);
     c.launch_quiet = Duration::from_secs(60);
-    let stop = AtomicBool::new(false);
+    let stop = StopRequest::new();
     let report = run_with(&c, Box::new(AtInit), &stop, &mut |_| {}).unwrap();
     if report.level.is_none() {
         eprintln!("skipped: no fanotify here");
@@ -171,7 +173,7 @@ fn a_vanished_model_file_is_counted_and_the_rest_is_prefetched() {
     c.policy = "eager".into();
     c.explicit = true;
     c.trigger_pipe = Some(fifo);
-    let stop = AtomicBool::new(false);
+    let stop = StopRequest::new();
     let report = run(&c, &stop, &mut |_| {}).unwrap();
     assert_eq!(report.exit_code, 0);
     assert!(report.stats.prefetch_errors >= 1, "{report:?}");
@@ -192,7 +194,7 @@ fn read_loaders_are_followed_through_their_file_position_with_open_events_only()
     );
     let mut c = config(&m, &["sh", "-c", &cmd]);
     c.level = Some(Level::Open);
-    let stop = AtomicBool::new(false);
+    let stop = StopRequest::new();
     let report = run(&c, &stop, &mut |_| {}).unwrap();
     assert_eq!(report.level, Some(Level::Open));
     let (path, at) = report.stats.last_reader.clone().expect("progress seen");
@@ -228,7 +230,7 @@ fn pread_loaders_are_followed_through_their_blocked_calls_with_open_events_only(
     );
     let mut c = config(&m, &[python, "-c", &script]);
     c.level = Some(Level::Open);
-    let stop = AtomicBool::new(false);
+    let stop = StopRequest::new();
     let report = run(&c, &stop, &mut |_| {}).unwrap();
     assert_eq!(report.exit_code, 0, "{report:?}");
     let (path, at) = report.stats.last_reader.clone().expect("progress seen");
@@ -242,7 +244,7 @@ fn policies_without_read_ranges_watch_opens_only() {
         return;
     };
     let cat = format!("cat {} > /dev/null", m.join("a.safetensors").display());
-    let stop = AtomicBool::new(false);
+    let stop = StopRequest::new();
     let mut c = config(&m, &["sh", "-c", &cat]);
     let native = run(&c, &stop, &mut |_| {}).unwrap();
     assert_eq!(
@@ -285,7 +287,7 @@ fn explicit_triggers_reach_the_policy() {
     c.policy = "eager".into();
     c.explicit = true;
     c.trigger_pipe = Some(fifo.clone());
-    let stop = AtomicBool::new(false);
+    let stop = StopRequest::new();
     let report = run(&c, &stop, &mut |_| {}).unwrap();
     assert_eq!(report.exit_code, 0);
     assert_eq!(report.stats.events, 1, "{report:?}");
@@ -314,7 +316,7 @@ fn readers_of_a_symlinked_model_are_followed_under_the_model_names() {
     );
     let mut c = config(&snap, &["sh", "-c", &cmd]);
     c.policy = "eager".into();
-    let stop = AtomicBool::new(false);
+    let stop = StopRequest::new();
     let report = run(&c, &stop, &mut |_| {}).unwrap();
     assert_eq!(report.level, Some(Level::Open));
     let (path, at) = report.stats.last_reader.clone().expect("progress seen");
@@ -333,7 +335,7 @@ fn a_stuck_and_panicking_policy_never_holds_the_reader_back() {
     // 64 reads of 128 KiB: far more events than the policy can take at 20 ms each.
     let cmd = format!("dd if={} of=/dev/null bs=128k status=none", a.display());
     let config = config(&m, &["sh", "-c", &cmd]);
-    let stop = AtomicBool::new(false);
+    let stop = StopRequest::new();
     let report = run_with(&config, Box::new(Stuck { calls: 0 }), &stop, &mut |_| {}).unwrap();
     assert_eq!(report.exit_code, 0);
     if report.level != Some(Level::PreContent) {
@@ -363,7 +365,7 @@ fn explicit_mode_runs_without_fanotify_and_exit_codes_pass_through() {
     let m = model(dir.path());
     let mut c = config(&m, &["sh", "-c", "exit 7"]);
     c.explicit = true;
-    let stop = AtomicBool::new(false);
+    let stop = StopRequest::new();
     let report = run(&c, &stop, &mut |_| {}).unwrap();
     assert_eq!((report.exit_code, report.level), (7, None));
     c.command = vec!["/nonexistent/loader".into()];
@@ -374,24 +376,163 @@ fn explicit_mode_runs_without_fanotify_and_exit_codes_pass_through() {
 }
 
 #[test]
-fn stop_ends_a_daemon_and_kills_a_service() {
+fn stop_ends_a_daemon() {
     let dir = tempfile::tempdir().unwrap();
     let m = model(dir.path());
-    let mut c = config(&m, &["sleep", "30"]);
+    let mut c = config(&m, &[]);
     c.explicit = true;
-    let stop = AtomicBool::new(false);
+    let stop = StopRequest::new();
     let mut calls = 0;
     let report = run(&c, &stop, &mut |_| {
         calls += 1;
-        stop.store(true, Ordering::SeqCst);
+        stop.request(libc::SIGTERM, false);
     })
     .unwrap();
-    assert_eq!(report.exit_code, 128 + libc::SIGKILL);
-    c.command.clear();
-    stop.store(false, Ordering::SeqCst);
-    let report = run(&c, &stop, &mut |_| stop.store(true, Ordering::SeqCst)).unwrap();
-    assert_eq!(report.exit_code, 0);
+    assert_eq!((report.exit_code, report.ending), (0, None));
     assert!(calls >= 1);
+}
+
+/// A shell service that has set up its traps once `ready` exists; `body`
+/// runs after.
+fn trapping_service(ready: &Path, traps: &str, body: &str) -> Vec<String> {
+    let script = format!("{traps}; : > {}; {body}", ready.display());
+    vec!["sh".into(), "-c".into(), script]
+}
+
+/// Runs `c` and asks it to stop with `signal` (from kill(1), not the
+/// terminal) once the service has made `ready`.
+fn run_stopped_when_ready(
+    c: &RunConfig,
+    ready: &Path,
+    signal: i32,
+) -> sluice_warm::runtime::RunReport {
+    let stop = StopRequest::new();
+    run(c, &stop, &mut |_| {
+        if ready.exists() {
+            stop.request(signal, false);
+        }
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_stop_signal_is_forwarded_and_the_service_exits_in_its_grace_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let ready = dir.path().join("ready");
+    // The shell ends with 3 on SIGTERM; its sleep would hold it for 1000 s.
+    let service = trapping_service(&ready, "trap 'exit 3' TERM", "sleep 1000 & wait");
+    let service: Vec<&str> = service.iter().map(String::as_str).collect();
+    let mut c = config(&m, &service);
+    c.explicit = true;
+    let report = run_stopped_when_ready(&c, &ready, libc::SIGTERM);
+    let ending = report.ending.expect("a service ran");
+    assert_eq!(report.exit_code, 3, "the service's own status: {ending:?}");
+    assert_eq!(ending.exit, ServiceExit::Code(3));
+    assert_eq!(
+        (ending.stopped_by, ending.forwarded, ending.killed),
+        (Some(libc::SIGTERM), true, 0)
+    );
+    // The sleep the shell left behind was told to go, and went.
+    assert_eq!((ending.leftovers, ending.survivors), (1, 0), "{ending:?}");
+}
+
+/// The sluice cgroups that exist now.
+fn sluice_cgroups() -> Vec<PathBuf> {
+    [
+        "/sys/fs/cgroup/memory",
+        "/sys/fs/cgroup/unified",
+        "/sys/fs/cgroup",
+    ]
+    .iter()
+    .filter_map(|root| std::fs::read_dir(root).ok())
+    .flat_map(|dir| dir.flatten().map(|e| e.path()))
+    .filter(|p| {
+        p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("sluice-warm-"))
+    })
+    .collect()
+}
+
+/// A run under a memory limit, or `None` (skip) without root or memory
+/// cgroups.
+fn limited_run(
+    c: &RunConfig,
+    stop_when: Option<(&Path, i32)>,
+) -> Option<sluice_warm::runtime::RunReport> {
+    if !is_root() {
+        eprintln!("skipped: needs root for cgroups");
+        return None;
+    }
+    let outcome = match stop_when {
+        Some((ready, signal)) => {
+            let stop = StopRequest::new();
+            run(c, &stop, &mut |_| {
+                if ready.exists() {
+                    stop.request(signal, false);
+                }
+            })
+        }
+        None => run(c, &StopRequest::new(), &mut |_| {}),
+    };
+    match outcome {
+        Err(e @ (WarmError::Unsupported { .. } | WarmError::Io { .. })) => {
+            eprintln!("skipped: no memory cgroup here: {e}");
+            None
+        }
+        other => Some(other.unwrap()),
+    }
+}
+
+#[test]
+fn a_stopped_service_is_killed_after_its_grace_period_and_its_cgroup_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    let ready = dir.path().join("ready");
+    // Deaf to SIGTERM, with two children (they inherit the ignored signal).
+    let service = trapping_service(
+        &ready,
+        "trap '' TERM; sleep 1000 & sleep 1000 & true",
+        "wait",
+    );
+    let service: Vec<&str> = service.iter().map(String::as_str).collect();
+    let mut c = config(&m, &service);
+    c.explicit = true;
+    c.memory_limit = Some(64 << 20);
+    c.grace = Duration::from_millis(200);
+    let before = sluice_cgroups();
+    let Some(report) = limited_run(&c, Some((&ready, libc::SIGTERM))) else {
+        return;
+    };
+    let ending = report.ending.clone().expect("a service ran");
+    assert_eq!(report.exit_code, 128 + libc::SIGKILL, "{ending:?}");
+    assert_eq!(ending.exit, ServiceExit::Signal(libc::SIGKILL));
+    assert_eq!((ending.killed, ending.survivors), (3, 0), "{ending:?}");
+    let cgroup = report.cgroup.clone().expect("a cgroup");
+    assert!(report.cgroup_removed && !cgroup.exists(), "{report:?}");
+    assert_eq!(sluice_cgroups(), before, "no cgroup leaked");
+}
+
+#[test]
+fn a_service_over_its_limit_is_oom_killed_never_the_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(dir.path());
+    // The runtime's OOM score is below the service's (-1000 against its
+    // own, or its own against +1000), then `tail` grows without bound.
+    let script = "r=$(cat /proc/$PPID/oom_score_adj); s=$(cat /proc/self/oom_score_adj); \
+                  [ \"$r\" -lt \"$s\" ] || exit 9; exec tail /dev/zero";
+    let mut c = config(&m, &["sh", "-c", script]);
+    c.explicit = true;
+    c.memory_limit = Some(sluice_warm::config::MIN_MEMORY_LIMIT_BYTES);
+    let before = sluice_cgroups();
+    let Some(report) = limited_run(&c, None) else {
+        return;
+    };
+    assert_eq!(report.exit_code, 128 + libc::SIGKILL, "{report:?}");
+    assert!(report.service_oom_killed(), "{report:?}");
+    assert!(report.oom_kills.unwrap_or(0) >= 1, "{report:?}");
+    assert!(report.cgroup_removed, "{report:?}");
+    assert_eq!(sluice_cgroups(), before, "no cgroup leaked");
 }
 
 #[test]
@@ -408,7 +549,7 @@ fn a_recording_ignores_processes_outside_the_service() {
     c.builtin.service = Some(ServiceId::from_spec("outsiders"));
     c.builtin.template_dir = Some(dir.path().join("templates"));
     c.builtin.record = true;
-    let stop = AtomicBool::new(false);
+    let stop = StopRequest::new();
     let outsider = std::thread::spawn(move || {
         for _ in 0..6 {
             std::thread::sleep(Duration::from_millis(100));
@@ -458,7 +599,7 @@ fn a_template_run_prefetches_the_recorded_sequence() {
     c.builtin.service = Some(ServiceId::from_spec("rt-test"));
     c.builtin.template_dir = Some(templates.clone());
     c.builtin.record = true;
-    let stop = AtomicBool::new(false);
+    let stop = StopRequest::new();
     let rec = run(&c, &stop, &mut |_| {}).unwrap();
     if rec.level != Some(Level::PreContent) {
         eprintln!("skipped: no pre-content events here ({:?})", rec.level);

@@ -1,16 +1,24 @@
 //! `sluice warm`: record, run, daemon, status.
 //!
-//! `record` and `run` launch the service after `--` and return its exit
-//! status; errors before it starts map to the usual statuses (2 bad option,
-//! 3 bad template, 4 missing file). A live one-line summary goes to stderr
+//! `record` and `run` launch the service after `--` and exit with its
+//! status, as `env(1)` and `timeout(1)` do: its code, or 128 plus the
+//! signal that ended it; warm's own failures are 125, a service command
+//! that cannot be executed 126, one not found 127 (see
+//! [`crate::launcher_exit_code`]). A live one-line summary goes to stderr
 //! on a terminal, and every runtime publishes its state for `status`.
+//!
+//! SIGINT, SIGTERM and SIGHUP stop the run: the service is sent the signal
+//! (unless the terminal sent it to the service already), gets
+//! `--grace-period` to exit, and what is left of it is killed; a second
+//! signal kills at once.
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use sluice_warm::config::{RunMode, WarmEnv, WarmOptions};
-use sluice_warm::runtime::{self, RunConfig, RunReport, Status};
+use sluice_warm::runtime::{
+    self, signal_name, RunConfig, RunReport, ServiceExit, Status, StopRequest,
+};
 use sluice_warm::status::{self as warm_status, RuntimeStatus};
 use sluice_warm::template::TemplateStore;
 use sluice_warm::trigger::TriggerRequest;
@@ -29,19 +37,55 @@ fn trigger(args: &WarmTriggerArgs, env: &WarmEnv) -> Result<(), WarmError> {
     sluice_warm::trigger::trigger(env, &request)
 }
 
-/// Set by SIGINT/SIGTERM: the runtime stops (and stops the service).
-static STOP: AtomicBool = AtomicBool::new(false);
+/// Set by SIGINT, SIGTERM and SIGHUP: the runtime stops and ends the
+/// service.
+static STOP: StopRequest = StopRequest::new();
 
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
+extern "C" fn on_signal(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // A terminal's signals (Ctrl-C, hang-up) come from the kernel and went
+    // to the whole foreground process group, the service included.
+    // SAFETY: with SA_SIGINFO the kernel passes a valid siginfo.
+    let from_terminal = !info.is_null() && unsafe { (*info).si_code } == libc::SI_KERNEL;
+    STOP.request(signal, from_terminal);
 }
 
-fn install_signal_handlers() {
-    let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, handler);
-        libc::signal(libc::SIGTERM, handler);
+/// Catches SIGINT, SIGTERM and SIGHUP, except those the runtime was
+/// started with ignored (`nohup`, a script's background job), and returns
+/// what they were, for [`restore_signal_handlers`].
+fn install_signal_handlers() -> Vec<(libc::c_int, libc::sigaction)> {
+    let handler = on_signal as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
+        as libc::sighandler_t;
+    let mut saved = Vec::new();
+    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: zeroed sigactions are valid; sigaction only reads `action`
+        // and writes `previous`. The handler only touches atomics, which is
+        // async-signal-safe; SA_RESTART keeps the runtime's reads and waits
+        // from failing with EINTR.
+        unsafe {
+            let mut previous: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(signal, std::ptr::null(), &mut previous) != 0
+                || previous.sa_sigaction == libc::SIG_IGN
+            {
+                continue;
+            }
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = handler;
+            action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            if libc::sigaction(signal, &action, std::ptr::null_mut()) == 0 {
+                saved.push((signal, previous));
+            }
+        }
+    }
+    saved
+}
+
+/// Puts back what [`install_signal_handlers`] replaced (the console script
+/// runs the CLI inside Python, which goes on after it).
+fn restore_signal_handlers(saved: Vec<(libc::c_int, libc::sigaction)>) {
+    for (signal, previous) in saved {
+        // SAFETY: `previous` is what sigaction returned for this signal.
+        unsafe { libc::sigaction(signal, &previous, std::ptr::null_mut()) };
     }
 }
 
@@ -55,6 +99,7 @@ pub fn run(command: WarmCommand) -> Result<i32, WarmError> {
             let mut o = options(RunMode::Record, args.model, &args.common);
             o.command = args.command;
             o.keep_failed = args.keep_failed;
+            o.grace_period = args.grace_period;
             (o, args.common)
         }
         WarmCommand::Run(args) => {
@@ -62,6 +107,7 @@ pub fn run(command: WarmCommand) -> Result<i32, WarmError> {
             o.policy = args.policy;
             o.memory_limit = args.memory_limit;
             o.command = args.command;
+            o.grace_period = args.grace_period;
             (o, args.common)
         }
         WarmCommand::Daemon(args) => {
@@ -72,6 +118,10 @@ pub fn run(command: WarmCommand) -> Result<i32, WarmError> {
     };
     let mode = options.mode;
     let config = options.into_run_config(&env, pid)?;
+    // What a runtime killed before it could clean up left behind.
+    if let Err(err) = warm_status::list(&env.run_dir()) {
+        tracing::debug!("stale status files: {err}");
+    }
     execute(mode.name(), &common, config, &env)
 }
 
@@ -100,7 +150,7 @@ fn execute(
     config: RunConfig,
     env: &WarmEnv,
 ) -> Result<i32, WarmError> {
-    install_signal_handlers();
+    let handlers = install_signal_handlers();
     let live = !common.no_progress && !common.json && std::io::stderr().is_terminal();
     let run_dir = env.run_dir();
     let pid = std::process::id() as i32;
@@ -138,6 +188,7 @@ fn execute(
         }
     };
     let outcome = runtime::run(&config, &STOP, &mut on_status);
+    restore_signal_handlers(handlers);
     warm_status::retract(&run_dir, pid);
     if live {
         eprint!("\r\x1b[2K");
@@ -191,10 +242,28 @@ fn print_report(mode: &str, config: &RunConfig, r: &RunReport, json: bool) {
         (Some(l), _) => format!("{l:?}"),
     };
     if json {
+        let ending = r.ending.as_ref();
+        let service_exit = ending.map(|e| match e.exit {
+            ServiceExit::Code(code) => serde_json::json!({ "code": code }),
+            ServiceExit::Signal(signal) => {
+                serde_json::json!({ "signal": signal, "signal_name": signal_name(signal) })
+            }
+        });
         let value = serde_json::json!({
             "mode": mode,
             "policy": config.policy,
             "exit_code": r.exit_code,
+            "service_exit": service_exit,
+            "oom_killed": r.service_oom_killed(),
+            "oom_kills": r.oom_kills,
+            "memory_limit": r.memory_limit,
+            "stopped_by": ending.and_then(|e| e.stopped_by).map(signal_name),
+            "signal_forwarded": ending.is_some_and(|e| e.forwarded),
+            "grace_period_s": ending.map(|e| e.grace.as_secs_f64()),
+            "leftover_processes": ending.map_or(0, |e| e.leftovers),
+            "killed_processes": ending.map_or(0, |e| e.killed),
+            "surviving_processes": ending.map_or(0, |e| e.survivors),
+            "cgroup_removed": r.cgroup.as_ref().map(|_| r.cgroup_removed),
             "seconds": r.seconds,
             "events_from": level,
             "events": r.stats.events,
@@ -217,10 +286,10 @@ fn print_report(mode: &str, config: &RunConfig, r: &RunReport, json: bool) {
         return;
     }
     eprintln!(
-        "sluice warm {mode} ({}, events: {level}): service exited {} after {:.2} s; \
+        "sluice warm {mode} ({}, events: {level}): {} after {:.2} s; \
          prefetched {}, evicted {}, superseded {}, {} events",
         config.policy,
-        r.exit_code,
+        service_outcome(r),
         r.seconds,
         human(r.stats.prefetched_bytes),
         human(r.stats.evicted_bytes),
@@ -237,6 +306,7 @@ fn print_report(mode: &str, config: &RunConfig, r: &RunReport, json: bool) {
     if let Some(fault) = &r.policy_fault {
         eprintln!("sluice warm: the policy was disabled: {fault}");
     }
+    print_ending(r);
     if r.recording_discarded {
         eprintln!(
             "sluice warm: the service exited {}: no template written (--keep-failed keeps a \
@@ -245,6 +315,74 @@ fn print_report(mode: &str, config: &RunConfig, r: &RunReport, json: bool) {
         );
     } else if let Some(t) = template {
         eprintln!("sluice warm: template written to {t}");
+    }
+}
+
+/// "service exited 3", "service was killed by SIGTERM", "service was
+/// OOM-killed (limit 64.0 MiB)"; "no service" for a daemon.
+fn service_outcome(r: &RunReport) -> String {
+    match (&r.ending, r.memory_limit) {
+        (_, Some(limit)) if r.service_oom_killed() => {
+            format!("service was OOM-killed (limit {})", human(limit))
+        }
+        (None, _) => "stopped".to_string(),
+        (Some(e), _) => match e.exit {
+            ServiceExit::Code(code) => format!("service exited {code}"),
+            ServiceExit::Signal(signal) => {
+                format!("service was killed by {}", signal_name(signal))
+            }
+        },
+    }
+}
+
+/// How the runtime ended the service, when it did more than watch it exit.
+fn print_ending(r: &RunReport) {
+    let Some(e) = &r.ending else {
+        return;
+    };
+    let grace = e.grace.as_secs_f64();
+    if let Some(signal) = e.stopped_by {
+        let sent = match e.forwarded {
+            true => "sent it to the service",
+            false => "the service got it from the terminal",
+        };
+        let then = match e.killed {
+            0 => format!("the service ended within the {grace} s grace period"),
+            n => format!(
+                "{n} processes still running after the {grace} s grace period (or a second \
+                 signal) were killed"
+            ),
+        };
+        eprintln!(
+            "sluice warm: stopped by {}: {sent}; {then}",
+            signal_name(signal)
+        );
+    } else if e.leftovers > 0 {
+        eprintln!(
+            "sluice warm: the service left {} processes running: sent SIGTERM, {} killed after \
+             the {grace} s grace period",
+            e.leftovers, e.killed
+        );
+    }
+    if e.survivors > 0 {
+        eprintln!(
+            "sluice warm: {} processes of the service did not die after SIGKILL",
+            e.survivors
+        );
+    }
+    if let (Some(n @ 1..), Some(limit), false) =
+        (r.oom_kills, r.memory_limit, r.service_oom_killed())
+    {
+        eprintln!(
+            "sluice warm: the OOM killer killed {n} processes in the service's cgroup (limit {})",
+            human(limit)
+        );
+    }
+    if let (Some(path), false) = (&r.cgroup, r.cgroup_removed) {
+        eprintln!(
+            "sluice warm: cgroup {} left behind (logged above)",
+            path.display()
+        );
     }
 }
 

@@ -8,9 +8,13 @@
 //! `poll(2)` until the call's deadline, with a line buffer for what arrives
 //! past the newline. No thread per policy.
 //!
-//! Every way a call can fail is a [`HostError`]. The host is killed (its
-//! whole group) when the [`Host`] is dropped; [`Host::finish`] first closes
-//! its input and gives it a grace period to exit on its own.
+//! Every way a call can fail is a [`HostError`]. The host's whole group is
+//! killed when the [`Host`] is dropped, also when the host itself exited on
+//! its own: a child the policy forked stays in the group, and left alive
+//! it would hold the runtime's stderr open (a `$(sluice warm run …
+//! 2>&1)` would wait for it). The host is reaped only after that, so its
+//! pid, the group's id, cannot be reused meanwhile. [`Host::finish`] first
+//! closes its input and gives it a grace period to exit.
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsRawFd;
@@ -206,13 +210,14 @@ impl Host {
     }
 
     /// [`HostError::Exited`] with its status when it has exited within
-    /// [`EXIT_STATUS_WAIT`]; `otherwise` if not.
+    /// [`EXIT_STATUS_WAIT`] (its group is killed and it is reaped then);
+    /// `otherwise` if not.
     fn gone(&mut self, otherwise: HostError) -> HostError {
         let deadline = Instant::now() + EXIT_STATUS_WAIT;
         while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
+            if self.unreaped() != Some(false) {
                 return HostError::Exited {
-                    status: Some(status),
+                    status: self.kill_and_reap(),
                 };
             }
             std::thread::sleep(REAP_POLL);
@@ -220,29 +225,52 @@ impl Host {
         otherwise
     }
 
-    /// Closes the host's input and gives it `grace` to exit; then kills it.
+    /// Closes the host's input and gives it `grace` to exit; then its
+    /// group is killed (on drop).
     pub(super) fn finish(mut self, grace: Duration) {
         self.stdin = None;
         let deadline = Instant::now() + grace;
-        while Instant::now() < deadline {
-            if !matches!(self.child.try_wait(), Ok(None)) {
-                return;
-            }
+        while Instant::now() < deadline && self.unreaped() == Some(false) {
             std::thread::sleep(REAP_POLL);
         }
-        // Drop kills it.
+    }
+
+    /// Whether the host is unreaped: `Some(false)` while it runs,
+    /// `Some(true)` once it exited (a zombie, its pid still its group's
+    /// id), `None` once reaped.
+    fn unreaped(&self) -> Option<bool> {
+        // SAFETY: a zeroed siginfo is valid for waitid to fill.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid on our own child with WNOWAIT leaves it waitable;
+        // `info` outlives the call.
+        let rc = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                self.child.id(),
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
+        // SAFETY: waitid filled `info`, or left it zeroed (no exit yet).
+        (rc == 0).then(|| unsafe { info.si_pid() } != 0)
+    }
+
+    /// Kills the host's process group (the host and whatever the policy
+    /// forked) and reaps the host; its status, when it was not reaped yet.
+    fn kill_and_reap(&mut self) -> Option<ExitStatus> {
+        if self.unreaped().is_some() {
+            // SAFETY: kill(2) has no memory effects; a negative pid names the
+            // process group the host leads (`process_group(0)`), whose id
+            // cannot be reused while the host is unreaped.
+            unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+        }
+        self.child.wait().ok()
     }
 }
 
 impl Drop for Host {
     fn drop(&mut self) {
-        // Only while it is unreaped is its pid surely still our group's id.
-        if let Ok(None) = self.child.try_wait() {
-            // SAFETY: kill(2) has no memory effects; a negative pid names the
-            // process group the host leads (`process_group(0)`).
-            unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
-            let _ = self.child.wait();
-        }
+        self.kill_and_reap();
     }
 }
 

@@ -146,6 +146,60 @@ fn a_working_policy_prefetches_evicts_and_exits_cleanly() {
     assert!(err.to_string().contains("gone"), "{err}");
 }
 
+/// Forks a child that sleeps for ten minutes, and notes its pid beside
+/// the module.
+const FORKS: &str = "\
+import os, time
+from sluice.warm import Policy
+
+class Forks(Policy):
+    def init(self, ctx):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(600)
+            os._exit(0)
+        with open(os.path.join(os.path.dirname(__file__), 'child.pid'), 'w') as f:
+            f.write(str(pid))
+        return []
+";
+
+/// Whether `pid` is gone or a zombie, waiting up to 5 s for whoever
+/// reaps it (init, once its parent is gone).
+fn dies(pid: i32) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, rest)| rest.trim_start().to_string())
+            });
+        match state {
+            None => return true,
+            Some(rest) if rest.starts_with('Z') => return true,
+            Some(_) if Instant::now() >= deadline => return false,
+            Some(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+#[test]
+fn a_child_the_policy_forked_dies_with_the_host() {
+    let Some(f) = fixture("forkpol", FORKS) else {
+        return;
+    };
+    let mut policy = spawn_with("forkpol:Forks", &f.config).unwrap();
+    policy.init(&f.ctx).unwrap();
+    let child: i32 = std::fs::read_to_string(f.dir.path().join("child.pid"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(is_alive(child));
+    // The host exits cleanly on `exit`; its forked child must not outlive it.
+    policy.exit().unwrap();
+    assert!(dies(child), "the forked child {child} still runs");
+}
+
 #[test]
 fn an_exception_is_a_fault_with_the_traceback_and_the_host_is_killed() {
     let source = "\

@@ -18,19 +18,19 @@
 //!    holds them back while the service reads its own start-up files;
 //! 4. every `tick_ms`, checks memory (evicting over the watermark).
 //!
-//! [`Runtime::run`] turns until the [`Service`] ends or `stop` is set, and
+//! [`Runtime::run`] turns until the [`Service`] ends or a stop is
+//! requested (ending the service is then [`super::shutdown`]'s), and
 //! [`Runtime::finish`] takes the events that arrived meanwhile and stops
 //! the policy (a recording writes its template there).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::error::WarmError;
 use crate::idle_gate::{IdleGate, ServiceIo};
 use crate::manager::{Manager, PageCache, Stats};
 use crate::policy::{AccessEvent, PolicyContext};
-use crate::runtime::{EventSource, ModelNames, Service, SourceCounts};
+use crate::runtime::{EventSource, ModelNames, Service, ServiceExit, SourceCounts, StopRequest};
 
 /// Timings and bounds of the loop.
 #[derive(Clone, Debug)]
@@ -218,26 +218,23 @@ impl<C: PageCache> Runtime<C> {
         self.manager.on_event(&event);
     }
 
-    /// Turns until `service` ends (its exit status) or `stop` is set (the
-    /// service is stopped; a daemon, with no service, returns 0), calling
-    /// `on_status` every `status_ms`.
+    /// Turns until `service` ends (how it ended) or a stop is requested
+    /// (`None`: the service, if any, still runs), calling `on_status` every
+    /// `status_ms`.
     pub fn run(
         &mut self,
         mut service: Option<&mut dyn Service>,
-        stop: &AtomicBool,
+        stop: &StopRequest,
         on_status: &mut dyn FnMut(&Status),
-    ) -> Result<i32, WarmError> {
+    ) -> Result<Option<ServiceExit>, WarmError> {
         loop {
             if let Some(service) = service.as_deref_mut() {
-                if let Some(code) = service.try_exit()? {
-                    return Ok(code);
+                if let Some(exit) = service.try_exit()? {
+                    return Ok(Some(exit));
                 }
             }
-            if stop.load(Ordering::SeqCst) {
-                return match service {
-                    Some(service) => service.stop(),
-                    None => Ok(0),
-                };
+            if stop.signal().is_some() {
+                return Ok(None);
             }
             self.turn();
             if self.last_status.elapsed() >= Duration::from_millis(self.config.status_ms) {

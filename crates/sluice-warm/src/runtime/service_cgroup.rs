@@ -6,13 +6,50 @@
 //! to respect: the runtime moves itself into the cgroup it creates before
 //! it launches the service (which inherits it), and a daemon moves into
 //! the cgroup of the first reader it sees.
+//!
+//! Inside the service's limit the runtime is exposed to the kernel's OOM
+//! killer, which must take the service, never the runtime (that would leave
+//! no report and the cgroup behind): the runtime sets its own
+//! `oom_score_adj` to -1000 (never chosen) and the service is launched with
+//! the score the runtime had. Lowering a score needs CAP_SYS_RESOURCE,
+//! which containers usually drop (Docker's default set does); then the
+//! service is launched with +1000 instead, which makes it the OOM killer's
+//! first choice inside the cgroup, and, the cost, outside it too. When the
+//! service ends, the runtime leaves the cgroup first ([`leave_cgroup`]), so
+//! that everything left in it is the service's and can be killed, then
+//! removes it ([`remove_cgroup`]).
+
+use std::time::{Duration, Instant};
 
 use crate::error::WarmError;
 use sluice_engine::cgroup::{self, Cgroup};
 
-/// Creates a cgroup with `limit` and moves this process into it; the
-/// service, spawned later, inherits it.
-pub fn enter_cgroup(limit: u64) -> Result<Cgroup, WarmError> {
+/// `oom_score_adj` that exempts a process from the OOM killer.
+const OOM_SCORE_ADJ_MIN: i32 = -1000;
+
+/// `oom_score_adj` that makes a process the OOM killer's first choice.
+const OOM_SCORE_ADJ_MAX: i32 = 1000;
+
+/// How long a cgroup whose processes were all killed may stay busy: the
+/// kernel unlinks a dead task from its cgroup a little after it exits. 1 s
+/// is far above the milliseconds that takes.
+const REMOVE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The cgroup a run created, and the runtime's OOM score before it joined.
+pub struct ServiceCgroup {
+    pub cgroup: Cgroup,
+    pub limit: u64,
+    /// The `oom_score_adj` the service is launched with: the runtime's own
+    /// before it lowered it to -1000, or +1000 when it could not. `None`
+    /// when neither could be read.
+    pub oom_score_adj: Option<i32>,
+    /// The runtime lowered its own score (it was permitted to).
+    pub runtime_protected: bool,
+}
+
+/// Creates a cgroup with `limit`, moves this process into it and out of
+/// the OOM killer's reach; the service, spawned later, inherits the cgroup.
+pub fn enter_cgroup(limit: u64) -> Result<ServiceCgroup, WarmError> {
     let name = format!("sluice-warm-{}", std::process::id());
     let cgroup = cgroup::create_cgroup(&name, Some(limit))?;
     if let Err(err) = cgroup.add_pid(std::process::id() as i32) {
@@ -20,20 +57,64 @@ pub fn enter_cgroup(limit: u64) -> Result<Cgroup, WarmError> {
         return Err(err.into());
     }
     tracing::info!(cgroup = %cgroup.path.display(), limit, "service cgroup created");
-    Ok(cgroup)
+    let (oom_score_adj, runtime_protected) = match protect_from_oom() {
+        Some(before) => (Some(before), true),
+        None => (Some(OOM_SCORE_ADJ_MAX), false),
+    };
+    Ok(ServiceCgroup {
+        cgroup,
+        limit,
+        oom_score_adj,
+        runtime_protected,
+    })
 }
 
-/// Moves this process back to the parent cgroup and removes ours.
-pub fn leave_cgroup(cgroup: Cgroup) {
-    if let Some(parent) = cgroup.path.parent() {
-        let procs = parent.join("cgroup.procs");
-        if let Err(e) = std::fs::write(&procs, std::process::id().to_string()) {
-            tracing::warn!("leaving {}: {e}", cgroup.path.display());
+/// Sets this process's `oom_score_adj` to -1000; returns the value it had,
+/// or `None` (logged) when it cannot be changed (no CAP_SYS_RESOURCE).
+fn protect_from_oom() -> Option<i32> {
+    let file = "/proc/self/oom_score_adj";
+    let before = std::fs::read_to_string(file).ok()?.trim().parse().ok()?;
+    match std::fs::write(file, OOM_SCORE_ADJ_MIN.to_string()) {
+        Ok(()) => Some(before),
+        Err(err) => {
+            tracing::info!(
+                "{file}: {err} (no CAP_SYS_RESOURCE): the service gets oom_score_adj \
+                 {OOM_SCORE_ADJ_MAX} instead, so the OOM killer takes it before the runtime"
+            );
+            None
         }
     }
-    let path = cgroup.path.clone();
-    if let Err(e) = cgroup.remove() {
-        tracing::warn!("cgroup {} left behind: {e}", path.display());
+}
+
+/// Moves this process back to the cgroup's parent and restores its OOM
+/// score; the service's processes stay.
+pub fn leave_cgroup(cgroup: &ServiceCgroup) {
+    let path = &cgroup.cgroup.path;
+    if let Some(parent) = path.parent() {
+        let procs = parent.join("cgroup.procs");
+        if let Err(e) = std::fs::write(&procs, std::process::id().to_string()) {
+            tracing::warn!("leaving {}: {e}", path.display());
+        }
+    }
+    if let (Some(score), true) = (cgroup.oom_score_adj, cgroup.runtime_protected) {
+        let _ = std::fs::write("/proc/self/oom_score_adj", score.to_string());
+    }
+}
+
+/// Removes the cgroup once the service's processes are gone, waiting up to
+/// [`REMOVE_TIMEOUT`] for the kernel to let go of them; `false` (logged)
+/// when it stays.
+pub fn remove_cgroup(cgroup: ServiceCgroup) -> bool {
+    let deadline = Instant::now() + REMOVE_TIMEOUT;
+    loop {
+        match cgroup.cgroup.clone().remove() {
+            Ok(()) => return true,
+            Err(e) if Instant::now() >= deadline => {
+                tracing::warn!("cgroup left behind: {e}");
+                return false;
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
     }
 }
 

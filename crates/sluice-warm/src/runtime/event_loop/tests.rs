@@ -2,7 +2,6 @@
 //! sleeps, no processes.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 
 use super::*;
 use crate::builtin::{BuiltinConfig, Eager, TemplatePolicy};
@@ -284,14 +283,13 @@ impl Service for Scripted {
         0
     }
 
-    fn try_exit(&mut self) -> Result<Option<i32>, WarmError> {
+    fn try_exit(&mut self) -> Result<Option<ServiceExit>, WarmError> {
         self.turns = self.turns.saturating_sub(1);
-        Ok((self.turns == 0).then_some(self.code))
+        Ok((self.turns == 0).then_some(ServiceExit::Code(self.code)))
     }
 
-    fn stop(&mut self) -> Result<i32, WarmError> {
+    fn signal(&mut self, _: i32) {
         self.stopped = true;
-        Ok(128 + libc::SIGKILL)
     }
 }
 
@@ -312,10 +310,10 @@ fn a_failing_policy_is_disabled_and_the_run_goes_on_to_the_service_exit() {
         code: 3,
         stopped: false,
     };
-    let stop = AtomicBool::new(false);
-    let code = rt.run(Some(&mut service), &stop, &mut |_| {}).unwrap();
+    let stop = StopRequest::new();
+    let exit = rt.run(Some(&mut service), &stop, &mut |_| {}).unwrap();
     rt.finish();
-    assert_eq!(code, 3, "the service's own exit status");
+    assert_eq!(exit, Some(ServiceExit::Code(3)), "the service's own exit");
     let fault = rt
         .manager()
         .policy()
@@ -353,20 +351,23 @@ fn a_vanished_file_is_a_counted_error_and_the_rest_is_prefetched() {
 }
 
 #[test]
-fn stop_ends_the_service_and_a_daemon_returns_zero() {
+fn a_stop_request_ends_the_loop_and_leaves_the_service_to_the_shutdown() {
     let s = Setup::new();
     let (mut rt, _events) = s.runtime(Box::new(Eager::default()), FakeCache::default(), 4);
     rt.start(&s.ctx(false));
-    let stop = AtomicBool::new(true);
+    let stop = StopRequest::new();
+    stop.request(libc::SIGTERM, false);
     let mut service = Scripted {
         turns: 1000,
         code: 0,
         stopped: false,
     };
-    let code = rt.run(Some(&mut service), &stop, &mut |_| {}).unwrap();
-    assert_eq!(code, 128 + libc::SIGKILL);
-    assert!(service.stopped);
-    assert_eq!(rt.run(None, &stop, &mut |_| {}).unwrap(), 0);
+    assert_eq!(
+        rt.run(Some(&mut service), &stop, &mut |_| {}).unwrap(),
+        None
+    );
+    assert!(!service.stopped, "signalling it is the shutdown's job");
+    assert_eq!(rt.run(None, &stop, &mut |_| {}).unwrap(), None);
 }
 
 /// Asks for all of a at init, as a replay from launch does.
