@@ -1,9 +1,10 @@
 //! Fuzz target: the safetensors header parser and the shard index parser.
 //!
 //! Every input is fed to both parsers. Beyond "no panic, no sanitizer report", an
-//! accepted header is checked against the bytes it came from (every span inside the
-//! buffer, no two non-empty spans overlapping) and must assemble into a single-file
-//! checkpoint, so logic errors in validation show up as crashes too.
+//! accepted header is checked against the bytes it came from (sorted by offset, the spans
+//! tile the data section exactly, as safetensors requires: every span inside the buffer,
+//! none overlapping, no byte left over) and must assemble into a single-file checkpoint,
+//! so logic errors in validation show up as crashes too.
 
 #![no_main]
 
@@ -32,11 +33,17 @@ fuzz_target!(|data: &[u8]| {
     }
 });
 
-/// The properties a loader relies on when it trusts a parsed header.
+/// The properties a loader relies on when it trusts a parsed header, and the layout
+/// safetensors requires: each tensor starts where the one before it ends.
 fn check_spans(header: &Header, data: &[u8]) {
     assert_eq!(header.data_start + header.data_len, data.len() as u64);
-    let mut furthest_end = 0;
+    let mut covered = 0;
     for tensor in &header.tensors {
+        assert_eq!(
+            tensor.start, covered,
+            "{} leaves a gap or overlaps",
+            tensor.name
+        );
         let start = usize::try_from(header.data_start + tensor.start).unwrap();
         let end = usize::try_from(header.data_start + tensor.end).unwrap();
         assert!(
@@ -44,9 +51,7 @@ fn check_spans(header: &Header, data: &[u8]) {
             "{} out of bounds",
             tensor.name
         );
-        if tensor.start < tensor.end {
-            assert!(tensor.start >= furthest_end, "{} overlaps", tensor.name);
-            furthest_end = tensor.end;
-        }
+        covered = tensor.end;
     }
+    assert_eq!(covered, header.data_len, "trailing bytes");
 }

@@ -77,10 +77,25 @@ def overlapping(d: Path) -> Path:
     return write_raw(d / "f.safetensors", header, bytes(24))
 
 
-def duplicate_name(d: Path) -> Path:
+def repeated_name_leaves_a_gap(d: Path) -> Path:
+    # As in safetensors, the last "w" wins; the first one's bytes are then a gap.
     one = json.dumps(entry("F32", [4], 0, 16))
     two = json.dumps(entry("F32", [4], 16, 32))
     return write_raw(d / "f.safetensors", f'{{"w": {one}, "w": {two}}}', bytes(32))
+
+
+def trailing_bytes(d: Path) -> Path:
+    return write_raw(d / "f.safetensors", {"w": entry("F32", [4], 0, 16)}, bytes(17))
+
+
+def gap_between_tensors(d: Path) -> Path:
+    header = {"a": entry("F32", [4], 0, 16), "b": entry("F32", [4], 20, 36)}
+    return write_raw(d / "f.safetensors", header, bytes(36))
+
+
+def empty_shape_past_i64(d: Path) -> Path:
+    # safetensors accepts the header; numpy and torch then cannot build the tensor.
+    return write_raw(d / "f.safetensors", {"w": entry("U8", [0, 2**63, 2**63], 0, 0)})
 
 
 def metadata_not_string(d: Path) -> Path:
@@ -177,7 +192,14 @@ CASES: dict[str, tuple[Case, type[Exception], list[str]]] = {
     "shape_times_dtype_not_span": (size_mismatch, HeaderError, ["'w'", "24", "20"]),
     "offsets_past_data": (offsets_past_data, HeaderError, ["'w'", "16", "12"]),
     "overlapping_tensors": (overlapping, HeaderError, ["first", "second"]),
-    "duplicate_tensor_name": (duplicate_name, HeaderError, ["'w'"]),
+    "repeated_tensor_name_leaves_a_gap": (
+        repeated_name_leaves_a_gap,
+        HeaderError,
+        ["'w'", "[0, 16)"],
+    ),
+    "trailing_bytes": (trailing_bytes, HeaderError, ["17 bytes", "[16, 17)"]),
+    "gap_between_tensors": (gap_between_tensors, HeaderError, ["'b'", "[16, 20)"]),
+    "empty_shape_past_i64": (empty_shape_past_i64, HeaderError, ["'w'", "numpy or torch"]),
     "metadata_value_not_string": (metadata_not_string, HeaderError, ["epoch"]),
     "index_missing_shard_file": (index_missing_shard, SluiceFileNotFoundError, ["gone"]),
     "index_names_absent_tensor": (index_names_absent_tensor, HeaderError, ["ghost"]),

@@ -107,17 +107,11 @@ pub enum FormatError {
     },
 
     // ---- header entries ----
-    #[error("{}: tensor '{tensor}' appears twice in the header", .file.display())]
-    DuplicateTensor { file: PathBuf, tensor: String },
-
     #[error("{}: '__metadata__' appears twice in the header", .file.display())]
     DuplicateMetadataSection { file: PathBuf },
 
-    #[error("{}: a tensor has an empty name", .file.display())]
-    EmptyTensorName { file: PathBuf },
-
-    #[error("{}: tensor '{tensor}' must be a JSON object with dtype, shape and data_offsets, found {found}", .file.display())]
-    TensorEntryNotObject {
+    #[error("{}: tensor '{tensor}' must be a JSON object with dtype, shape and data_offsets (or the array [dtype, shape, data_offsets]), found {found}", .file.display())]
+    InvalidTensorEntry {
         file: PathBuf,
         tensor: String,
         found: String,
@@ -125,13 +119,6 @@ pub enum FormatError {
 
     #[error("{}: tensor '{tensor}' has field '{field}' twice", .file.display())]
     DuplicateTensorField {
-        file: PathBuf,
-        tensor: String,
-        field: String,
-    },
-
-    #[error("{}: tensor '{tensor}' has unknown field '{field}' (expected dtype, shape, data_offsets)", .file.display())]
-    UnknownTensorField {
         file: PathBuf,
         tensor: String,
         field: String,
@@ -162,6 +149,14 @@ pub enum FormatError {
 
     #[error("{}: tensor '{tensor}' of shape {shape:?} and dtype {dtype} has a size that overflows 64 bits", .file.display())]
     TensorSizeOverflow {
+        file: PathBuf,
+        tensor: String,
+        dtype: Dtype,
+        shape: Vec<u64>,
+    },
+
+    #[error("{}: tensor '{tensor}' of shape {shape:?} and dtype {dtype} has no elements, but its non-zero dimensions multiply past 2^63-1 elements or bytes, more than numpy or torch can describe", .file.display())]
+    ShapeTooLarge {
         file: PathBuf,
         tensor: String,
         dtype: Dtype,
@@ -204,7 +199,7 @@ pub enum FormatError {
         data_len: u64,
     },
 
-    #[error("{}: tensors '{first}' [{first_start}, {first_end}) and '{second}' [{second_start}, {second_end}) overlap", .file.display())]
+    #[error("{}: tensors '{first}' [{first_start}, {first_end}) and '{second}' [{second_start}, {second_end}) overlap (each tensor must start where the one before it ends)", .file.display())]
     OverlappingTensors {
         file: PathBuf,
         first: String,
@@ -215,8 +210,23 @@ pub enum FormatError {
         second_end: u64,
     },
 
+    #[error("{}: tensor '{tensor}' starts at byte {start} of the data section, leaving bytes [{expected}, {start}) that belong to no tensor (safetensors forbids gaps)", .file.display())]
+    TensorGap {
+        file: PathBuf,
+        tensor: String,
+        start: u64,
+        expected: u64,
+    },
+
+    #[error("{}: the data section holds {data_len} bytes but its tensors end at byte {covered}: bytes [{covered}, {data_len}) belong to no tensor (safetensors forbids trailing bytes)", .file.display())]
+    TrailingBytes {
+        file: PathBuf,
+        covered: u64,
+        data_len: u64,
+    },
+
     // ---- __metadata__ ----
-    #[error("{}: '__metadata__' must be an object of string values, found {found}", .file.display())]
+    #[error("{}: '__metadata__' must be null or an object of string values, found {found}", .file.display())]
     MetadataNotObject { file: PathBuf, found: String },
 
     #[error("{}: '__metadata__' key '{key}' must have a string value, found {found}", .file.display())]
@@ -225,9 +235,6 @@ pub enum FormatError {
         key: String,
         found: String,
     },
-
-    #[error("{}: '__metadata__' has key '{key}' twice", .file.display())]
-    DuplicateMetadataKey { file: PathBuf, key: String },
 
     // ---- shard index ----
     #[error("{}: key '{key}' appears twice in {location}", .file.display())]
@@ -322,24 +329,23 @@ impl FormatError {
             | NotUtf8 { file, .. }
             | InvalidJson { file, .. }
             | NotAnObject { file, .. }
-            | DuplicateTensor { file, .. }
             | DuplicateMetadataSection { file }
-            | EmptyTensorName { file }
-            | TensorEntryNotObject { file, .. }
+            | InvalidTensorEntry { file, .. }
             | DuplicateTensorField { file, .. }
-            | UnknownTensorField { file, .. }
             | MissingTensorField { file, .. }
             | InvalidTensorField { file, .. }
             | UnknownDtype { file, .. }
             | TensorSizeOverflow { file, .. }
+            | ShapeTooLarge { file, .. }
             | PartialByteTensor { file, .. }
             | InvertedOffsets { file, .. }
             | TensorSizeMismatch { file, .. }
             | TensorOutOfBounds { file, .. }
             | OverlappingTensors { file, .. }
+            | TensorGap { file, .. }
+            | TrailingBytes { file, .. }
             | MetadataNotObject { file, .. }
             | MetadataValueNotString { file, .. }
-            | DuplicateMetadataKey { file, .. }
             | IndexDuplicateKey { file, .. }
             | IndexMissingWeightMap { file }
             | IndexWeightMapNotObject { file, .. }

@@ -5,29 +5,31 @@
 //! plus an optional `"__metadata__"` object of string to string. Offsets are relative to
 //! the data section, which starts at file offset `8 + N` and runs to the end of the file.
 //!
-//! Validation happens in three passes, each with its own errors:
+//! The rules are those of the `safetensors` package (0.8), so that Sluice opens exactly
+//! the files it opens; `docs/design/loader.md` tabulates them, and
+//! `python/tests/test_header_parity.py` checks them against the package. Validation
+//! happens in three passes, each with its own errors:
 //!
 //! 1. the prefix: the file holds the 8 prefix bytes, `N` is non-zero, at most
 //!    [`MAX_HEADER_BYTES`], and `8 + N` fits in the file (computed without overflow);
-//! 2. the JSON: UTF-8, syntax, an object at the top level, no duplicate tensor names
-//!    (detected on a tree that keeps duplicate keys, see `json_tree`), no empty names,
-//!    and each entry valid on its own (see `tensor_entry`);
-//! 3. the layout: tensors are sorted by `(start, end, name)` and no two non-empty spans
-//!    overlap.
-//!
-//! Gaps between tensors, a data section that does not start at offset 0, and trailing
-//! bytes after the last tensor are *allowed*. The safetensors writer never produces them
-//! and the reference reader refuses them, but they cannot make us return wrong bytes: every
-//! tensor still reads exactly its own span. Being lenient here lets Sluice load files that
-//! other tools padded or aligned. Empty tensors (a zero dimension) occupy no bytes, so they
-//! never overlap anything, even when their offset lies inside another tensor.
+//! 2. the JSON: UTF-8, syntax (whitespace may pad it, nothing else may), an object at the
+//!    top level, `__metadata__` at most once, and each tensor entry typed (see
+//!    `tensor_entry`). Like any serde map, a name given twice keeps its last entry; the
+//!    earlier ones must still be well-typed, and are then dropped. Any string is a tensor
+//!    name, the empty string included;
+//! 3. the layout: each kept entry's own arithmetic (see `tensor_entry`), then, with the
+//!    tensors sorted by `(start, end, name)`, the spans tile the data section exactly: the
+//!    first starts at 0, each starts where the one before it ends, and the last ends at
+//!    the end of the file. So there are no overlaps, no gaps and no trailing bytes. An
+//!    empty tensor occupies no bytes, and may sit at any boundary between tensors, but
+//!    not inside one.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use crate::error::{FormatError, JsonDocument};
 use crate::json_tree::{excerpt, JsonTree};
-use crate::tensor_entry::TensorEntry;
+use crate::tensor_entry::{ParsedEntry, TensorEntry};
 use crate::tensor_info::TensorInfo;
 
 /// Largest header safetensors accepts. The reference implementation caps it at 100 MB so
@@ -115,7 +117,7 @@ pub fn parse_header(file: &Path, header_json: &[u8], file_len: u64) -> Result<He
     };
     let (mut tensors, metadata) = decode_entries(file, entries, data_len)?;
     tensors.sort_by(|a, b| (a.start, a.end, &a.name).cmp(&(b.start, b.end, &b.name)));
-    check_no_overlap(file, &tensors)?;
+    check_layout(file, &tensors, data_len)?;
     Ok(Header {
         header_len,
         data_start: PREFIX_BYTES + header_len,
@@ -168,45 +170,59 @@ fn data_len_after(file: &Path, header_len: u64, file_len: u64) -> Result<u64, Fo
 
 type DecodedEntries = (Vec<TensorInfo>, Option<BTreeMap<String, String>>);
 
-/// Splits the top-level object into tensors and metadata, refusing duplicates.
+/// Splits the top-level object into tensors and metadata. Every entry is typed; of
+/// entries with the same name only the last is kept and checked, as in safetensors.
 fn decode_entries(
     file: &Path,
     entries: Vec<(String, JsonTree)>,
     data_len: u64,
 ) -> Result<DecodedEntries, FormatError> {
-    let mut tensors = Vec::with_capacity(entries.len());
-    let mut seen = HashSet::with_capacity(entries.len());
+    let mut parsed: Vec<(&str, ParsedEntry)> = Vec::with_capacity(entries.len());
+    let mut position: HashMap<&str, usize> = HashMap::with_capacity(entries.len());
     let mut metadata = None;
+    let mut metadata_seen = false;
     for (name, value) in &entries {
         if name == METADATA_KEY {
-            if metadata.is_some() {
+            if metadata_seen {
                 let file = file.to_path_buf();
                 return Err(FormatError::DuplicateMetadataSection { file });
             }
-            metadata = Some(decode_metadata(file, value)?);
+            metadata_seen = true;
+            metadata = decode_metadata(file, value)?;
             continue;
         }
-        if name.is_empty() {
-            let file = file.to_path_buf();
-            return Err(FormatError::EmptyTensorName { file });
+        let entry = TensorEntry::new(file, name).parse(value)?;
+        match position.get(name.as_str()) {
+            Some(&earlier) => parsed[earlier].1 = entry,
+            None => {
+                position.insert(name, parsed.len());
+                parsed.push((name, entry));
+            }
         }
-        if !seen.insert(name.as_str()) {
-            let (file, tensor) = (file.to_path_buf(), name.clone());
-            return Err(FormatError::DuplicateTensor { file, tensor });
-        }
-        tensors.push(TensorEntry::new(file, name).decode(value, data_len)?);
     }
+    let tensors = parsed
+        .into_iter()
+        .map(|(name, entry)| TensorEntry::new(file, name).check(entry, data_len))
+        .collect::<Result<_, _>>()?;
     Ok((tensors, metadata))
 }
 
-/// `__metadata__` must be an object whose values are all strings.
-fn decode_metadata(file: &Path, value: &JsonTree) -> Result<BTreeMap<String, String>, FormatError> {
-    let JsonTree::Object(entries) = value else {
-        let found = value.describe();
-        return Err(FormatError::MetadataNotObject {
-            file: file.to_path_buf(),
-            found,
-        });
+/// `__metadata__` is null (no metadata) or an object whose values are all strings; a key
+/// given twice keeps its last value.
+fn decode_metadata(
+    file: &Path,
+    value: &JsonTree,
+) -> Result<Option<BTreeMap<String, String>>, FormatError> {
+    let entries = match value {
+        JsonTree::Null => return Ok(None),
+        JsonTree::Object(entries) => entries,
+        _ => {
+            let found = value.describe();
+            return Err(FormatError::MetadataNotObject {
+                file: file.to_path_buf(),
+                found,
+            });
+        }
     };
     let mut metadata = BTreeMap::new();
     for (key, value) in entries {
@@ -214,38 +230,48 @@ fn decode_metadata(file: &Path, value: &JsonTree) -> Result<BTreeMap<String, Str
             let (file, key, found) = (file.to_path_buf(), excerpt(key), value.describe());
             return Err(FormatError::MetadataValueNotString { file, key, found });
         };
-        if metadata.contains_key(key) {
-            let file = file.to_path_buf();
-            return Err(FormatError::DuplicateMetadataKey {
-                file,
-                key: excerpt(key),
-            });
-        }
         metadata.insert(key.clone(), text.clone());
     }
-    Ok(metadata)
+    Ok(Some(metadata))
 }
 
-/// With `tensors` sorted by start, a non-empty tensor overlaps an earlier one exactly when
-/// it starts before the furthest end reached so far; that furthest tensor is named.
-fn check_no_overlap(file: &Path, tensors: &[TensorInfo]) -> Result<(), FormatError> {
-    let mut furthest: Option<&TensorInfo> = None;
-    for tensor in tensors.iter().filter(|tensor| tensor.start < tensor.end) {
-        if let Some(previous) = furthest {
-            if tensor.start < previous.end {
-                return Err(FormatError::OverlappingTensors {
-                    file: file.to_path_buf(),
-                    first: previous.name.clone(),
-                    first_start: previous.start,
-                    first_end: previous.end,
-                    second: tensor.name.clone(),
-                    second_start: tensor.start,
-                    second_end: tensor.end,
-                });
-            }
+/// With `tensors` sorted by `(start, end)`, the spans must tile `[0, data_len)`. Overlaps
+/// are looked for first, as the more specific complaint: a tensor that starts before the
+/// one before it ends. Then gaps, and bytes after the last tensor.
+fn check_layout(file: &Path, tensors: &[TensorInfo], data_len: u64) -> Result<(), FormatError> {
+    // Without overlaps, ends never decrease, so the tensor before reaches furthest.
+    for pair in tensors.windows(2) {
+        let (previous, tensor) = (&pair[0], &pair[1]);
+        if tensor.start < previous.end {
+            return Err(FormatError::OverlappingTensors {
+                file: file.to_path_buf(),
+                first: previous.name.clone(),
+                first_start: previous.start,
+                first_end: previous.end,
+                second: tensor.name.clone(),
+                second_start: tensor.start,
+                second_end: tensor.end,
+            });
         }
-        // No overlap means `tensor.start >= previous.end`, so it now reaches furthest.
-        furthest = Some(tensor);
+    }
+    let mut covered = 0;
+    for tensor in tensors {
+        if tensor.start != covered {
+            return Err(FormatError::TensorGap {
+                file: file.to_path_buf(),
+                tensor: tensor.name.clone(),
+                start: tensor.start,
+                expected: covered,
+            });
+        }
+        covered = tensor.end;
+    }
+    if covered != data_len {
+        return Err(FormatError::TrailingBytes {
+            file: file.to_path_buf(),
+            covered,
+            data_len,
+        });
     }
     Ok(())
 }
@@ -399,11 +425,38 @@ mod tests {
     }
 
     #[test]
-    fn rejects_duplicate_tensor_names() {
-        let e = entry("U8", "[1]", 0, 1);
-        let err = parse(&format!(r#"{{"w":{e},"w":{e}}}"#), 1).unwrap_err();
+    fn a_repeated_tensor_name_keeps_the_last_entry_as_safetensors_does() {
+        let json = format!(
+            r#"{{"w":{},"w":{}}}"#,
+            entry("F32", "[1]", 0, 4),
+            entry("U8", "[4]", 0, 4)
+        );
+        let header = parse(&json, 4).unwrap();
+        assert_eq!(header.tensors.len(), 1);
+        assert_eq!(header.get("w").map(|t| t.dtype), Some(Dtype::U8));
+        // The dropped entry's arithmetic is never checked...
+        let json = format!(
+            r#"{{"w":{},"w":{}}}"#,
+            entry("U8", "[9]", 99, 1),
+            entry("U8", "[4]", 0, 4)
+        );
+        assert_eq!(parse(&json, 4).unwrap().tensors.len(), 1);
+        // ...but its types are, and its bytes count for nothing: here they are a gap.
+        let json = format!(
+            r#"{{"w":{},"w":{}}}"#,
+            entry("F12", "[4]", 0, 4),
+            entry("U8", "[4]", 0, 4)
+        );
+        let err = parse(&json, 4).unwrap_err();
+        assert!(matches!(err, FormatError::UnknownDtype { .. }), "{err}");
+        let json = format!(
+            r#"{{"w":{},"w":{}}}"#,
+            entry("U8", "[4]", 0, 4),
+            entry("U8", "[4]", 4, 8)
+        );
+        let err = parse(&json, 8).unwrap_err();
         assert!(
-            matches!(&err, FormatError::DuplicateTensor { tensor, .. } if tensor == "w"),
+            matches!(&err, FormatError::TensorGap { tensor, start: 4, expected: 0, .. } if tensor == "w"),
             "{err}"
         );
     }
@@ -418,23 +471,25 @@ mod tests {
     }
 
     #[test]
-    fn rejects_empty_tensor_name() {
-        let err = parse(&format!(r#"{{"":{}}}"#, entry("U8", "[1]", 0, 1)), 1).unwrap_err();
-        assert!(matches!(err, FormatError::EmptyTensorName { .. }), "{err}");
+    fn accepts_empty_tensor_name_as_safetensors_does() {
+        let header = parse(&format!(r#"{{"":{}}}"#, entry("U8", "[1]", 0, 1)), 1).unwrap();
+        assert_eq!(header.tensors[0].name, "");
     }
 
     #[test]
-    fn rejects_metadata_that_is_not_an_object() {
-        let err = parse(r#"{"__metadata__":["a"]}"#, 0).unwrap_err();
-        assert!(
-            matches!(err, FormatError::MetadataNotObject { .. }),
-            "{err}"
-        );
-        let err = parse(r#"{"__metadata__":null}"#, 0).unwrap_err();
-        assert!(
-            matches!(err, FormatError::MetadataNotObject { .. }),
-            "{err}"
-        );
+    fn rejects_metadata_that_is_neither_null_nor_an_object() {
+        for json in [r#"{"__metadata__":["a"]}"#, r#"{"__metadata__":"pt"}"#] {
+            let err = parse(json, 0).unwrap_err();
+            assert!(
+                matches!(err, FormatError::MetadataNotObject { .. }),
+                "{json}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn null_metadata_is_no_metadata_as_in_safetensors() {
+        assert_eq!(parse(r#"{"__metadata__":null}"#, 0).unwrap().metadata, None);
     }
 
     #[test]
@@ -447,10 +502,15 @@ mod tests {
     }
 
     #[test]
-    fn rejects_duplicate_metadata_key() {
-        let err = parse(r#"{"__metadata__":{"k":"a","k":"b"}}"#, 0).unwrap_err();
+    fn a_repeated_metadata_key_keeps_the_last_value_as_safetensors_does() {
+        let metadata = parse(r#"{"__metadata__":{"k":"a","k":"b"}}"#, 0)
+            .unwrap()
+            .metadata
+            .unwrap();
+        assert_eq!(metadata.get("k").map(String::as_str), Some("b"));
+        let err = parse(r#"{"__metadata__":{"k":1,"k":"b"}}"#, 0).unwrap_err();
         assert!(
-            matches!(&err, FormatError::DuplicateMetadataKey { key, .. } if key == "k"),
+            matches!(err, FormatError::MetadataValueNotString { .. }),
             "{err}"
         );
     }
@@ -494,29 +554,119 @@ mod tests {
     }
 
     #[test]
-    fn allows_gaps_and_trailing_bytes() {
-        let json = format!(
-            r#"{{"a":{},"b":{}}}"#,
-            entry("U8", "[4]", 4, 8),
-            entry("U8", "[4]", 16, 20)
+    fn rejects_data_that_does_not_start_at_offset_zero() {
+        let json = format!(r#"{{"a":{}}}"#, entry("U8", "[4]", 4, 8));
+        let err = parse(&json, 8).unwrap_err();
+        assert!(
+            matches!(&err, FormatError::TensorGap { tensor, start: 4, expected: 0, .. } if tensor == "a"),
+            "{err}"
         );
-        let header = parse(&json, 64).unwrap();
-        assert_eq!(header.data_len, 64);
-        assert_eq!(header.total_tensor_bytes(), 8);
+        assert!(err.to_string().contains("bytes [0, 4)"), "{err}");
     }
 
     #[test]
-    fn empty_tensors_never_overlap() {
+    fn rejects_a_gap_between_tensors_and_names_the_tensor_after_it() {
         let json = format!(
-            r#"{{"a":{},"e1":{},"e2":{},"e3":{}}}"#,
+            r#"{{"a":{},"b":{}}}"#,
+            entry("U8", "[4]", 0, 4),
+            entry("U8", "[4]", 16, 20)
+        );
+        let err = parse(&json, 20).unwrap_err();
+        assert!(
+            matches!(&err, FormatError::TensorGap { tensor, start: 16, expected: 4, .. } if tensor == "b"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn rejects_trailing_bytes_after_the_last_tensor() {
+        let json = format!(r#"{{"a":{}}}"#, entry("U8", "[4]", 0, 4));
+        let err = parse(&json, 5).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                FormatError::TrailingBytes {
+                    covered: 4,
+                    data_len: 5,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().starts_with("model.safetensors: "), "{err}");
+        let err = parse("{}", 1).unwrap_err();
+        assert!(
+            matches!(err, FormatError::TrailingBytes { covered: 0, .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_overlap_is_reported_before_the_gap_it_leaves() {
+        // b moved into a leaves [8, 12) uncovered; the overlap is the one to report.
+        let json = format!(
+            r#"{{"a":{},"b":{},"c":{}}}"#,
             entry("U8", "[8]", 0, 8),
+            entry("U8", "[4]", 2, 6),
+            entry("U8", "[4]", 12, 16)
+        );
+        let err = parse(&json, 16).unwrap_err();
+        assert!(
+            matches!(err, FormatError::OverlappingTensors { .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn empty_tensors_may_sit_at_any_boundary() {
+        let json = format!(
+            r#"{{"a":{},"e1":{},"e2":{},"e3":{},"b":{}}}"#,
+            entry("U8", "[4]", 0, 4),
             entry("F32", "[0]", 8, 8),
             entry("F32", "[0, 3]", 8, 8),
-            entry("F32", "[0]", 4, 4)
+            entry("F32", "[0]", 0, 0),
+            entry("U8", "[4]", 4, 8)
         );
         let header = parse(&json, 8).unwrap();
         let names: Vec<&str> = header.tensors.iter().map(|t| t.name.as_str()).collect();
-        assert_eq!(names, ["a", "e3", "e1", "e2"]);
+        assert_eq!(names, ["e3", "a", "b", "e1", "e2"]);
+        let only_empty = format!(r#"{{"e":{}}}"#, entry("U8", "[0]", 0, 0));
+        assert_eq!(parse(&only_empty, 0).unwrap().tensors.len(), 1);
+    }
+
+    #[test]
+    fn rejects_an_empty_tensor_inside_another_or_past_the_end() {
+        let json = format!(
+            r#"{{"a":{},"e":{}}}"#,
+            entry("U8", "[8]", 0, 8),
+            entry("F32", "[0]", 4, 4)
+        );
+        let err = parse(&json, 8).unwrap_err();
+        assert!(
+            matches!(&err, FormatError::OverlappingTensors { first, second, .. } if first == "a" && second == "e"),
+            "{err}"
+        );
+        let json = format!(r#"{{"e":{}}}"#, entry("F32", "[0]", 3, 3));
+        let err = parse(&json, 3).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                FormatError::TensorGap {
+                    start: 3,
+                    expected: 0,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn accepts_header_padded_with_json_whitespace_but_not_nul() {
+        assert!(parse("{} \t\r\n ", 0).is_ok());
+        assert!(parse(" \n{}", 0).is_ok());
+        let err = parse("{}\0\0", 0).unwrap_err();
+        assert!(matches!(err, FormatError::InvalidJson { .. }), "{err}");
     }
 
     #[test]

@@ -10,9 +10,11 @@
 //! absolute (`/x`, `\x`, `C:x`), and free of `..` components under either separator.
 //! Plain names and relative sub-paths such as `shards/model-00001.safetensors` pass.
 //!
-//! Like headers, the index is parsed into a tree that keeps duplicate keys, so a tensor
-//! listed twice in `weight_map` (which `serde_json` would silently collapse to its last
-//! entry) is reported instead of guessed at.
+//! The index is parsed into a tree that keeps duplicate keys, so a tensor listed twice in
+//! `weight_map` (which `serde_json` would silently collapse to its last entry) is reported
+//! instead of guessed at: the index decides which file is opened. (A header instead keeps
+//! the last of two entries with one name, as safetensors does; see `header`.) Any string
+//! is a tensor name, the empty string included, as in a header.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -128,11 +130,6 @@ fn decode_weight_map(file: &Path, tree: JsonTree) -> Result<BTreeMap<String, Str
     };
     let mut weight_map = BTreeMap::new();
     for (tensor, shard) in unique_entries(file, "'weight_map'", entries)? {
-        if tensor.is_empty() {
-            return Err(FormatError::EmptyTensorName {
-                file: file.to_path_buf(),
-            });
-        }
         let JsonTree::String(shard) = shard else {
             let (file, found) = (file.to_path_buf(), shard.describe());
             return Err(FormatError::IndexShardNotString {
@@ -313,9 +310,12 @@ mod tests {
     }
 
     #[test]
-    fn rejects_empty_tensor_name_in_weight_map() {
-        let err = parse(r#"{"weight_map":{"":"a.safetensors"}}"#).unwrap_err();
-        assert!(matches!(err, FormatError::EmptyTensorName { .. }), "{err}");
+    fn accepts_empty_tensor_name_in_weight_map_as_shards_may_hold_one() {
+        let index = parse(r#"{"weight_map":{"":"a.safetensors"}}"#).unwrap();
+        assert_eq!(
+            index.weight_map.get("").map(String::as_str),
+            Some("a.safetensors")
+        );
     }
 
     #[test]

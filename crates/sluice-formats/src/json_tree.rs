@@ -1,11 +1,12 @@
-//! A JSON tree that keeps duplicate object keys, so validation can refuse them.
+//! A JSON tree that keeps duplicate object keys, so validation can see them.
 //!
 //! `serde_json::Value` (and every derived struct) silently keeps the last of two equal
-//! keys. For a safetensors header that would let a hostile file hide a tensor entry behind
-//! a second one with the same name, and different readers might pick different copies. So
-//! we parse into [`JsonTree`], whose objects are ordered `(key, value)` lists with every
-//! occurrence kept, and the validators that walk the tree report duplicates with the
-//! file, tensor and key they belong to.
+//! keys. We parse into [`JsonTree`], whose objects are ordered `(key, value)` lists with
+//! every occurrence kept, so that each validator decides: the shard index refuses a
+//! repeated key (it names the files to open), and the header applies safetensors' own
+//! rules exactly, which keep the last of two tensor entries but refuse a repeated field
+//! inside one entry, and type the entries they drop (serde decodes a value before it
+//! replaces the earlier one).
 //!
 //! Parsing is two steps, each with its own error: UTF-8 validation (which reports the
 //! byte offset of the first bad byte) and JSON syntax (which reports line and column).

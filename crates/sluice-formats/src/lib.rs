@@ -5,8 +5,9 @@
 //! themselves and hand them in; this crate turns them into validated descriptions:
 //!
 //! - [`parse_header_len`] and [`parse_header`] check the 8-byte prefix and the JSON header
-//!   of one `.safetensors` file and return a [`Header`] whose tensor spans are known to lie
-//!   inside the file and not to overlap;
+//!   of one `.safetensors` file and return a [`Header`] whose tensor spans are known to tile
+//!   its data section exactly (inside the file, no overlaps, gaps or trailing bytes), by
+//!   the rules of the `safetensors` package;
 //! - [`parse_index`] reads a `model.safetensors.index.json` into a [`ShardIndex`], refusing
 //!   shard names that could escape the checkpoint directory;
 //! - [`Checkpoint`] joins validated shards (and, for sharded checkpoints, the index) and

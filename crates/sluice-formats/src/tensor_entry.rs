@@ -1,18 +1,27 @@
 //! Decoding and checking one tensor entry of a safetensors header.
 //!
-//! An entry must be exactly `{"dtype": "<DTYPE>", "shape": [..], "data_offsets": [start,
-//! end]}`. Decoding goes field by field so each problem gets its own error:
+//! An entry is `{"dtype": "<DTYPE>", "shape": [..], "data_offsets": [start, end]}`. The
+//! rules are those of safetensors, which reads the entry with serde into a struct of
+//! these three fields; decoding goes field by field so each problem gets its own error.
+//! It has two steps, because safetensors types every entry but checks the arithmetic of
+//! only the entries it keeps (of two entries with the same name, the last):
 //!
-//! 1. structure: the entry is an object, each of the three fields appears exactly once and
-//!    nothing else appears (unknown fields are refused rather than ignored, so a typo such
-//!    as `data_offset` cannot silently produce a different tensor);
-//! 2. types: `dtype` is a string naming a known dtype, `shape` is an array of non-negative
-//!    integers, `data_offsets` is exactly two non-negative integers;
-//! 3. arithmetic: `start <= end`, the byte size implied by dtype and shape does not
-//!    overflow and is a whole number of bytes, it equals `end - start`, and `end` lies
-//!    within the data section.
+//! 1. [`TensorEntry::parse`], structure and types:
+//!    - the entry is an object in which each of the three fields appears exactly once;
+//!      other fields are ignored, as serde ignores them (a typo such as `data_offset` is
+//!      still caught: the real field is then missing). serde also reads a struct from an
+//!      array of its fields in order, so `["F32", [2], [0, 8]]` is an entry too;
+//!    - `dtype` is a string naming a known dtype, exactly spelt. serde also reads a unit
+//!      enum variant from a one-key object whose value is null, so `{"F32": null}` is a
+//!      dtype too;
+//!    - `shape` is an array of non-negative integers that fit in `u64`, and
+//!      `data_offsets` exactly two of them;
+//! 2. [`TensorEntry::check`], arithmetic: `start <= end`, the byte size implied by dtype
+//!    and shape does not overflow (see `tensor_info`) and is a whole number of bytes, it
+//!    equals `end - start`, and `end` lies within the data section. Sluice adds one rule:
+//!    an empty tensor must have a shape numpy and torch can describe.
 //!
-//! Checks between tensors (duplicate names, overlapping spans) belong to the header parser.
+//! Checks between tensors (the layout of the data section) belong to the header parser.
 
 use std::path::Path;
 
@@ -25,6 +34,7 @@ const DTYPE_FIELD: &str = "dtype";
 const SHAPE_FIELD: &str = "shape";
 const OFFSETS_FIELD: &str = "data_offsets";
 
+const DTYPE_EXPECTED: &str = "a dtype string";
 const SHAPE_EXPECTED: &str = "an array of non-negative integers";
 const OFFSETS_EXPECTED: &str = "an array of exactly 2 non-negative integers [start, end]";
 
@@ -32,6 +42,15 @@ const OFFSETS_EXPECTED: &str = "an array of exactly 2 non-negative integers [sta
 pub(crate) struct TensorEntry<'a> {
     file: &'a Path,
     tensor: &'a str,
+}
+
+/// An entry's typed fields, before any arithmetic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ParsedEntry {
+    dtype: Dtype,
+    shape: Vec<u64>,
+    start: u64,
+    end: u64,
 }
 
 /// The three raw field values of an entry, each present exactly once.
@@ -47,16 +66,42 @@ impl<'a> TensorEntry<'a> {
     }
 
     /// Decodes `value` into a [`TensorInfo`] whose span fits a data section of
-    /// `data_len` bytes.
+    /// `data_len` bytes: [`TensorEntry::parse`], then [`TensorEntry::check`].
+    #[cfg(test)]
     pub(crate) fn decode(
         &self,
         value: &JsonTree,
         data_len: u64,
     ) -> Result<TensorInfo, FormatError> {
+        self.check(self.parse(value)?, data_len)
+    }
+
+    /// The entry's fields, typed: the checks safetensors applies to every entry.
+    pub(crate) fn parse(&self, value: &JsonTree) -> Result<ParsedEntry, FormatError> {
         let fields = self.fields(value)?;
         let dtype = self.dtype(fields.dtype)?;
         let shape = self.shape(fields.shape)?;
         let (start, end) = self.offsets(fields.data_offsets)?;
+        Ok(ParsedEntry {
+            dtype,
+            shape,
+            start,
+            end,
+        })
+    }
+
+    /// The arithmetic checks of a parsed entry, in a data section of `data_len` bytes.
+    pub(crate) fn check(
+        &self,
+        entry: ParsedEntry,
+        data_len: u64,
+    ) -> Result<TensorInfo, FormatError> {
+        let ParsedEntry {
+            dtype,
+            shape,
+            start,
+            end,
+        } = entry;
         self.check_span(dtype, &shape, start, end, data_len)?;
         Ok(TensorInfo {
             name: self.tensor.to_string(),
@@ -68,23 +113,40 @@ impl<'a> TensorEntry<'a> {
     }
 
     fn fields<'t>(&self, value: &'t JsonTree) -> Result<RawFields<'t>, FormatError> {
-        let JsonTree::Object(entries) = value else {
-            return Err(FormatError::TensorEntryNotObject {
-                file: self.file.to_path_buf(),
-                tensor: self.tensor.to_string(),
-                found: value.describe(),
-            });
-        };
+        match value {
+            JsonTree::Object(entries) => self.object_fields(entries),
+            // serde's sequence form of a struct: the fields in declaration order.
+            JsonTree::Array(items) => match &items[..] {
+                [dtype, shape, data_offsets] => Ok(RawFields {
+                    dtype,
+                    shape,
+                    data_offsets,
+                }),
+                _ => Err(self.invalid_entry(value)),
+            },
+            _ => Err(self.invalid_entry(value)),
+        }
+    }
+
+    fn object_fields<'t>(
+        &self,
+        entries: &'t [(String, JsonTree)],
+    ) -> Result<RawFields<'t>, FormatError> {
         let (mut dtype, mut shape, mut data_offsets) = (None, None, None);
         for (key, field_value) in entries {
             let slot = match key.as_str() {
                 DTYPE_FIELD => &mut dtype,
                 SHAPE_FIELD => &mut shape,
                 OFFSETS_FIELD => &mut data_offsets,
-                _ => return Err(self.field_error(key, true)),
+                // Ignored, as safetensors' serde struct ignores unknown fields.
+                _ => continue,
             };
             if slot.replace(field_value).is_some() {
-                return Err(self.field_error(key, false));
+                return Err(FormatError::DuplicateTensorField {
+                    file: self.file.to_path_buf(),
+                    tensor: self.tensor.to_string(),
+                    field: excerpt(key),
+                });
             }
         }
         Ok(RawFields {
@@ -95,8 +157,14 @@ impl<'a> TensorEntry<'a> {
     }
 
     fn dtype(&self, value: &JsonTree) -> Result<Dtype, FormatError> {
-        let JsonTree::String(name) = value else {
-            return Err(self.invalid(DTYPE_FIELD, "a string", value.describe()));
+        let name = match value {
+            JsonTree::String(name) => name,
+            // serde's map form of a unit enum variant: `{"F32": null}`.
+            JsonTree::Object(entries) => match &entries[..] {
+                [(name, JsonTree::Null)] => name,
+                _ => return Err(self.invalid(DTYPE_FIELD, DTYPE_EXPECTED, value.describe())),
+            },
+            _ => return Err(self.invalid(DTYPE_FIELD, DTYPE_EXPECTED, value.describe())),
         };
         Dtype::parse(name).ok_or_else(|| FormatError::UnknownDtype {
             file: self.file.to_path_buf(),
@@ -141,7 +209,7 @@ impl<'a> TensorEntry<'a> {
             .collect()
     }
 
-    /// Offsets in order, a representable byte size that matches them, inside the data.
+    /// Offsets in order, a byte size that matches them, inside the data.
     fn check_span(
         &self,
         dtype: Dtype,
@@ -207,26 +275,21 @@ impl<'a> TensorEntry<'a> {
                     elements,
                     total_bits,
                 },
+                SizeProblem::TooLarge => FormatError::ShapeTooLarge {
+                    file,
+                    tensor,
+                    dtype,
+                    shape: shape.to_vec(),
+                },
             }
         })
     }
 
-    /// An unknown field (`unknown == true`) or a repeated known one.
-    fn field_error(&self, field: &str, unknown: bool) -> FormatError {
-        let (file, tensor) = (self.file.to_path_buf(), self.tensor.to_string());
-        let field = excerpt(field);
-        if unknown {
-            FormatError::UnknownTensorField {
-                file,
-                tensor,
-                field,
-            }
-        } else {
-            FormatError::DuplicateTensorField {
-                file,
-                tensor,
-                field,
-            }
+    fn invalid_entry(&self, value: &JsonTree) -> FormatError {
+        FormatError::InvalidTensorEntry {
+            file: self.file.to_path_buf(),
+            tensor: self.tensor.to_string(),
+            found: value.describe(),
         }
     }
 
@@ -281,10 +344,61 @@ mod tests {
     }
 
     #[test]
-    fn rejects_entry_that_is_not_an_object() {
-        let err = decode("[1, 2]", 16).unwrap_err();
+    fn rejects_entry_that_is_neither_an_object_nor_an_array_of_three() {
+        for json in [
+            "[1, 2]",
+            "[]",
+            r#"["U8",[1],[0,1],1]"#,
+            "null",
+            "\"U8\"",
+            "5",
+        ] {
+            let err = decode(json, 16).unwrap_err();
+            assert!(
+                matches!(err, FormatError::InvalidTensorEntry { .. }),
+                "{json}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn accepts_the_array_form_of_an_entry_as_serde_does() {
+        let info = decode(r#"["F32", [2], [8, 16]]"#, 16).unwrap();
+        assert_eq!(
+            (info.dtype, info.shape, info.start, info.end),
+            (Dtype::F32, vec![2], 8, 16)
+        );
+        let err = decode(r#"[[2], "F32", [8, 16]]"#, 16).unwrap_err();
         assert!(
-            matches!(err, FormatError::TensorEntryNotObject { .. }),
+            matches!(err, FormatError::InvalidTensorField { field: "dtype", .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn accepts_the_map_form_of_a_dtype_as_serde_does() {
+        let json = r#"{"dtype":{"BF16":null},"shape":[2],"data_offsets":[0,4]}"#;
+        assert_eq!(decode(json, 4).unwrap().dtype, Dtype::Bf16);
+        for dtype in [
+            r#"{"BF16":{}}"#,
+            r#"{"BF16":1}"#,
+            r#"{"BF16":null,"U8":null}"#,
+            "{}",
+        ] {
+            let json = format!(r#"{{"dtype":{dtype},"shape":[2],"data_offsets":[0,4]}}"#);
+            let err = decode(&json, 4).unwrap_err();
+            assert!(
+                matches!(err, FormatError::InvalidTensorField { field: "dtype", .. }),
+                "{dtype}: {err}"
+            );
+        }
+        let err = decode(
+            r#"{"dtype":{"X9":null},"shape":[2],"data_offsets":[0,4]}"#,
+            4,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, FormatError::UnknownDtype { dtype, .. } if dtype == "X9"),
             "{err}"
         );
     }
@@ -300,11 +414,25 @@ mod tests {
     }
 
     #[test]
-    fn rejects_unknown_field() {
-        let json = r#"{"dtype":"U8","shape":[1],"data_offsets":[0,1],"data_offset":[0,1]}"#;
+    fn ignores_unknown_fields_as_safetensors_does() {
+        let json =
+            r#"{"dtype":"U8","extra":{"x":[1,{}]},"x":1,"x":2,"shape":[1],"data_offsets":[0,1]}"#;
+        let info = decode(json, 16).unwrap();
+        assert_eq!((info.start, info.end), (0, 1));
+    }
+
+    #[test]
+    fn a_misspelt_field_is_still_caught_as_the_real_one_missing() {
+        let json = r#"{"dtype":"U8","shape":[1],"data_offset":[0,1]}"#;
         let err = decode(json, 16).unwrap_err();
         assert!(
-            matches!(&err, FormatError::UnknownTensorField { field, .. } if field == "data_offset"),
+            matches!(
+                err,
+                FormatError::MissingTensorField {
+                    field: "data_offsets",
+                    ..
+                }
+            ),
             "{err}"
         );
     }
@@ -450,6 +578,26 @@ mod tests {
                     ..
                 }
             ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn rejects_empty_tensor_numpy_and_torch_cannot_describe() {
+        let huge = 1u64 << 63;
+        let json = format!(r#"{{"dtype":"U8","shape":[0,{huge},{huge}],"data_offsets":[0,0]}}"#);
+        let err = decode(&json, 0).unwrap_err();
+        assert!(matches!(err, FormatError::ShapeTooLarge { .. }), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("m.safetensors: tensor 'w' of shape"),
+            "{err}"
+        );
+        // Overflow before the zero is safetensors' own overflow error.
+        let json = format!(r#"{{"dtype":"U8","shape":[{huge},{huge},0],"data_offsets":[0,0]}}"#);
+        let err = decode(&json, 0).unwrap_err();
+        assert!(
+            matches!(err, FormatError::TensorSizeOverflow { .. }),
             "{err}"
         );
     }

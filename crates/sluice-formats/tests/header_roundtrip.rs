@@ -1,12 +1,12 @@
 //! Property: every valid header a generator can build parses back to exactly the tensors
-//! and metadata it was built from.
+//! and metadata it was built from, and the same file with bytes appended is refused.
 
 mod common;
 
 use std::path::Path;
 
 use proptest::prelude::*;
-use sluice_formats::{parse_file_bytes, parse_header, parse_header_len, PREFIX_BYTES};
+use sluice_formats::{parse_file_bytes, parse_header, parse_header_len, FormatError, PREFIX_BYTES};
 
 proptest! {
     #[test]
@@ -23,6 +23,14 @@ proptest! {
         for tensor in &file.tensors {
             prop_assert_eq!(header.get(&tensor.name), Some(tensor));
         }
+    }
+
+    #[test]
+    fn trailing_bytes_are_refused(file in common::valid_file(6), extra in 1u8..16) {
+        let mut bytes = file.bytes.clone();
+        bytes.extend(std::iter::repeat_n(0, usize::from(extra)));
+        let err = parse_file_bytes(Path::new("gen.safetensors"), &bytes).unwrap_err();
+        prop_assert!(matches!(err, FormatError::TrailingBytes { .. }), "{}", err);
     }
 
     #[test]
