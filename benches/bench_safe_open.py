@@ -4,8 +4,8 @@ Two measurements, each over interleaved rounds (safetensors, then Sluice, per ro
 median reported:
 
 - `get_tensor`: every tensor of a file of N small tensors (64x32 F32, 8 KiB) read through one
-  open handle, in key order, and copied into an allocated parameter; microseconds per call. The issue's target is Sluice at most 2x
-  safetensors on the 10,000-tensor file.
+  open handle, in key order, and copied into an allocated parameter; microseconds per call.
+  The issue's target is Sluice at most 2x safetensors on the 10,000-tensor file.
 - `get_slice`: a tensor-parallel split of one 4096x4096 F32 weight (64 MiB) into 4 column
   shards and 4 row shards, each rank's slice read through `get_slice(...)[...]` and copied into
   that rank's allocated parameter; milliseconds for all 4 ranks.
@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import safetensors
+import sluice
 import torch
 from safetensors.torch import save_file
-
-import sluice
 
 
 def per_call_us(opener: Callable[..., Any], path: Path) -> float:
@@ -69,7 +68,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         root = Path(tmp)
-        print(f"safetensors {safetensors.__version__}, sluice {sluice.__version__}, rounds {args.rounds}")
+        versions = f"safetensors {safetensors.__version__}, sluice {sluice.__version__}"
+        print(f"{versions}, rounds {args.rounds}")
         print("| measurement | safetensors | Sluice | Sluice / safetensors |")
         print("|---|---|---|---|")
         for count in (int(c) for c in args.counts.split(",")):

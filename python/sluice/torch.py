@@ -54,13 +54,26 @@ def torch_dtype(name: str, dtype: str) -> torch.dtype:
     return found
 
 
+def torch_shape(name: str, dtype: str, shape: Any, path: Any) -> tuple[int, ...]:
+    """The torch shape of a tensor: F4 packs two values per byte, so its last dimension
+    halves, and an odd one cannot be represented (a TypeError naming file and tensor)."""
+    shape = tuple(shape)
+    if dtype != "F4" or not shape:
+        return shape
+    if shape[-1] % 2:
+        raise TypeError(
+            f"{path}: tensor {name!r} is F4 with an odd last dimension {shape[-1]}; "
+            "torch's float4_e2m1fn_x2 packs two values per byte"
+        )
+    return (*shape[:-1], shape[-1] // 2)
+
+
 def window_tensors(window: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """Yields ``(name, tensor)`` for each tensor of a window, as views where aligned."""
     base = torch.from_numpy(np.asarray(window)) if len(window) else None
     for name, dtype, shape, offset, nbytes in window.tensors:
         tdtype = torch_dtype(name, dtype)
-        if dtype == "F4" and shape:
-            shape = (*shape[:-1], shape[-1] // 2)
+        shape = torch_shape(name, dtype, shape, window.shard)
         if nbytes == 0 or base is None:
             yield name, torch.empty(shape, dtype=tdtype)
             continue
@@ -263,7 +276,8 @@ class safe_open:
     def get_tensor(self, name: str) -> torch.Tensor:
         dtype, shape = self._layout(name)
         tdtype = torch_dtype(name, dtype)
-        tensor = bytes_tensor(self._ckpt.read_tensor(name), tdtype, dtype, shape)
+        shape = torch_shape(name, dtype, shape, self._path)
+        tensor = bytes_tensor(self._ckpt.read_tensor(name), tdtype, shape)
         return tensor if self._device.type == "cpu" else tensor.to(self._device)
 
     def get_slice(self, name: str) -> TensorSlice:
@@ -304,14 +318,13 @@ class TensorSlice:
         if plan is None or self._dtype == "F4":
             # Advanced indexing (tensors, lists, booleans), or packed 4-bit
             # values: read the whole tensor and let torch index it.
-            whole = bytes_tensor(ckpt.read_tensor(self._name), tdtype, self._dtype, self._shape)
+            shape = torch_shape(self._name, self._dtype, self._shape, self._owner._path)
+            whole = bytes_tensor(ckpt.read_tensor(self._name), tdtype, shape)
             out = whole[index]
         else:
             ranges, rest = plan
             block_shape = [hi - lo for lo, hi in ranges]
-            block = bytes_tensor(
-                ckpt.read_block(self._name, ranges), tdtype, self._dtype, block_shape
-            )
+            block = bytes_tensor(ckpt.read_block(self._name, ranges), tdtype, block_shape)
             out = block[rest]
         device = self._owner._device
         return out if device.type == "cpu" else out.to(device)
@@ -391,10 +404,9 @@ def _is_int_like(value: Any) -> bool:
     return isinstance(value, np.integer)
 
 
-def bytes_tensor(buffer: Any, tdtype: torch.dtype, dtype: str, shape: list[int]) -> torch.Tensor:
-    """A tensor of ``shape`` over an owned byte buffer, without a copy."""
-    if dtype == "F4" and shape:
-        shape = [*shape[:-1], shape[-1] // 2]
+def bytes_tensor(buffer: Any, tdtype: torch.dtype, shape: Any) -> torch.Tensor:
+    """A tensor of ``shape`` (torch's, see :func:`torch_shape`) over an owned byte
+    buffer, without a copy."""
     if len(buffer) == 0:
         return torch.empty(shape, dtype=tdtype)
     raw = torch.from_numpy(np.asarray(buffer))

@@ -316,3 +316,25 @@ def test_numpy_without_ml_dtypes_fails_before_reading(
 def test_dir_lists_the_lazy_torch_front_end() -> None:
     names = dir(sluice)
     assert {"load_file", "stream", "safe_open", "inspect", "last_load_stats"} <= set(names)
+
+
+@pytest.mark.parametrize("shape", [[2, 3], [0, 3]])
+def test_an_f4_tensor_with_an_odd_last_dimension_is_a_type_error_naming_it(
+    tmp_path: Path, shape: list[int]
+) -> None:
+    # Valid safetensors (whole bytes overall), but torch's float4_e2m1fn_x2
+    # packs pairs along the last dimension; was a raw RuntimeError, or a
+    # tensor of the wrong shape for [0, 3].
+    from conftest import entry, write_raw
+
+    nbytes = shape[0] * shape[1] // 2
+    path = write_raw(
+        tmp_path / "f4.safetensors", {"q": entry("F4", shape, 0, nbytes)}, b"\0" * nbytes
+    )
+    for read in (
+        lambda: sluice.load_file(path),
+        lambda: sluice.safe_open(path).get_tensor("q"),
+        lambda: sluice.safe_open(path).get_slice("q")[:1],
+    ):
+        with pytest.raises(TypeError, match=r"f4\.safetensors.*'q'.*odd"):
+            read()

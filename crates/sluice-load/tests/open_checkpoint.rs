@@ -291,7 +291,10 @@ fn a_load_reads_the_files_its_headers_came_from() {
 fn a_column_block_of_a_truncated_file_is_a_truncation_not_zeros() {
     // Many runs in one preadv; the file ends part way through them.
     let dir = tempdir();
-    let path = write_file(&dir.path().join("m.safetensors"), &[f32_tensor("w", 600, 64, 4)]);
+    let path = write_file(
+        &dir.path().join("m.safetensors"),
+        &[f32_tensor("w", 600, 64, 4)],
+    );
     let ckpt = OpenCheckpoint::open(&path, ReadOptions::default()).unwrap();
     let len = std::fs::metadata(&path).unwrap().len();
     std::fs::OpenOptions::new()
