@@ -14,11 +14,35 @@ use sluice_warm::fanotify::Level;
 use sluice_warm::idle_gate::{IdleGate, ProcessTreeIo};
 use sluice_warm::kernel::Mechanism;
 use sluice_warm::policy::{AccessEvent, PolicyContext, Prefetch, WarmPolicy};
-use sluice_warm::runtime::{
-    model_files, run, run_with, RunConfig, RuntimeConfig, ServiceExit, StopRequest,
-};
+use sluice_warm::runtime::{self, model_files, RunConfig, RuntimeConfig, ServiceExit, StopRequest};
 use sluice_warm::template::{ServiceId, TemplateStore};
 use sluice_warm::WarmError;
+
+/// A run under a memory limit moves this whole test process into the run's
+/// cgroup (the runtime joins its service's cgroup, and in production it is
+/// one process per run). Services the other tests start meanwhile would land
+/// in that cgroup and be stopped with it, so limited runs take this lock
+/// exclusively and every other run shares it.
+static CGROUP_RUNS: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn run(
+    c: &RunConfig,
+    stop: &StopRequest,
+    on_status: &mut dyn FnMut(&runtime::Status),
+) -> Result<runtime::RunReport, WarmError> {
+    let _shared = CGROUP_RUNS.read().unwrap_or_else(|e| e.into_inner());
+    runtime::run(c, stop, on_status)
+}
+
+fn run_with(
+    c: &RunConfig,
+    policy: Box<dyn WarmPolicy>,
+    stop: &StopRequest,
+    on_status: &mut dyn FnMut(&runtime::Status),
+) -> Result<runtime::RunReport, WarmError> {
+    let _shared = CGROUP_RUNS.read().unwrap_or_else(|e| e.into_inner());
+    runtime::run_with(c, policy, stop, on_status)
+}
 
 /// A model on a disk file system, when running as root (else `None`:
 /// the caller skips, as fanotify needs root).
@@ -464,16 +488,17 @@ fn limited_run(
         eprintln!("skipped: needs root for cgroups");
         return None;
     }
+    let _exclusive = CGROUP_RUNS.write().unwrap_or_else(|e| e.into_inner());
     let outcome = match stop_when {
         Some((ready, signal)) => {
             let stop = StopRequest::new();
-            run(c, &stop, &mut |_| {
+            runtime::run(c, &stop, &mut |_| {
                 if ready.exists() {
                     stop.request(signal, false);
                 }
             })
         }
-        None => run(c, &StopRequest::new(), &mut |_| {}),
+        None => runtime::run(c, &StopRequest::new(), &mut |_| {}),
     };
     match outcome {
         Err(e @ (WarmError::Unsupported { .. } | WarmError::Io { .. })) => {
@@ -568,7 +593,7 @@ fn a_recording_ignores_processes_outside_the_service() {
     let t = store
         .load(c.builtin.service.as_ref().unwrap())
         .unwrap()
-        .expect("a template was written");
+        .unwrap_or_else(|| panic!("no template was written: {rec:?}"));
     let read: Vec<&str> = t
         .workers
         .iter()
