@@ -9,15 +9,20 @@ orders, throttles and drops them as the machine allows.
     from sluice.warm import Policy, Prefetch, Target
 
     class RestOfFile(Policy):
-        # On each read, prefetch the rest of that file, near GPU 0.
+        # On a file's first access, prefetch from there to its end, near GPU 0.
+        # (A mapping loader's first event spans the whole mapped range, a read
+        # loader's the bytes it reads, so start where the access starts.)
 
         def init(self, ctx):
             self.sizes = dict(ctx.files)
+            self.started = set()
             return []
 
         def on_access(self, event):
-            end = self.sizes.get(event.path, 0)
-            start = event.offset + event.len
+            if event.path in self.started:
+                return []
+            self.started.add(event.path)
+            start, end = event.offset, self.sizes.get(event.path, 0)
             if start >= end:
                 return []
             return [Prefetch(event.path, start, end - start, Target.accelerator(0))]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -210,7 +211,7 @@ def test_the_module_docstring_example_is_a_working_policy(tmp_path: Path) -> Non
         sys.path.remove(str(tmp_path))
         sys.modules.pop("mypolicy", None)
     assert reply["ok"] == [
-        {"stream": 0, "path": "/m/a", "offset": 25, "len": 75, "target": {"accelerator": 0}}
+        {"stream": 0, "path": "/m/a", "offset": 20, "len": 80, "target": {"accelerator": 0}}
     ]
 
 
@@ -247,3 +248,40 @@ def test_trigger_writes_one_json_line_to_the_runtimes_pipe(tmp_path, monkeypatch
     assert {s["policy"] for s in warm.status()} == {"", "eager"}
     with pytest.raises(NoRuntimeError, match="2 runtimes are running"):
         warm.trigger("a.bin")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sluice warm run needs root (fanotify)")
+def test_the_readme_policy_prefetches_under_a_stock_safetensors_loader(
+    tmp_path: Path, sluice_bin: Path
+) -> None:
+    # The README's RestOfFile, verbatim. Its first version prefetched 0 bytes:
+    # a mapping loader's event spans the whole file, so "after the access"
+    # was empty. -vv logs each event and the policy's reply.
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = readme.index("# mypolicy.py")
+    (tmp_path / "mypolicy.py").write_text(readme[start : readme.index("```", start)])
+    model = tmp_path / "model"
+    model.mkdir()
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({f"t{i}": torch.zeros(256, 1024) for i in range(16)}, str(model / "m.safetensors"))
+    os.posix_fadvise(os.open(model / "m.safetensors", os.O_RDONLY), 0, 0, os.POSIX_FADV_DONTNEED)
+    loader = "from safetensors.torch import load_file; import sys; load_file(sys.argv[1])"
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
+    env["SLUICE_PYTHON"] = sys.executable
+    done = subprocess.run(
+        [sluice_bin, "-vv", "warm", "run", "--json", "--policy", "mypolicy:RestOfFile"]
+        + ["--model", str(model), "--", sys.executable, "-c", loader, str(model / "m.safetensors")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    if report.get("events", 0) == 0:
+        pytest.skip(f"no access events on this file system: {report}")
+    assert report["prefetched_bytes"] > 0, report
+    assert "access answered" in done.stderr

@@ -207,7 +207,9 @@ impl Guarded {
     }
 
     pub fn init(&mut self, ctx: &PolicyContext) -> Vec<Prefetch> {
-        self.call("init", |p| p.init(ctx)).unwrap_or_default()
+        let plan = self.call("init", |p| p.init(ctx)).unwrap_or_default();
+        tracing::debug!(policy = self.inner.name(), reply = ?plan, "init answered");
+        plan
     }
 
     pub fn wait_for_init(&self) -> bool {
@@ -218,13 +220,21 @@ impl Guarded {
         self.inner.needs_read_ranges()
     }
 
+    /// The policy's answer to `event`; at debug level (`-vv`) both are logged.
     pub fn on_access(&mut self, event: &AccessEvent) -> Vec<Prefetch> {
-        self.call("on_access", |p| p.on_access(event))
-            .unwrap_or_default()
+        let plan = self
+            .call("on_access", |p| p.on_access(event))
+            .unwrap_or_default();
+        tracing::debug!(policy = self.inner.name(), ?event, reply = ?plan, "access answered");
+        plan
     }
 
     pub fn evict(&mut self, event: Option<&AccessEvent>) -> Vec<FileRange> {
-        self.call("evict", |p| p.evict(event)).unwrap_or_default()
+        let ranges = self.call("evict", |p| p.evict(event)).unwrap_or_default();
+        if event.is_some() || !ranges.is_empty() {
+            tracing::debug!(policy = self.inner.name(), ?event, reply = ?ranges, "evict answered");
+        }
+        ranges
     }
 
     pub fn exit(&mut self) {
