@@ -270,9 +270,10 @@ def test_the_readme_policy_prefetches_under_a_stock_safetensors_loader(
     loader = "from safetensors.torch import load_file; import sys; load_file(sys.argv[1])"
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
     env["SLUICE_PYTHON"] = sys.executable
+    warm = [sluice_bin, "-vv", "warm", "run", "--json", "--policy", "mypolicy:RestOfFile"]
+    service = [sys.executable, "-c", loader, str(model / "m.safetensors")]
     done = subprocess.run(
-        [sluice_bin, "-vv", "warm", "run", "--json", "--policy", "mypolicy:RestOfFile"]
-        + ["--model", str(model), "--", sys.executable, "-c", loader, str(model / "m.safetensors")],
+        [*warm, "--model", str(model), "--", *service],
         capture_output=True,
         text=True,
         timeout=120,
