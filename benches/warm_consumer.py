@@ -5,7 +5,9 @@ It behaves like an inference framework starting up:
 1. opens the checkpoint index and each shard's header (what frameworks do first to plan the
    model; the first read of a model file is also what wakes up a reactive policy);
 2. initializes: ``--init-seconds`` of pure CPU work (container and framework start-up, CUDA
-   context, graph capture), touching no model data;
+   context, graph capture), touching no model data; ``--startup`` orders the two (``cpu``, the
+   default: start-up first, so the first model access comes after it; ``headers-first``), or
+   makes start-up read a cold non-model file first (``reads``: libraries, an image);
 3. loads every tensor in file order with the stock loader and post-processes it on the CPU
    (a bfloat16 to float32 cast of every ``--cast-every``-th element: 16 by default, because on
    a serving machine the full cast runs on the accelerator and a full CPU cast would make this
@@ -38,6 +40,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--init-seconds", type=float, default=3.0)
     p.add_argument("--backend", choices=("mmap", "pread"), default="mmap")
     p.add_argument("--init-only", action="store_true", help="stop after initializing")
+    p.add_argument(
+        "--startup",
+        choices=("cpu", "headers-first", "reads"),
+        default="cpu",
+        help="cpu: CPU work, then the index and headers (the first model access comes after "
+        "start-up); headers-first: index and headers, then CPU work; reads: start-up reads "
+        "--startup-file (libraries, a container image) cold, then CPU work, then the headers",
+    )
+    p.add_argument("--startup-file", help="the non-model file a 'reads' start-up reads")
     p.add_argument(
         "--cast-every",
         type=int,
@@ -127,11 +138,23 @@ def main() -> None:
     if args.backend == "mmap":
         import torch  # noqa: F401  (framework start-up: counted in the initialization)
     model = Path(args.model)
-    index = json.loads((model / "model.safetensors.index.json").read_text())
-    shards = [model / s for s in sorted(set(index["weight_map"].values()))]
-    for s in shards:
-        header(s)
+
+    def open_model() -> list[Path]:
+        index = json.loads((model / "model.safetensors.index.json").read_text())
+        shards = [model / s for s in sorted(set(index["weight_map"].values()))]
+        for s in shards:
+            header(s)
+        return shards
+
+    if args.startup == "headers-first":
+        shards = open_model()
+    if args.startup == "reads":
+        with open(args.startup_file, "rb", buffering=0) as f:
+            while f.read(4 << 20):
+                pass
     busy(args.init_seconds - (time.perf_counter() - t0))
+    if args.startup != "headers-first":
+        shards = open_model()
     baseline = cgroup_usage()
     t1 = time.perf_counter()
     if args.init_only:

@@ -125,11 +125,14 @@ pub struct WarmCommonArgs {
     #[arg(long, default_value = sluice_warm::config::DEFAULT_BAR_DISTANCE)]
     pub bar_distance: String,
     /// Template: replay from the start of each worker's sequence as soon as the service is
-    /// launched, instead of at its first model access (MAIO), in the gaps of the service's own
-    /// start-up reads (--launch-quiet-ms). For services that compute long before they touch
-    /// the model.
-    #[arg(long)]
+    /// launched (MAIO: a template is known at launch, so the model's I/O overlaps the
+    /// service's start-up), in the gaps of the service's own start-up reads
+    /// (--launch-quiet-ms). The default; kept as a flag for scripts that pass it.
+    #[arg(long, conflicts_with = "start_at_first_access")]
     pub start_at_launch: bool,
+    /// Template: replay only from the service's first model access instead of from launch.
+    #[arg(long)]
+    pub start_at_first_access: bool,
     /// Until the service first touches the model, prefetch (a replay from launch, a Python
     /// policy's init) runs only once the service's own storage reads (libraries, start-up) have
     /// stood still this long, in ms; 0: regardless.

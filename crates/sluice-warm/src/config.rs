@@ -221,7 +221,8 @@ pub struct WarmOptions {
     pub watermark: f64,
     /// A size, or `auto` (see [`DEFAULT_BAR_DISTANCE`]).
     pub bar_distance: String,
-    /// Template: replay from launch rather than from the first access.
+    /// Template: replay from launch (the default) rather than from the
+    /// service's first model access.
     pub start_at_launch: bool,
     /// See [`DEFAULT_LAUNCH_QUIET_MS`]; 0 lets launch prefetch run at once.
     pub launch_quiet_ms: u64,
@@ -258,7 +259,7 @@ impl WarmOptions {
             memory_limit: None,
             watermark: DEFAULT_WATERMARK,
             bar_distance: DEFAULT_BAR_DISTANCE.into(),
-            start_at_launch: false,
+            start_at_launch: true,
             launch_quiet_ms: DEFAULT_LAUNCH_QUIET_MS,
             prefetch: true,
             affinity: true,
@@ -458,6 +459,19 @@ mod tests {
         assert_eq!(
             (c.policy.as_str(), c.builtin.record, c.memory_limit),
             ("template", true, None)
+        );
+        // Replay starts at launch unless asked otherwise (issue 12, item 10);
+        // a daemon has no launch.
+        let c = options(RunMode::Run).into_run_config(&env(), 1).unwrap();
+        assert!(c.builtin.start_at_launch);
+        let mut first = options(RunMode::Run);
+        first.start_at_launch = false;
+        assert!(
+            !first
+                .into_run_config(&env(), 1)
+                .unwrap()
+                .builtin
+                .start_at_launch
         );
         let mut daemon = options(RunMode::Daemon);
         daemon.start_at_launch = true;

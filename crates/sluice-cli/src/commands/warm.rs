@@ -132,7 +132,7 @@ fn options(mode: RunMode, model_dir: PathBuf, common: &WarmCommonArgs) -> WarmOp
         template_dir: common.template_dir.clone(),
         watermark: common.watermark,
         bar_distance: common.bar_distance.clone(),
-        start_at_launch: common.start_at_launch,
+        start_at_launch: !common.start_at_first_access,
         launch_quiet_ms: common.launch_quiet_ms,
         prefetch: !common.no_prefetch,
         affinity: !common.no_affinity,
