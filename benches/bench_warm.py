@@ -574,9 +574,8 @@ def write_report(args, model, size, limits, runs, over, pngs, out: Path, memory_
             # A start-up that reads must not pay for replay from launch.
             te = med("enough-reads", be, "template", "end_to_end_s")
             ne = med("enough-reads", be, "native", "end_to_end_s")
-            target(
-                f"enough-reads, {be}: template end-to-end < native", te < ne, f"{te:.2f} vs {ne:.2f} s"
-            )
+            name = f"enough-reads, {be}: template end-to-end < native"
+            target(name, te < ne, f"{te:.2f} vs {ne:.2f} s")
     if over:
         base = over["no runtime"]
         lines += ["#### Runtime overhead (warm 4 GiB file, GB/s, median of 5)", "",
