@@ -142,6 +142,12 @@ def read_runai(ctx: ReadContext) -> None:
             ctx.consumer.take(name, tensor)
 
 
+def read_sluice_auto(ctx: ReadContext) -> None:
+    import sluice
+
+    ctx.consumer.take_all(sluice.load_file(ctx.index, **ctx.sluice_opts))
+
+
 def read_sluice_buffered(ctx: ReadContext) -> None:
     import sluice
 
@@ -188,6 +194,7 @@ READERS: dict[str, Reader] = {
         "fastsafetensors (nogds, cpu)", read_fastsafetensors, ("fastsafetensors",)
     ),
     "runai": Reader("Run:ai model streamer", read_runai, ("runai_model_streamer",)),
+    "sluice-auto": Reader("Sluice load_file (default flags)", read_sluice_auto, ("sluice",)),
     "sluice-buffered": Reader("Sluice load_file (buffered)", read_sluice_buffered, ("sluice",)),
     "sluice-direct": Reader("Sluice load_file (direct)", read_sluice_direct, ("sluice",)),
     "sluice-stream": Reader("Sluice stream (512 MiB)", read_sluice_stream, ("sluice",)),
