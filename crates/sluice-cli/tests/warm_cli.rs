@@ -384,7 +384,21 @@ fn a_service_killed_by_a_signal_exits_128_plus_it_and_the_report_names_it() {
 /// are set, with stdout piped: the test reads up to that line (an early
 /// failure closes stdout, so the read cannot hang).
 fn start_service(m: &Path, templates: &Path, grace: &str, script: &str) -> std::process::Child {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+    use std::os::unix::process::CommandExt;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    // The stop signals at their defaults, whatever this test inherited: under
+    // nohup SIGHUP is ignored, and a background job of a non-interactive
+    // shell ignores SIGINT, and `warm run` rightly keeps inherited ignores.
+    // SAFETY: signal(2) is async-signal-safe, as pre_exec requires.
+    unsafe {
+        command.pre_exec(|| {
+            for sig in [libc::SIGHUP, libc::SIGINT, libc::SIGTERM] {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
+    let mut child = command
         .args(["warm", "run", "--policy", "eager", "--events", "explicit"])
         .args(["--grace-period", grace, "--json", "--model"])
         .arg(m)
