@@ -117,9 +117,9 @@ fn read_directory(dir: &Path, options: ReadOptions) -> Result<CheckpointFiles, L
     })
 }
 
-/// `(prefix, number, total)` of a Hugging Face shard name such as
-/// `model-00002-of-00004.safetensors`.
-fn series_position(path: &Path) -> Option<(String, u64, u64)> {
+/// `(prefix, number, total, digits of total)` of a Hugging Face shard name
+/// such as `model-00002-of-00004.safetensors`.
+fn series_position(path: &Path) -> Option<(String, u64, u64, usize)> {
     let stem = path.file_stem()?.to_str()?;
     let (head, total) = stem.rsplit_once("-of-")?;
     let (prefix, number) = head.rsplit_once('-')?;
@@ -131,6 +131,7 @@ fn series_position(path: &Path) -> Option<(String, u64, u64)> {
         prefix.to_string(),
         number.parse().ok()?,
         total.parse().ok()?,
+        total.len(),
     ))
 }
 
@@ -139,12 +140,7 @@ fn series_position(path: &Path) -> Option<(String, u64, u64)> {
 fn missing_in_series(dir: &Path, files: &[PathBuf]) -> Vec<PathBuf> {
     let mut series: BTreeMap<(String, u64), (BTreeSet<u64>, usize)> = BTreeMap::new();
     for file in files {
-        if let Some((prefix, number, total)) = series_position(file) {
-            let width = file
-                .file_stem()
-                .and_then(|s| s.to_str())
-                .and_then(|s| s.rsplit_once("-of-"))
-                .map_or(5, |(_, t)| t.len());
+        if let Some((prefix, number, total, width)) = series_position(file) {
             let entry = series.entry((prefix, total)).or_default();
             entry.0.insert(number);
             entry.1 = width;
