@@ -266,7 +266,10 @@ def test_the_readme_policy_prefetches_under_a_stock_safetensors_loader(
     from safetensors.torch import save_file
 
     save_file({f"t{i}": torch.zeros(256, 1024) for i in range(16)}, str(model / "m.safetensors"))
-    os.posix_fadvise(os.open(model / "m.safetensors", os.O_RDONLY), 0, 0, os.POSIX_FADV_DONTNEED)
+    from conftest import evict_from_page_cache
+
+    # Written back first: a dirty page cannot be dropped, and cached pages are not prefetched.
+    evict_from_page_cache(model / "m.safetensors")
     loader = "from safetensors.torch import load_file; import sys; load_file(sys.argv[1])"
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
     env["SLUICE_PYTHON"] = sys.executable
