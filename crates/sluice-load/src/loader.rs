@@ -105,23 +105,6 @@ impl Loader {
         })
     }
 
-    /// A loader over an already validated checkpoint: the headers are not
-    /// read again, so a file that changes afterwards fails its reads (as a
-    /// truncation) instead of being re-parsed.
-    pub fn from_checkpoint(
-        checkpoint: Checkpoint,
-        config: LoadConfig,
-    ) -> Result<Loader, LoadError> {
-        config.validate().map_err(LoadError::Config)?;
-        Ok(Loader {
-            checkpoint,
-            files: Vec::new(),
-            missing: Vec::new(),
-            config,
-            engine: None,
-        })
-    }
-
     /// A loader over a validated checkpoint and the descriptors, one per
     /// shard, its headers were read from.
     pub(crate) fn from_open_files(
