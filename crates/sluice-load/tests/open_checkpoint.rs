@@ -17,6 +17,17 @@ fn f32_tensor(name: &str, rows: u64, cols: u64, seed: u64) -> TestTensor {
     }
 }
 
+/// Cuts `by` bytes off the end of `path`, in place (the inode stays).
+fn shorten(path: &std::path::Path, by: u64) {
+    let len = std::fs::metadata(path).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(len - by)
+        .unwrap();
+}
+
 #[test]
 fn reads_each_tensor_bit_identical() {
     let dir = tempdir();
@@ -62,13 +73,7 @@ fn a_file_truncated_in_place_is_a_truncation_naming_it() {
         &[f32_tensor("a", 16, 16, 1), f32_tensor("b", 16, 16, 2)],
     );
     let ckpt = OpenCheckpoint::open(&path, ReadOptions::default()).unwrap();
-    let len = std::fs::metadata(&path).unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .unwrap()
-        .set_len(len - 100)
-        .unwrap();
+    shorten(&path, 100);
     let err = ckpt.read_tensor("b").unwrap_err();
     assert!(matches!(err, LoadError::Truncated { .. }), "{err:?}");
     assert!(err.to_string().contains("m.safetensors"), "{err}");
@@ -296,13 +301,7 @@ fn a_column_block_of_a_truncated_file_is_a_truncation_not_zeros() {
         &[f32_tensor("w", 600, 64, 4)],
     );
     let ckpt = OpenCheckpoint::open(&path, ReadOptions::default()).unwrap();
-    let len = std::fs::metadata(&path).unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .unwrap()
-        .set_len(len - 64 * 4 * 100)
-        .unwrap();
+    shorten(&path, 64 * 4 * 100);
     let err = ckpt.read_block("w", &[(0, 600), (8, 16)]).unwrap_err();
     assert!(matches!(err, LoadError::Truncated { .. }), "{err:?}");
     let head = ckpt.read_block("w", &[(0, 500), (8, 16)]).unwrap();

@@ -454,18 +454,18 @@ pub fn write_csv_to<W: Write + ?Sized>(trace: &Trace, out: &mut W) -> std::io::R
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn cfg(spec: &str) -> CsvConfig {
+    pub(super) fn cfg(spec: &str) -> CsvConfig {
         CsvConfig::parse(spec).unwrap()
     }
 
-    fn ids(trace: &Trace) -> Vec<u64> {
+    pub(super) fn ids(trace: &Trace) -> Vec<u64> {
         trace.records.iter().map(|r| r.id).collect()
     }
 
-    fn err(text: &str, spec: &str) -> String {
+    pub(super) fn err(text: &str, spec: &str) -> String {
         parse(text.as_bytes(), "trace.csv", &cfg(spec))
             .unwrap_err()
             .to_string()

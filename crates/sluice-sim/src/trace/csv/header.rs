@@ -168,23 +168,9 @@ impl std::fmt::Display for HeaderProblem {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::{cfg, err, ids};
     use super::super::{fnv1a64, parse};
     use super::*;
-    use crate::trace::Trace;
-
-    fn cfg(spec: &str) -> CsvConfig {
-        CsvConfig::parse(spec).unwrap()
-    }
-
-    fn ids(trace: &Trace) -> Vec<u64> {
-        trace.records.iter().map(|r| r.id).collect()
-    }
-
-    fn err(text: &str, spec: &str) -> String {
-        parse(text.as_bytes(), "trace.csv", &cfg(spec))
-            .unwrap_err()
-            .to_string()
-    }
 
     #[test]
     fn a_headerless_csv_keeps_its_first_row_under_the_default_layout() {
