@@ -31,6 +31,7 @@ mod json_tree;
 mod tensor_entry;
 mod tensor_info;
 
+pub mod kv;
 pub mod template;
 
 pub use byte_size::parse_bytes;

@@ -1,0 +1,200 @@
+//! `KvConfig`: what a store is opened with, every default with its reason.
+
+use serde::{Deserialize, Serialize};
+use sluice_formats::kv::{slot_bytes, MAX_KEY_BYTES};
+use sluice_policy::PolicyConfig;
+
+use crate::error::KvError;
+use crate::namespace::Namespace;
+
+const MIB: u64 = 1 << 20;
+
+/// When an acknowledged put survives power loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// A put batch is acknowledged after its bytes are written and `fdatasync`ed: one sync
+    /// per segment the batch touched, so the cost is shared by the whole batch.
+    Batch,
+    /// Acknowledged once written (O_DIRECT reaches the device, buffered I/O the page
+    /// cache): survives the process being killed, not power loss. `sync()` makes every
+    /// acknowledged put durable.
+    None,
+}
+
+/// Whether a put goes to SSD at once or only when DRAM evicts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WriteMode {
+    /// Every admitted put is written to the SSD tier as well as DRAM: survives restarts.
+    WriteThrough,
+    /// Puts land in DRAM; a block is written to SSD when DRAM evicts it. Fewer SSD writes
+    /// for short-lived prefixes, but blocks only in DRAM are lost with the process.
+    WriteBack,
+}
+
+/// How a store opens its segment files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DirectIo {
+    /// O_DIRECT where the file system takes it, else buffered with a log line.
+    Auto,
+    /// O_DIRECT or fail.
+    On,
+    /// Buffered I/O through the page cache.
+    Off,
+}
+
+/// The configuration of one open store.
+#[derive(Debug, Clone)]
+pub struct KvConfig {
+    /// Bytes of every block (the engine's KV block or chunk size). Fixed per store: it sets
+    /// the slot size of every segment.
+    pub block_bytes: u64,
+    /// Byte budget of the DRAM tier (0: no DRAM tier). Rounded down to whole blocks; the
+    /// arena is allocated once at open and never grows.
+    pub dram_bytes: u64,
+    /// Byte budget of the SSD tier on disk, segment files included (0: no SSD tier).
+    pub ssd_bytes: u64,
+    /// Bytes per segment file. 256 MiB: large enough that a segment holds many blocks and
+    /// appends stay sequential, small enough that dropping or compacting one frees space in
+    /// useful steps. Lowered to an eighth of `ssd_bytes` for small budgets.
+    pub segment_bytes: u64,
+    /// Eviction and admission of the DRAM tier, by `sluice sim` name (`lru`, `arc`,
+    /// `s3fifo`, `tinylfu(window=0.01)`, ...).
+    pub dram_policy: PolicyConfig,
+    /// Eviction and admission of the SSD tier.
+    pub ssd_policy: PolicyConfig,
+    pub write_mode: WriteMode,
+    pub durability: Durability,
+    pub direct: DirectIo,
+    /// Threads running block reads and writes. 8: a queue depth that keeps an NVMe or
+    /// virtio disk busy with MiB-sized blocks, while the copies into and out of DRAM slots
+    /// are spread over cores.
+    pub io_threads: usize,
+    /// How long blocks found by `lookup` stay leased (not reused) while their get is
+    /// pending. 10 s, like Mooncake's read leases: longer than any sane load, short enough
+    /// that a client that never loads does not pin memory for long.
+    pub lease_timeout_ms: u64,
+    /// When set, every key must be exactly this long (an engine's hash size). Keys are
+    /// always 1 to 4000 bytes.
+    pub key_bytes: Option<usize>,
+    /// Which model, dtype and layout the blocks belong to.
+    pub namespace: Namespace,
+    /// Reclamation starts when segment files use this fraction of `ssd_bytes`, so puts
+    /// find free space without waiting. 0.9 leaves room for a segment being filled.
+    pub high_watermark: f64,
+    /// Reclamation stops at this fraction. 0.8: a gap of a tenth of the budget keeps the
+    /// reclaimer from running after every put.
+    pub low_watermark: f64,
+}
+
+impl KvConfig {
+    /// A configuration with the defaults above and no tiers sized.
+    pub fn new(block_bytes: u64, namespace: Namespace) -> KvConfig {
+        KvConfig {
+            block_bytes,
+            dram_bytes: 0,
+            ssd_bytes: 0,
+            segment_bytes: 256 * MIB,
+            dram_policy: PolicyConfig::parse("lru").expect("lru is a built-in policy"),
+            ssd_policy: PolicyConfig::parse("lru").expect("lru is a built-in policy"),
+            write_mode: WriteMode::WriteThrough,
+            durability: Durability::Batch,
+            direct: DirectIo::Auto,
+            io_threads: 8,
+            lease_timeout_ms: 10_000,
+            key_bytes: None,
+            namespace,
+            high_watermark: 0.9,
+            low_watermark: 0.8,
+        }
+    }
+
+    /// Checks every field; the store calls it before touching the directory.
+    pub fn validate(&self) -> Result<(), KvError> {
+        if self.block_bytes == 0 || self.block_bytes > 1 << 32 {
+            return Err(KvError::config(
+                "block_bytes",
+                self.block_bytes,
+                "must be 1 byte to 4 GiB",
+            ));
+        }
+        let slot = self.slot_bytes();
+        if self.dram_bytes == 0 && self.ssd_bytes == 0 {
+            return Err(KvError::config(
+                "dram_bytes/ssd_bytes",
+                0,
+                "at least one tier needs a budget",
+            ));
+        }
+        if self.dram_bytes != 0 && self.dram_bytes < self.block_bytes {
+            return Err(KvError::config(
+                "dram_bytes",
+                self.dram_bytes,
+                format!(
+                    "must hold at least one block ({} bytes) or be 0",
+                    self.block_bytes
+                ),
+            ));
+        }
+        if self.ssd_bytes != 0 && self.ssd_bytes < 8 * slot {
+            return Err(KvError::config(
+                "ssd_bytes",
+                self.ssd_bytes,
+                format!("must hold at least 8 slots of {slot} bytes, or be 0"),
+            ));
+        }
+        if self.io_threads == 0 || self.io_threads > 256 {
+            return Err(KvError::config(
+                "io_threads",
+                self.io_threads,
+                "must be 1 to 256",
+            ));
+        }
+        if let Some(k) = self.key_bytes {
+            if k == 0 || k > MAX_KEY_BYTES {
+                return Err(KvError::config(
+                    "key_bytes",
+                    k,
+                    format!("must be 1 to {MAX_KEY_BYTES}"),
+                ));
+            }
+        }
+        let (lo, hi) = (self.low_watermark, self.high_watermark);
+        if !(0.1..=1.0).contains(&hi) || !(0.0..hi).contains(&lo) {
+            return Err(KvError::config(
+                "low_watermark/high_watermark",
+                format!("{lo}/{hi}"),
+                "need 0 <= low < high <= 1 and high >= 0.1",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Bytes of one segment slot (record header plus padded block).
+    pub fn slot_bytes(&self) -> u64 {
+        slot_bytes(self.block_bytes).unwrap_or(u64::MAX)
+    }
+
+    /// Bytes the SSD policy may keep resident: the budget less two segments (one being
+    /// appended to, one spare that only compaction writes into, so reclaiming always has
+    /// room), and low enough that live data fits under the low watermark with a segment to
+    /// spare. Rounded down to whole slots; 0 when the budget is too small.
+    pub fn ssd_policy_capacity(&self) -> u64 {
+        let slot = self.slot_bytes();
+        let seg = self.slots_per_segment() * slot;
+        let by_spare = self.ssd_bytes.saturating_sub(2 * seg);
+        let by_watermark =
+            ((self.ssd_bytes as f64 * self.low_watermark) as u64).saturating_sub(seg);
+        by_spare.min(by_watermark) / slot * slot
+    }
+
+    /// Slots per segment file (slot 0 is the segment header): `segment_bytes`, lowered to
+    /// an eighth of the budget, in whole slots, at least 2 blocks.
+    pub fn slots_per_segment(&self) -> u64 {
+        let slot = self.slot_bytes();
+        let cap = self.segment_bytes.min(self.ssd_bytes / 8).max(slot * 3);
+        (cap / slot).max(3)
+    }
+}

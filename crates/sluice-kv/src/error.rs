@@ -1,0 +1,78 @@
+//! The KV plane's error type.
+//!
+//! Only failures the caller must act on are errors: bad configuration, bad arguments, a
+//! store directory that is not ours or is held by another process, and I/O on the store's
+//! own metadata. A block that cannot be read, or reads back corrupt, is not an error: it is
+//! a miss, counted in the stats (an engine recomputes a missing prefix; it must never get
+//! wrong bytes, and never a failure it has to special-case).
+
+use std::path::PathBuf;
+
+use sluice_formats::kv::KvFormatError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KvError {
+    /// A configuration value out of range: `field` names it, `value` is what was given.
+    #[error("kv config: {field} = {value}: {expected}")]
+    Config {
+        field: &'static str,
+        value: String,
+        expected: String,
+    },
+    /// An argument of a call: a key or buffer of the wrong size, mismatched batch lengths.
+    #[error("{what}: {detail}")]
+    InvalidArgument { what: String, detail: String },
+    /// The directory holds something that is not a sluice kv store of this version, or one
+    /// created with other settings that cannot change (`block_bytes`).
+    #[error("{path}: {detail}")]
+    Incompatible { path: PathBuf, detail: String },
+    /// Another process has the store open (one owner per store directory).
+    #[error("{path}: the store is open in another process{holder}")]
+    Locked { path: PathBuf, holder: String },
+    /// I/O on the store's directory, manifest or lock file failed.
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A segment file that cannot be decoded at all (its header is damaged).
+    #[error("{path}: {source}")]
+    Format {
+        path: PathBuf,
+        #[source]
+        source: KvFormatError,
+    },
+    /// The store was closed.
+    #[error("the kv store is closed")]
+    Closed,
+    /// A job id this store never issued, or one already collected.
+    #[error("unknown job {0}")]
+    UnknownJob(u64),
+}
+
+impl KvError {
+    pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> KvError {
+        let path = path.into();
+        move |source| KvError::Io { path, source }
+    }
+
+    pub(crate) fn arg(what: impl Into<String>, detail: impl Into<String>) -> KvError {
+        KvError::InvalidArgument {
+            what: what.into(),
+            detail: detail.into(),
+        }
+    }
+
+    pub(crate) fn config(
+        field: &'static str,
+        value: impl ToString,
+        expected: impl Into<String>,
+    ) -> KvError {
+        KvError::Config {
+            field,
+            value: value.to_string(),
+            expected: expected.into(),
+        }
+    }
+}

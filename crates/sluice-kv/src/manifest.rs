@@ -1,0 +1,179 @@
+//! The store directory: its manifest and its owner lock.
+//!
+//! ```text
+//! <root>/sluice-kv.json   {"format": "sluice-kv", "version": 1, "store_id": ..., "block_bytes": ...}
+//! <root>/lock             flock()ed by the process that has the store open; holds its pid
+//! <root>/segments/        seg-<id>.skv segment files and their .sealed markers
+//! ```
+//!
+//! One process owns a store at a time (docs/design/kv.md says why): the lock is an
+//! exclusive `flock`, which the kernel releases when the owner dies however it dies, so a
+//! killed engine never leaves the store locked. A directory that is not empty and has no
+//! manifest is refused rather than written into, so a typo in a path cannot mix KV
+//! segments into someone's data.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, Write};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sluice_formats::kv::KV_FORMAT_VERSION;
+
+use crate::error::KvError;
+
+pub const MANIFEST_NAME: &str = "sluice-kv.json";
+const FORMAT_NAME: &str = "sluice-kv";
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Manifest {
+    pub format: String,
+    pub version: u32,
+    /// 32 hex digits; every segment header repeats it.
+    pub store_id: String,
+    pub block_bytes: u64,
+}
+
+impl Manifest {
+    pub fn store_id_bytes(&self) -> Option<[u8; 16]> {
+        let s = self.store_id.as_bytes();
+        if s.len() != 32 {
+            return None;
+        }
+        let mut out = [0u8; 16];
+        for (i, pair) in s.chunks(2).enumerate() {
+            let hex = std::str::from_utf8(pair).ok()?;
+            out[i] = u8::from_str_radix(hex, 16).ok()?;
+        }
+        Some(out)
+    }
+}
+
+/// Reads the manifest of `root`, or creates the store there when the directory is absent
+/// or empty. A manifest with another block size is [`KvError::Incompatible`].
+pub fn open_or_create(root: &Path, block_bytes: u64) -> Result<Manifest, KvError> {
+    let path = root.join(MANIFEST_NAME);
+    if path.exists() {
+        let m = read(root)?;
+        if m.block_bytes != block_bytes {
+            return Err(KvError::Incompatible {
+                path,
+                detail: format!(
+                    "the store holds {}-byte blocks; opened with block_bytes={block_bytes}",
+                    m.block_bytes
+                ),
+            });
+        }
+        return Ok(m);
+    }
+    std::fs::create_dir_all(root).map_err(KvError::io(root))?;
+    let mut entries = std::fs::read_dir(root).map_err(KvError::io(root))?;
+    if entries.next().is_some() {
+        return Err(KvError::Incompatible {
+            path: root.to_path_buf(),
+            detail: format!("not empty and has no {MANIFEST_NAME}: not a sluice kv store"),
+        });
+    }
+    let m = Manifest {
+        format: FORMAT_NAME.into(),
+        version: KV_FORMAT_VERSION,
+        store_id: new_store_id(root),
+        block_bytes,
+    };
+    let json = serde_json::to_vec_pretty(&m).expect("a manifest always serialises");
+    sluice_engine::atomic_write(&path, &json).map_err(|e| KvError::Io {
+        path: path.clone(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    Ok(m)
+}
+
+/// Reads and checks the manifest of an existing store.
+pub fn read(root: &Path) -> Result<Manifest, KvError> {
+    let path = root.join(MANIFEST_NAME);
+    let bytes = std::fs::read(&path).map_err(KvError::io(&path))?;
+    let m: Manifest = serde_json::from_slice(&bytes).map_err(|e| KvError::Incompatible {
+        path: path.clone(),
+        detail: format!("manifest is not valid: {e}"),
+    })?;
+    if m.format != FORMAT_NAME {
+        return Err(KvError::Incompatible {
+            path,
+            detail: format!("format is {:?}, not {FORMAT_NAME:?}", m.format),
+        });
+    }
+    if m.version != KV_FORMAT_VERSION {
+        return Err(KvError::Incompatible {
+            path,
+            detail: format!(
+                "format version {}, this build reads version {KV_FORMAT_VERSION}",
+                m.version
+            ),
+        });
+    }
+    if m.store_id_bytes().is_none() || m.block_bytes == 0 {
+        return Err(KvError::Incompatible {
+            path,
+            detail: "store_id must be 32 hex digits and block_bytes positive".into(),
+        });
+    }
+    Ok(m)
+}
+
+fn new_store_id(root: &Path) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(root.as_os_str().as_encoded_bytes());
+    h.update(&std::process::id().to_le_bytes());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    h.update(&now.to_le_bytes());
+    let mut random = [0u8; 16];
+    if let Ok(mut f) = File::open("/dev/urandom") {
+        let _ = f.read_exact(&mut random);
+    }
+    h.update(&random);
+    h.finalize().to_hex()[..32].to_string()
+}
+
+/// The owner lock, held while the store is open.
+pub struct StoreLock {
+    _file: File,
+    pub path: PathBuf,
+}
+
+/// Takes the store's exclusive lock without waiting; [`KvError::Locked`] names the holder.
+pub fn lock(root: &Path) -> Result<StoreLock, KvError> {
+    let path = root.join("lock");
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(KvError::io(&path))?;
+    // SAFETY: flock on a descriptor we own; LOCK_NB never blocks.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = holder.trim();
+            return Err(KvError::Locked {
+                path: root.to_path_buf(),
+                holder: if holder.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (pid {holder})")
+                },
+            });
+        }
+        return Err(KvError::Io { path, source: err });
+    }
+    let _ = file.set_len(0);
+    let _ = file.rewind();
+    let _ = write!(file, "{}", std::process::id());
+    Ok(StoreLock { _file: file, path })
+}

@@ -1,0 +1,134 @@
+//! Namespaces and block fingerprints.
+//!
+//! An engine's block key is a prefix-chained hash over token ids. It says nothing about the
+//! model, dtype or tensor-parallel layout that produced the KV, so the same key from two
+//! deployments names different bytes. A [`Namespace`] carries those facts; its digest is
+//! stored in every record and mixed into every fingerprint, so two namespaces never see
+//! each other's blocks, even in one store directory.
+//!
+//! The in-memory index is keyed by a 64-bit [`Fingerprint`] of (namespace, key), which
+//! keeps an index entry small. Two keys can share a fingerprint (about one pair in 2^64);
+//! the record on disk holds the full key and namespace and a read compares both, so a
+//! collision costs a miss, never another block's bytes.
+
+use serde::{Deserialize, Serialize};
+
+/// What KV bytes depend on besides the token prefix.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct Namespace {
+    /// Model name or path, with anything that changes its weights (a fine-tune id).
+    pub model: String,
+    /// KV dtype (`bfloat16`, `fp8_e4m3`).
+    pub dtype: String,
+    pub tp_rank: u32,
+    pub tp_size: u32,
+    pub pp_stage: u32,
+    /// Layout of a block's bytes (the engine's KV format name and version).
+    pub kv_format: String,
+    /// Anything else that must separate blocks: bump it to invalidate a store's contents.
+    pub salt: String,
+}
+
+impl Namespace {
+    /// The 16-byte digest stored in every record of this namespace.
+    pub fn id(&self) -> [u8; 16] {
+        let mut h = blake3::Hasher::new();
+        h.update(b"sluice-kv namespace v1\0");
+        for part in [&self.model, &self.dtype, &self.kv_format, &self.salt] {
+            h.update(&(part.len() as u64).to_le_bytes());
+            h.update(part.as_bytes());
+        }
+        for n in [self.tp_rank, self.tp_size, self.pp_stage] {
+            h.update(&n.to_le_bytes());
+        }
+        let mut id = [0u8; 16];
+        id.copy_from_slice(&h.finalize().as_bytes()[..16]);
+        id
+    }
+}
+
+/// The index key of a block: 64 bits of BLAKE3 over (namespace id, key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Fingerprint(pub u64);
+
+impl Fingerprint {
+    pub fn of(namespace_id: &[u8; 16], key: &[u8]) -> Fingerprint {
+        let mut h = blake3::Hasher::new();
+        h.update(namespace_id);
+        h.update(key);
+        let b = h.finalize();
+        let mut v = [0u8; 8];
+        v.copy_from_slice(&b.as_bytes()[..8]);
+        Fingerprint(u64::from_le_bytes(v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_field_separates_namespaces() {
+        let base = Namespace {
+            model: "m".into(),
+            dtype: "bfloat16".into(),
+            tp_rank: 0,
+            tp_size: 2,
+            pp_stage: 0,
+            kv_format: "vllm".into(),
+            salt: String::new(),
+        };
+        let variants = [
+            Namespace {
+                model: "m2".into(),
+                ..base.clone()
+            },
+            Namespace {
+                dtype: "float16".into(),
+                ..base.clone()
+            },
+            Namespace {
+                tp_rank: 1,
+                ..base.clone()
+            },
+            Namespace {
+                tp_size: 4,
+                ..base.clone()
+            },
+            Namespace {
+                pp_stage: 1,
+                ..base.clone()
+            },
+            Namespace {
+                kv_format: "sglang".into(),
+                ..base.clone()
+            },
+            Namespace {
+                salt: "r2".into(),
+                ..base.clone()
+            },
+        ];
+        for v in &variants {
+            assert_ne!(v.id(), base.id(), "{v:?}");
+            assert_ne!(
+                Fingerprint::of(&v.id(), b"k"),
+                Fingerprint::of(&base.id(), b"k")
+            );
+        }
+    }
+
+    #[test]
+    fn field_boundaries_are_unambiguous() {
+        let a = Namespace {
+            model: "ab".into(),
+            dtype: "c".into(),
+            ..Default::default()
+        };
+        let b = Namespace {
+            model: "a".into(),
+            dtype: "bc".into(),
+            ..Default::default()
+        };
+        assert_ne!(a.id(), b.id());
+    }
+}

@@ -1,0 +1,157 @@
+//! Rebuilding the SSD tier's index from its segment files at open.
+//!
+//! There is no separate index file to lose or corrupt: the records are the index. Each
+//! segment's header must name this store and its block size; a segment whose header does
+//! not decode is removed with a warning (it holds no block anyone can verify). Then every
+//! slot's record header is read and checked. A slot that does not verify is skipped and
+//! counted, and the scan goes on: appends run in parallel, so a crash can leave a hole
+//! before records that were acknowledged. In segments without a `.sealed` marker (written
+//! while the process died) each payload's checksum is verified as well, so a torn tail is
+//! discarded here instead of being found by a read. Blocks are then offered to the policy
+//! in write order (sequence numbers), newest last, as if they had just been put.
+
+use std::io::IoSliceMut;
+use std::sync::Arc;
+
+use sluice_engine::AlignedBuf;
+use sluice_formats::kv::{
+    payload_checksum, RecordHeader, SegmentHeader, KV_ALIGN, RECORD_HEADER_BYTES,
+};
+
+use crate::error::KvError;
+use crate::namespace::Fingerprint;
+use crate::segment_io::SegmentFile;
+use crate::ssd_tier::{sealed_marker, SsdLoc, SsdTier};
+
+struct Found {
+    seq: u64,
+    fp: Fingerprint,
+    loc: SsdLoc,
+}
+
+pub(crate) fn recover(tier: &mut SsdTier) -> Result<(), KvError> {
+    let dir = Arc::clone(tier.dir());
+    let mut ids = dir.list().map_err(KvError::io(tier.root().clone()))?;
+    ids.sort_unstable();
+    let mut found = Vec::new();
+    for id in ids {
+        let path = dir.path_of(id);
+        let Ok(id32) = u32::try_from(id) else {
+            tracing::warn!("{}: segment id out of range, ignored", path.display());
+            continue;
+        };
+        let file = dir.open(id).map_err(KvError::io(&path))?;
+        let len = dir.len(id).map_err(KvError::io(&path))?;
+        match read_segment_header(&*file) {
+            Ok(h) => check_header(tier, &h, &path)?,
+            Err(reason) => {
+                tracing::warn!("{}: {reason}; removing the segment", path.display());
+                drop(file);
+                let _ = dir.remove(id);
+                let _ = std::fs::remove_file(sealed_marker(&path));
+                continue;
+            }
+        }
+        let sealed = sealed_marker(&path).exists();
+        let used = scan_segment(tier, &*file, id32, len, sealed, &mut found)?;
+        tier.add_recovered_segment(id32, file, used);
+    }
+    found.sort_unstable_by_key(|f| f.seq);
+    for f in found {
+        tier.add_recovered_block(f.fp, f.loc, f.seq);
+    }
+    if tier.counters.torn_slots_skipped > 0 {
+        tracing::warn!(
+            "{}: {} slot(s) held no valid record (torn or unfinished writes) and were skipped",
+            tier.root().display(),
+            tier.counters.torn_slots_skipped
+        );
+    }
+    Ok(())
+}
+
+fn read_segment_header(file: &dyn SegmentFile) -> Result<SegmentHeader, String> {
+    let mut buf = AlignedBuf::new(KV_ALIGN).map_err(|e| e.to_string())?;
+    let n = file
+        .read_vectored_at(&mut [IoSliceMut::new(buf.as_mut_slice())], 0)
+        .map_err(|e| format!("cannot read its header: {e}"))?;
+    if n < KV_ALIGN {
+        return Err(format!("header is {n} bytes long"));
+    }
+    SegmentHeader::decode(buf.as_slice()).map_err(|e| e.to_string())
+}
+
+fn check_header(tier: &SsdTier, h: &SegmentHeader, path: &std::path::Path) -> Result<(), KvError> {
+    if h.store_id != tier.store_id() {
+        return Err(KvError::Incompatible {
+            path: path.to_path_buf(),
+            detail: "segment belongs to another store (its store id differs)".into(),
+        });
+    }
+    if h.block_bytes != tier.block_bytes() {
+        return Err(KvError::Incompatible {
+            path: path.to_path_buf(),
+            detail: format!(
+                "segment holds {}-byte blocks, the store {}",
+                h.block_bytes,
+                tier.block_bytes()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Scans the record slots of one segment; returns the number of slots in use (header
+/// included).
+fn scan_segment(
+    tier: &mut SsdTier,
+    file: &dyn SegmentFile,
+    id: u32,
+    len: u64,
+    sealed: bool,
+    found: &mut Vec<Found>,
+) -> Result<u32, KvError> {
+    let slot_bytes = tier.slot_bytes();
+    let slots = len
+        .div_ceil(slot_bytes)
+        .min(tier.slots_per_segment() as u64) as u32;
+    let read_len = if sealed {
+        RECORD_HEADER_BYTES as u64
+    } else {
+        slot_bytes
+    };
+    let mut buf = AlignedBuf::new(read_len as usize).map_err(KvError::io(tier.root().clone()))?;
+    let mut used = 1;
+    for slot in 1..slots {
+        let at = slot as u64 * slot_bytes;
+        let ok = file.read_vectored_at(&mut [IoSliceMut::new(buf.as_mut_slice())], at);
+        let Ok(n) = ok else {
+            tier.counters.torn_slots_skipped += 1;
+            continue;
+        };
+        let bytes = &buf.as_slice()[..n];
+        let Ok(h) = RecordHeader::decode(bytes) else {
+            if bytes.iter().any(|b| *b != 0) {
+                tier.counters.torn_slots_skipped += 1;
+            }
+            continue;
+        };
+        used = slot + 1;
+        if h.payload_len != tier.block_bytes() || (!sealed && !payload_ok(bytes, &h)) {
+            tier.counters.torn_slots_skipped += 1;
+            continue;
+        }
+        found.push(Found {
+            seq: h.seq,
+            fp: Fingerprint::of(&h.namespace_id, &h.key),
+            loc: SsdLoc { segment: id, slot },
+        });
+    }
+    Ok(used)
+}
+
+fn payload_ok(slot: &[u8], h: &RecordHeader) -> bool {
+    let end = RECORD_HEADER_BYTES as u64 + h.payload_len;
+    slot.get(RECORD_HEADER_BYTES..end as usize)
+        .is_some_and(|p| payload_checksum(p) == h.payload_checksum)
+}

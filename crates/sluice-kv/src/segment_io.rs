@@ -1,0 +1,416 @@
+//! Where segment files live: the storage trait of the SSD tier, its file-system
+//! implementation, and a fault-injecting double.
+//!
+//! The segment store only ever creates a segment, writes whole slots at offsets it
+//! reserved, reads slots back, syncs, lists and removes segments. [`SegmentDir`] is that
+//! and nothing more, so the same store can later run over a shared file system or an
+//! object store, and the tests can put [`FaultyDir`] underneath it to tear writes, fail
+//! syncs, flip bits and run out of space.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, IoSliceMut};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use crate::config::DirectIo;
+
+/// One segment file. Offsets and lengths handed in by the store are multiples of 4 KiB and
+/// buffers are page-aligned, so an O_DIRECT implementation can take them as they are.
+pub trait SegmentFile: Send + Sync {
+    /// Writes all of `buf` at `offset`, or fails.
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Reads into `bufs` in order from `offset`; returns the bytes read, short only at the
+    /// end of the file.
+    fn read_vectored_at(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> io::Result<usize>;
+    /// Makes every completed write durable (`fdatasync`).
+    fn sync(&self) -> io::Result<()>;
+    /// Whether reads and writes bypass the page cache (then buffers must be aligned).
+    fn is_direct(&self) -> bool;
+}
+
+/// A directory of segment files named by id.
+pub trait SegmentDir: Send + Sync {
+    /// Creates segment `id` (it must not exist), sized `len` bytes if the file system can
+    /// reserve space.
+    fn create(&self, id: u64, len: u64) -> io::Result<Arc<dyn SegmentFile>>;
+    fn open(&self, id: u64) -> io::Result<Arc<dyn SegmentFile>>;
+    /// Ids of every segment present, in any order.
+    fn list(&self) -> io::Result<Vec<u64>>;
+    fn remove(&self, id: u64) -> io::Result<()>;
+    /// Bytes segment `id` occupies (its file length).
+    fn len(&self, id: u64) -> io::Result<u64>;
+    /// The path of segment `id`, for messages.
+    fn path_of(&self, id: u64) -> PathBuf;
+}
+
+/// Segments as files `seg-<id as 16 hex digits>.skv` in one directory.
+pub struct FsSegmentDir {
+    root: PathBuf,
+    direct: DirectIo,
+}
+
+impl FsSegmentDir {
+    pub fn new(root: &Path, direct: DirectIo) -> FsSegmentDir {
+        FsSegmentDir {
+            root: root.to_path_buf(),
+            direct,
+        }
+    }
+
+    fn open_file(&self, id: u64, create: bool) -> io::Result<FsSegment> {
+        let path = self.path_of(id);
+        let open = |direct: bool| {
+            let mut o = OpenOptions::new();
+            o.read(true).write(true).create_new(create);
+            if direct {
+                o.custom_flags(libc::O_DIRECT);
+            }
+            o.open(&path)
+        };
+        let file = match self.direct {
+            DirectIo::Off => open(false)?,
+            DirectIo::On => open(true)?,
+            DirectIo::Auto => match open(true) {
+                Ok(f) => f,
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    tracing::info!(
+                        "{}: O_DIRECT refused ({e}); using buffered I/O",
+                        path.display()
+                    );
+                    open(false)?
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        let direct =
+            self.direct == DirectIo::On || (self.direct == DirectIo::Auto && has_o_direct(&file));
+        Ok(FsSegment { file, direct })
+    }
+}
+
+fn has_o_direct(file: &File) -> bool {
+    // SAFETY: F_GETFL on a descriptor we own reads its flags and changes nothing.
+    let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+    flags >= 0 && flags & libc::O_DIRECT != 0
+}
+
+impl SegmentDir for FsSegmentDir {
+    fn create(&self, id: u64, len: u64) -> io::Result<Arc<dyn SegmentFile>> {
+        let seg = self.open_file(id, true)?;
+        // Reserving the extent up front keeps appends from allocating blocks one by one;
+        // where the file system cannot, writes allocate as they go.
+        // SAFETY: fallocate on a descriptor we own; mode 0 only allocates.
+        let rc = unsafe { libc::fallocate(seg.file.as_raw_fd(), 0, 0, len as libc::off_t) };
+        if rc != 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::ENOSPC) {
+                drop(seg);
+                let _ = std::fs::remove_file(self.path_of(id));
+                return Err(err);
+            }
+            tracing::debug!("{}: fallocate: {err}", self.path_of(id).display());
+        }
+        Ok(Arc::new(seg))
+    }
+
+    fn open(&self, id: u64) -> io::Result<Arc<dyn SegmentFile>> {
+        Ok(Arc::new(self.open_file(id, false)?))
+    }
+
+    fn list(&self) -> io::Result<Vec<u64>> {
+        let mut ids = Vec::new();
+        for entry in std::fs::read_dir(&self.root)? {
+            let name = entry?.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let Some(hex) = name
+                .strip_prefix("seg-")
+                .and_then(|n| n.strip_suffix(".skv"))
+            else {
+                continue;
+            };
+            if let Ok(id) = u64::from_str_radix(hex, 16) {
+                ids.push(id);
+            }
+        }
+        Ok(ids)
+    }
+
+    fn remove(&self, id: u64) -> io::Result<()> {
+        std::fs::remove_file(self.path_of(id))
+    }
+
+    fn len(&self, id: u64) -> io::Result<u64> {
+        Ok(std::fs::metadata(self.path_of(id))?.len())
+    }
+
+    fn path_of(&self, id: u64) -> PathBuf {
+        self.root.join(format!("seg-{id:016x}.skv"))
+    }
+}
+
+struct FsSegment {
+    file: File,
+    direct: bool,
+}
+
+impl SegmentFile for FsSegment {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.file.write_all_at(buf, offset)
+    }
+
+    fn read_vectored_at(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> io::Result<usize> {
+        let mut done = 0usize;
+        let wanted: usize = bufs.iter().map(|b| b.len()).sum();
+        while done < wanted {
+            let n = preadv_from(&self.file, bufs, done, offset + done as u64)?;
+            if n == 0 {
+                break;
+            }
+            done += n;
+        }
+        Ok(done)
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn is_direct(&self) -> bool {
+        self.direct
+    }
+}
+
+/// One `preadv` of `bufs` starting `skip` bytes into them, retried on EINTR.
+fn preadv_from(
+    file: &File,
+    bufs: &mut [IoSliceMut<'_>],
+    skip: usize,
+    at: u64,
+) -> io::Result<usize> {
+    let mut iov: Vec<libc::iovec> = Vec::with_capacity(bufs.len());
+    let mut skip = skip;
+    for b in bufs.iter_mut() {
+        if skip >= b.len() {
+            skip -= b.len();
+            continue;
+        }
+        iov.push(libc::iovec {
+            // SAFETY: `skip < b.len()`, so the pointer stays inside the slice.
+            iov_base: unsafe { b.as_mut_ptr().add(skip) }.cast(),
+            iov_len: b.len() - skip,
+        });
+        skip = 0;
+    }
+    loop {
+        // SAFETY: every iovec points into a live, exclusively borrowed buffer.
+        let n = unsafe {
+            libc::preadv(
+                file.as_raw_fd(),
+                iov.as_ptr(),
+                iov.len() as libc::c_int,
+                at as libc::off_t,
+            )
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// A fault [`FaultyDir`] injects. Counters are per kind and count from 1 over the life of
+/// the double (the segment header write is write 1 of each segment created).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvFault {
+    /// Write number `nth` fails with EIO and writes nothing.
+    FailWrite { nth: u64 },
+    /// Write number `nth` writes only its first `keep` bytes, then fails (a torn write).
+    TornWrite { nth: u64, keep: usize },
+    /// Write number `nth` reports success but writes only its first `keep` bytes (a lost
+    /// write the device acknowledged).
+    SilentTornWrite { nth: u64, keep: usize },
+    /// Read number `nth` fails with EIO.
+    FailRead { nth: u64 },
+    /// Read number `nth` returns only half of what was asked.
+    ShortRead { nth: u64 },
+    /// Read number `nth` comes back with byte `at` (of the whole read) flipped.
+    FlipBit { nth: u64, at: usize },
+    /// Sync number `nth` fails with EIO.
+    FailSync { nth: u64 },
+    /// Creating a segment, or writing, fails with ENOSPC once `bytes` have been written.
+    NoSpaceAfter { bytes: u64 },
+}
+
+#[derive(Default)]
+struct FaultState {
+    faults: Vec<KvFault>,
+    writes: u64,
+    reads: u64,
+    syncs: u64,
+    written_bytes: u64,
+}
+
+/// A [`SegmentDir`] over another that injects [`KvFault`]s.
+pub struct FaultyDir {
+    inner: Arc<dyn SegmentDir>,
+    state: Arc<Mutex<FaultState>>,
+}
+
+impl FaultyDir {
+    pub fn new(inner: Arc<dyn SegmentDir>, faults: Vec<KvFault>) -> FaultyDir {
+        FaultyDir {
+            inner,
+            state: Arc::new(Mutex::new(FaultState {
+                faults,
+                ..FaultState::default()
+            })),
+        }
+    }
+
+    /// Replaces the fault list (counters keep running).
+    pub fn set_faults(&self, faults: Vec<KvFault>) {
+        lock(&self.state).faults = faults;
+    }
+}
+
+fn lock(state: &Mutex<FaultState>) -> std::sync::MutexGuard<'_, FaultState> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn eio(what: &str) -> io::Error {
+    io::Error::other(format!("injected fault: {what}"))
+}
+
+fn no_space() -> io::Error {
+    io::Error::from_raw_os_error(libc::ENOSPC)
+}
+
+impl SegmentDir for FaultyDir {
+    fn create(&self, id: u64, len: u64) -> io::Result<Arc<dyn SegmentFile>> {
+        {
+            let st = lock(&self.state);
+            let full = st.faults.iter().any(
+                |f| matches!(f, KvFault::NoSpaceAfter { bytes } if st.written_bytes >= *bytes),
+            );
+            if full {
+                return Err(no_space());
+            }
+        }
+        let inner = self.inner.create(id, len)?;
+        Ok(Arc::new(FaultySegment {
+            inner,
+            state: Arc::clone(&self.state),
+        }))
+    }
+
+    fn open(&self, id: u64) -> io::Result<Arc<dyn SegmentFile>> {
+        let inner = self.inner.open(id)?;
+        Ok(Arc::new(FaultySegment {
+            inner,
+            state: Arc::clone(&self.state),
+        }))
+    }
+
+    fn list(&self) -> io::Result<Vec<u64>> {
+        self.inner.list()
+    }
+
+    fn remove(&self, id: u64) -> io::Result<()> {
+        self.inner.remove(id)
+    }
+
+    fn len(&self, id: u64) -> io::Result<u64> {
+        self.inner.len(id)
+    }
+
+    fn path_of(&self, id: u64) -> PathBuf {
+        self.inner.path_of(id)
+    }
+}
+
+struct FaultySegment {
+    inner: Arc<dyn SegmentFile>,
+    state: Arc<Mutex<FaultState>>,
+}
+
+impl SegmentFile for FaultySegment {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let (n, faults, written) = {
+            let mut st = lock(&self.state);
+            st.writes += 1;
+            (st.writes, st.faults.clone(), st.written_bytes)
+        };
+        for f in &faults {
+            match *f {
+                KvFault::FailWrite { nth } if nth == n => return Err(eio("write failed")),
+                KvFault::TornWrite { nth, keep } if nth == n => {
+                    self.inner
+                        .write_all_at(&buf[..keep.min(buf.len())], offset)?;
+                    return Err(eio("torn write"));
+                }
+                KvFault::SilentTornWrite { nth, keep } if nth == n => {
+                    return self.inner.write_all_at(&buf[..keep.min(buf.len())], offset);
+                }
+                KvFault::NoSpaceAfter { bytes } if written + buf.len() as u64 > bytes => {
+                    return Err(no_space());
+                }
+                _ => {}
+            }
+        }
+        self.inner.write_all_at(buf, offset)?;
+        lock(&self.state).written_bytes += buf.len() as u64;
+        Ok(())
+    }
+
+    fn read_vectored_at(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> io::Result<usize> {
+        let (n, faults) = {
+            let mut st = lock(&self.state);
+            st.reads += 1;
+            (st.reads, st.faults.clone())
+        };
+        let mut got = self.inner.read_vectored_at(bufs, offset)?;
+        for f in &faults {
+            match *f {
+                KvFault::FailRead { nth } if nth == n => return Err(eio("read failed")),
+                KvFault::ShortRead { nth } if nth == n => got /= 2,
+                KvFault::FlipBit { nth, at } if nth == n => flip(bufs, at),
+                _ => {}
+            }
+        }
+        Ok(got)
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        let (n, faults) = {
+            let mut st = lock(&self.state);
+            st.syncs += 1;
+            (st.syncs, st.faults.clone())
+        };
+        if faults
+            .iter()
+            .any(|f| matches!(f, KvFault::FailSync { nth } if *nth == n))
+        {
+            return Err(eio("sync failed"));
+        }
+        self.inner.sync()
+    }
+
+    fn is_direct(&self) -> bool {
+        self.inner.is_direct()
+    }
+}
+
+fn flip(bufs: &mut [IoSliceMut<'_>], mut at: usize) {
+    for b in bufs.iter_mut() {
+        if at < b.len() {
+            b[at] ^= 0x01;
+            return;
+        }
+        at -= b.len();
+    }
+}

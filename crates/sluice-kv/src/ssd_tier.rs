@@ -1,0 +1,625 @@
+//! The SSD tier: a log-structured store of fixed-size slots in segment files.
+//!
+//! Moving parts:
+//! - **Segments** ([`crate::segment_io`]): files of `slots_per_segment` slots; slot 0 is
+//!   the segment header, every other slot one block record (sluice-formats `kv`). One
+//!   segment is open for appends at a time; a put reserves the next slot under the lock and
+//!   writes it outside, so writes of one batch run in parallel. A full segment is sealed
+//!   (synced, then a `.sealed` marker written) once its last write is done.
+//! - **The index**: fingerprint → (segment, slot), 8 bytes of value per block. An entry is
+//!   published only after its record is written (and synced, in batch durability), so a
+//!   lookup never finds a block whose bytes are not there yet.
+//! - **The policy** (`sluice-policy`, by name) sees one access per put and per hit, the
+//!   same sequence `sluice sim` would feed it. A block it evicts leaves the index at once;
+//!   its slot becomes dead space.
+//! - **Reclamation**: when segment files pass the high watermark of the budget, whole dead
+//!   segments are dropped and the segment with the least live data is compacted (its live
+//!   records re-appended, then the file removed), until usage is under the low watermark.
+//!   Readers hold the segment's file handle, so a segment removed under a read still reads
+//!   its old bytes: a read can be late, never torn.
+//! - **Recovery**: at open every segment's records are scanned slot by slot. A slot whose
+//!   header does not verify (a write that never finished, a torn tail) is skipped, not the
+//!   end of the segment, since concurrent appends can leave holes. Segments without a
+//!   `.sealed` marker were being written at the crash, so their payloads are verified too.
+
+use std::collections::HashMap;
+use std::io::IoSliceMut;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use sluice_engine::AlignedBuf;
+use sluice_formats::kv::{
+    payload_checksum, RecordHeader, SegmentHeader, KV_ALIGN, RECORD_HEADER_BYTES,
+};
+use sluice_policy::{Access, Evicted, Policy, PolicyConfig, Request};
+
+use crate::config::KvConfig;
+use crate::error::KvError;
+use crate::namespace::Fingerprint;
+use crate::segment_io::{SegmentDir, SegmentFile};
+
+/// Where a block's record lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SsdLoc {
+    pub segment: u32,
+    pub slot: u32,
+}
+
+/// One segment file and its occupancy.
+pub struct Segment {
+    pub file: Arc<dyn SegmentFile>,
+    /// Next free slot (slot 0 is the header).
+    next_slot: u32,
+    /// Slots whose writes are reserved but not finished.
+    pending: u32,
+    /// Index entries pointing here.
+    live: u32,
+    sealed: bool,
+}
+
+/// A reserved slot: write the record, then [`SsdTier::publish`] or [`SsdTier::abandon`].
+pub struct Reservation {
+    pub fp: Fingerprint,
+    pub loc: SsdLoc,
+    pub file: Arc<dyn SegmentFile>,
+    pub seq: u64,
+}
+
+/// What a put into the SSD tier decided.
+pub enum SsdPut {
+    Present,
+    Reserved(Reservation),
+    Declined,
+    /// No space even after reclaiming (the budget is all live or pinned data).
+    Full,
+}
+
+/// Counters the store reports.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SsdCounters {
+    pub corrupt_blocks: u64,
+    pub read_errors: u64,
+    pub write_errors: u64,
+    pub recovered_blocks: u64,
+    pub torn_slots_skipped: u64,
+    pub segments_dropped: u64,
+    pub segments_compacted: u64,
+    pub blocks_moved: u64,
+}
+
+pub struct SsdTier {
+    dir: Arc<dyn SegmentDir>,
+    root: PathBuf,
+    store_id: [u8; 16],
+    block_bytes: u64,
+    slot_bytes: u64,
+    slots_per_segment: u32,
+    budget_bytes: u64,
+    high_bytes: u64,
+    low_bytes: u64,
+    segments: HashMap<u32, Segment>,
+    active: Option<u32>,
+    next_segment: u32,
+    next_seq: u64,
+    index: HashMap<Fingerprint, SsdLoc>,
+    policy: Box<dyn Policy + Send>,
+    evicted: Vec<Evicted>,
+    pub counters: SsdCounters,
+}
+
+impl SsdTier {
+    /// Opens the tier over `dir`, recovering every block its segments hold.
+    pub fn open(
+        dir: Arc<dyn SegmentDir>,
+        root: PathBuf,
+        store_id: [u8; 16],
+        config: &KvConfig,
+    ) -> Result<SsdTier, KvError> {
+        let slot_bytes = config.slot_bytes();
+        let spp = config.slots_per_segment();
+        let seg_bytes = spp * slot_bytes;
+        let capacity = config.ssd_policy_capacity();
+        if capacity < slot_bytes {
+            return Err(KvError::config(
+                "ssd_bytes",
+                config.ssd_bytes,
+                format!("must exceed two segments ({seg_bytes} bytes each) plus a block"),
+            ));
+        }
+        let policy = build_policy(&config.ssd_policy, capacity)?;
+        let max_blocks = (capacity / slot_bytes) as usize;
+        let mut tier = SsdTier {
+            dir,
+            root,
+            store_id,
+            block_bytes: config.block_bytes,
+            slot_bytes,
+            slots_per_segment: spp as u32,
+            budget_bytes: config.ssd_bytes,
+            high_bytes: (config.ssd_bytes as f64 * config.high_watermark) as u64,
+            low_bytes: (config.ssd_bytes as f64 * config.low_watermark) as u64,
+            segments: HashMap::new(),
+            active: None,
+            next_segment: 1,
+            next_seq: 1,
+            index: HashMap::with_capacity(max_blocks),
+            policy,
+            evicted: Vec::new(),
+            counters: SsdCounters::default(),
+        };
+        crate::recovery::recover(&mut tier)?;
+        Ok(tier)
+    }
+
+    pub(crate) fn dir(&self) -> &Arc<dyn SegmentDir> {
+        &self.dir
+    }
+    pub(crate) fn store_id(&self) -> [u8; 16] {
+        self.store_id
+    }
+    pub fn block_bytes(&self) -> u64 {
+        self.block_bytes
+    }
+    pub fn slot_bytes(&self) -> u64 {
+        self.slot_bytes
+    }
+    pub(crate) fn slots_per_segment(&self) -> u32 {
+        self.slots_per_segment
+    }
+
+    /// Adds a recovered segment (not appendable: new writes go to a fresh segment).
+    pub(crate) fn add_recovered_segment(&mut self, id: u32, file: Arc<dyn SegmentFile>, used: u32) {
+        self.segments.insert(
+            id,
+            Segment {
+                file,
+                next_slot: used,
+                pending: 0,
+                live: 0,
+                sealed: true,
+            },
+        );
+        self.next_segment = self.next_segment.max(id + 1);
+    }
+
+    /// Re-admits a recovered block through the policy, newest records last.
+    pub(crate) fn add_recovered_block(&mut self, fp: Fingerprint, loc: SsdLoc, seq: u64) {
+        self.next_seq = self.next_seq.max(seq + 1);
+        if let Some(old) = self.index.get(&fp).copied() {
+            // A key written twice (re-put after eviction): the newer record wins.
+            self.dec_live(old);
+            self.index.insert(fp, loc);
+            self.inc_live(loc);
+            return;
+        }
+        let access = self.policy.access(&self.request(fp), &mut self.evicted);
+        self.apply_evictions();
+        if matches!(access, Access::Miss { admitted: true } | Access::Hit) {
+            self.index.insert(fp, loc);
+            self.inc_live(loc);
+            self.counters.recovered_blocks += 1;
+        }
+    }
+
+    fn request(&self, fp: Fingerprint) -> Request {
+        Request::new(fp.0, self.slot_bytes)
+    }
+
+    pub fn contains(&self, fp: Fingerprint) -> bool {
+        self.index.contains_key(&fp)
+    }
+
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    /// The location and file of `fp`, for a read outside the lock.
+    pub fn locate(&self, fp: Fingerprint) -> Option<(SsdLoc, Arc<dyn SegmentFile>)> {
+        let loc = *self.index.get(&fp)?;
+        let seg = self.segments.get(&loc.segment)?;
+        Some((loc, Arc::clone(&seg.file)))
+    }
+
+    /// Counts a hit with the policy.
+    pub fn touch(&mut self, fp: Fingerprint) {
+        let req = self.request(fp);
+        self.policy.access(&req, &mut self.evicted);
+        self.apply_evictions();
+    }
+
+    /// Offers a new block to the policy and reserves a slot for it when admitted.
+    pub fn put(&mut self, fp: Fingerprint) -> SsdPut {
+        if self.index.contains_key(&fp) {
+            self.touch(fp);
+            return SsdPut::Present;
+        }
+        let access = self.policy.access(&self.request(fp), &mut self.evicted);
+        self.apply_evictions();
+        if !matches!(access, Access::Miss { admitted: true } | Access::Hit) {
+            return SsdPut::Declined;
+        }
+        match self.reserve(fp) {
+            Some(r) => SsdPut::Reserved(r),
+            None => SsdPut::Full,
+        }
+    }
+
+    fn reserve(&mut self, fp: Fingerprint) -> Option<Reservation> {
+        let id = match self.active {
+            Some(id) if self.segments[&id].next_slot < self.slots_per_segment => id,
+            _ => self.new_segment()?,
+        };
+        Some(self.take_slot(id, fp))
+    }
+
+    /// Takes the next slot of segment `id` for `fp`.
+    fn take_slot(&mut self, id: u32, fp: Fingerprint) -> Reservation {
+        let seg = self
+            .segments
+            .get_mut(&id)
+            .expect("reservations are only taken in live segments");
+        let slot = seg.next_slot;
+        seg.next_slot += 1;
+        seg.pending += 1;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        Reservation {
+            fp,
+            loc: SsdLoc { segment: id, slot },
+            file: Arc::clone(&seg.file),
+            seq,
+        }
+    }
+
+    fn segment_file_bytes(&self) -> u64 {
+        self.slots_per_segment as u64 * self.slot_bytes
+    }
+
+    /// Bytes of segment files on disk.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.segments.len() as u64 * self.segment_file_bytes()
+    }
+
+    fn new_segment(&mut self) -> Option<u32> {
+        if let Some(old) = self.active.take() {
+            self.seal_if_done(old);
+        }
+        // Puts may fill the budget less one spare segment, which only compaction writes
+        // into: with it, reclaiming can always move a segment's live blocks and drop it.
+        let limit = self.budget_bytes - self.segment_file_bytes();
+        if self.allocated_bytes() + self.segment_file_bytes() > limit {
+            self.reclaim(limit - self.segment_file_bytes());
+        }
+        if let Some(a) = self.active {
+            // Compaction left a segment with room: append there.
+            if self.segments[&a].next_slot < self.slots_per_segment {
+                return Some(a);
+            }
+        }
+        if self.allocated_bytes() + self.segment_file_bytes() > limit {
+            return None;
+        }
+        self.open_segment()
+    }
+
+    /// Creates the next segment and makes it the active one.
+    fn open_segment(&mut self) -> Option<u32> {
+        let id = self.next_segment;
+        self.next_segment += 1;
+        let file = match self.create_segment(id) {
+            Ok(f) => f,
+            Err(e) => {
+                let path = self.dir.path_of(id.into());
+                tracing::warn!("{}: cannot create segment: {e}", path.display());
+                self.counters.write_errors += 1;
+                return None;
+            }
+        };
+        let seg = Segment {
+            file,
+            next_slot: 1,
+            pending: 0,
+            live: 0,
+            sealed: false,
+        };
+        self.segments.insert(id, seg);
+        self.active = Some(id);
+        Some(id)
+    }
+
+    fn create_segment(&self, id: u32) -> std::io::Result<Arc<dyn SegmentFile>> {
+        let file = self.dir.create(id.into(), self.segment_file_bytes())?;
+        let header = SegmentHeader {
+            store_id: self.store_id,
+            segment_id: id.into(),
+            block_bytes: self.block_bytes,
+            created_unix: unix_now(),
+        };
+        let mut buf = AlignedBuf::new(KV_ALIGN)?;
+        buf.as_mut_slice().copy_from_slice(&header.encode());
+        let written = file
+            .write_all_at(buf.as_slice(), 0)
+            .and_then(|()| file.sync());
+        if let Err(e) = written {
+            let _ = self.dir.remove(id.into());
+            return Err(e);
+        }
+        Ok(file)
+    }
+
+    /// Makes reserved writes visible. `ok[i]` says whether reservation `i` was written
+    /// (and synced, where the durability mode asks).
+    pub fn publish(&mut self, done: Vec<(Reservation, bool)>) {
+        for (r, ok) in done {
+            if let Some(seg) = self.segments.get_mut(&r.loc.segment) {
+                seg.pending = seg.pending.saturating_sub(1);
+            }
+            if ok && self.policy.contains(r.fp.0) {
+                if let Some(old) = self.index.insert(r.fp, r.loc) {
+                    self.dec_live(old);
+                }
+                self.inc_live(r.loc);
+            } else if !ok {
+                self.counters.write_errors += 1;
+            }
+            if self.active != Some(r.loc.segment) {
+                self.seal_if_done(r.loc.segment);
+            }
+        }
+    }
+
+    /// Drops a block that read back corrupt or unreadable.
+    pub fn drop_block(&mut self, fp: Fingerprint, loc: SsdLoc, corrupt: bool) {
+        if self.index.get(&fp) == Some(&loc) {
+            self.index.remove(&fp);
+            self.dec_live(loc);
+        }
+        if corrupt {
+            self.counters.corrupt_blocks += 1;
+        } else {
+            self.counters.read_errors += 1;
+        }
+    }
+
+    fn apply_evictions(&mut self) {
+        for e in std::mem::take(&mut self.evicted) {
+            if let Some(loc) = self.index.remove(&Fingerprint(e.id)) {
+                self.dec_live(loc);
+            }
+        }
+    }
+
+    fn inc_live(&mut self, loc: SsdLoc) {
+        if let Some(s) = self.segments.get_mut(&loc.segment) {
+            s.live += 1;
+        }
+    }
+
+    fn dec_live(&mut self, loc: SsdLoc) {
+        if let Some(s) = self.segments.get_mut(&loc.segment) {
+            s.live = s.live.saturating_sub(1);
+        }
+    }
+
+    /// Seals a full segment whose writes have all finished: sync, then the marker.
+    fn seal_if_done(&mut self, id: u32) {
+        let Some(seg) = self.segments.get_mut(&id) else {
+            return;
+        };
+        if seg.sealed || seg.pending > 0 || Some(id) == self.active {
+            return;
+        }
+        if let Err(e) = seg.file.sync() {
+            tracing::warn!("segment {id}: sync before sealing failed: {e}");
+            return;
+        }
+        seg.sealed = true;
+        let marker = sealed_marker(&self.dir.path_of(id.into()));
+        if let Err(e) = std::fs::write(&marker, b"") {
+            tracing::debug!("{}: cannot write seal marker: {e}", marker.display());
+        }
+    }
+
+    /// Whether segment files are over the high watermark (the store then reclaims in the
+    /// background).
+    pub fn needs_reclaim(&self) -> bool {
+        self.allocated_bytes() > self.high_bytes
+    }
+
+    /// Reclaims to the low watermark (or to `target` when lower).
+    pub fn reclaim_to_low_watermark(&mut self) {
+        self.reclaim(self.low_bytes);
+    }
+
+    /// Drops dead segments, then compacts the emptiest sealed ones, until segment files
+    /// use at most `target` bytes or nothing more can be freed.
+    fn reclaim(&mut self, target: u64) {
+        // Each pass drops or compacts one segment; compaction can only shuffle blocks once
+        // live data is dense, so the passes are bounded by the segment count.
+        for _ in 0..=self.segments.len() {
+            if self.allocated_bytes() <= target {
+                return;
+            }
+            let victim = self
+                .segments
+                .iter()
+                .filter(|(id, s)| s.sealed && s.pending == 0 && Some(**id) != self.active)
+                .min_by_key(|(id, s)| (s.live, **id))
+                .map(|(id, s)| (*id, s.live));
+            let Some((id, live)) = victim else { return };
+            if live as u64 >= self.slots_per_segment as u64 - 1 {
+                return; // the emptiest segment is full of live blocks: nothing to gain
+            }
+            if live > 0 && !self.compact(id) {
+                return;
+            }
+            self.drop_segment(id);
+        }
+    }
+
+    /// Re-appends every live record of segment `id` elsewhere. False when there is no room
+    /// (the segment then stays).
+    fn compact(&mut self, id: u32) -> bool {
+        let moving: Vec<(Fingerprint, SsdLoc)> = self
+            .index
+            .iter()
+            .filter(|(_, loc)| loc.segment == id)
+            .map(|(fp, loc)| (*fp, *loc))
+            .collect();
+        let free_slots = self.free_slots_outside(id);
+        if (moving.len() as u64) > free_slots {
+            return false;
+        }
+        let src = Arc::clone(&self.segments[&id].file);
+        for (fp, loc) in moving {
+            let Some(r) = self.reserve_for_compaction(fp) else {
+                return false;
+            };
+            let ok = copy_record(&*src, loc, &r, self.slot_bytes).is_ok();
+            if !ok {
+                self.index.remove(&fp);
+                self.dec_live(loc);
+                self.counters.corrupt_blocks += 1;
+            }
+            let moved = vec![(r, ok)];
+            self.publish(moved);
+            self.counters.blocks_moved += ok as u64;
+        }
+        self.counters.segments_compacted += 1;
+        true
+    }
+
+    fn free_slots_outside(&self, id: u32) -> u64 {
+        let in_active = self
+            .active
+            .filter(|a| *a != id)
+            .map(|a| (self.slots_per_segment - self.segments[&a].next_slot) as u64)
+            .unwrap_or(0);
+        let spare_segments =
+            (self.budget_bytes - self.allocated_bytes()) / self.segment_file_bytes();
+        in_active + spare_segments * (self.slots_per_segment as u64 - 1)
+    }
+
+    /// A slot for a record compaction moves: the active segment, or a new one anywhere
+    /// in the budget (compaction may use the spare segment puts leave alone).
+    fn reserve_for_compaction(&mut self, fp: Fingerprint) -> Option<Reservation> {
+        let id = match self.active {
+            Some(a) if self.segments[&a].next_slot < self.slots_per_segment => a,
+            _ => {
+                if self.allocated_bytes() + self.segment_file_bytes() > self.budget_bytes {
+                    return None;
+                }
+                if let Some(old) = self.active.take() {
+                    self.seal_if_done(old);
+                }
+                self.open_segment()?
+            }
+        };
+        Some(self.take_slot(id, fp))
+    }
+
+    fn drop_segment(&mut self, id: u32) {
+        self.index.retain(|_, loc| loc.segment != id);
+        self.segments.remove(&id);
+        let path = self.dir.path_of(id.into());
+        if let Err(e) = self.dir.remove(id.into()) {
+            tracing::warn!("{}: cannot remove segment: {e}", path.display());
+        }
+        let _ = std::fs::remove_file(sealed_marker(&path));
+        self.counters.segments_dropped += 1;
+    }
+
+    /// Syncs every segment that may hold unsynced writes.
+    pub fn sync_all(&self) -> std::io::Result<()> {
+        for seg in self.segments.values().filter(|s| !s.sealed) {
+            seg.file.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Bytes the policy holds resident.
+    pub fn used_bytes(&self) -> u64 {
+        self.policy.used()
+    }
+
+    pub fn budget_bytes(&self) -> u64 {
+        self.budget_bytes
+    }
+
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name()
+    }
+
+    /// Approximate bytes of the index (table slots, control bytes included).
+    pub fn index_bytes(&self) -> usize {
+        let bucket = std::mem::size_of::<(Fingerprint, SsdLoc)>() + 1;
+        // hashbrown keeps capacity * 8 / 7 buckets, rounded up to a power of two.
+        let buckets = (self.index.capacity() * 8 / 7 + 1).next_power_of_two();
+        buckets * bucket
+    }
+
+    pub fn root(&self) -> &PathBuf {
+        &self.root
+    }
+}
+
+fn build_policy(cfg: &PolicyConfig, capacity: u64) -> Result<Box<dyn Policy + Send>, KvError> {
+    cfg.build(capacity)
+        .map_err(|e| KvError::config("ssd_policy", cfg.kind().name(), e.to_string()))
+}
+
+pub(crate) fn sealed_marker(segment_path: &std::path::Path) -> PathBuf {
+    segment_path.with_extension("sealed")
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Copies one record to a reserved slot, verifying it on the way (compaction).
+fn copy_record(
+    src: &dyn SegmentFile,
+    loc: SsdLoc,
+    dst: &Reservation,
+    slot_bytes: u64,
+) -> std::io::Result<()> {
+    let mut buf = AlignedBuf::new(slot_bytes as usize)?;
+    let n = src.read_vectored_at(
+        &mut [IoSliceMut::new(buf.as_mut_slice())],
+        loc.slot as u64 * slot_bytes,
+    )?;
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "record does not verify");
+    if n != slot_bytes as usize {
+        return Err(bad());
+    }
+    let header = RecordHeader::decode(buf.as_slice()).map_err(|_| bad())?;
+    let end = RECORD_HEADER_BYTES + header.payload_len as usize;
+    let payload = buf
+        .as_slice()
+        .get(RECORD_HEADER_BYTES..end)
+        .ok_or_else(bad)?;
+    if payload_checksum(payload) != header.payload_checksum {
+        return Err(bad());
+    }
+    let moved = RecordHeader {
+        seq: dst.seq,
+        ..header
+    };
+    moved
+        .encode_into(&mut buf.as_mut_slice()[..RECORD_HEADER_BYTES])
+        .map_err(|_| bad())?;
+    dst.file
+        .write_all_at(buf.as_slice(), dst.loc.slot as u64 * slot_bytes)?;
+    dst.file.sync()
+}

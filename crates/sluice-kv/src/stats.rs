@@ -1,0 +1,112 @@
+//! Counters and the snapshot `stats()` returns.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+use crate::store::{lock, Inner};
+
+/// Live counters, bumped without locks.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub lookups: AtomicU64,
+    pub puts: AtomicU64,
+    pub put_failures: AtomicU64,
+    pub gets: AtomicU64,
+    pub hits_dram: AtomicU64,
+    pub hits_ssd: AtomicU64,
+    pub misses: AtomicU64,
+}
+
+/// One tier's occupancy.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TierStats {
+    pub policy: String,
+    pub blocks: u64,
+    /// Bytes the policy holds resident.
+    pub used_bytes: u64,
+    pub budget_bytes: u64,
+    /// DRAM: the arena; SSD: segment files on disk (never above `budget_bytes`).
+    pub allocated_bytes: u64,
+    /// Approximate bytes of the in-memory index.
+    pub index_bytes: u64,
+}
+
+/// A snapshot of a store's counters.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct KvStats {
+    pub lookups: u64,
+    pub puts: u64,
+    /// Puts that no tier took (declined by the policies, or I/O failed).
+    pub put_failures: u64,
+    pub gets: u64,
+    pub hits_dram: u64,
+    pub hits_ssd: u64,
+    /// Gets that returned no bytes (absent, after a failed key, corrupt or unreadable).
+    pub misses: u64,
+    /// Records that failed verification on read (dropped, served as misses).
+    pub corrupt_blocks: u64,
+    pub read_errors: u64,
+    pub write_errors: u64,
+    /// Blocks found in the segment files at open.
+    pub recovered_blocks: u64,
+    /// Slots skipped at open: torn or unfinished writes.
+    pub torn_slots_skipped: u64,
+    pub segments: u64,
+    pub segments_dropped: u64,
+    pub segments_compacted: u64,
+    pub dram: Option<TierStats>,
+    pub ssd: Option<TierStats>,
+}
+
+impl KvStats {
+    pub(crate) fn collect(inner: &Inner) -> KvStats {
+        let c = &inner.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let dram = inner.dram.as_ref().map(|d| {
+            let d = lock(d);
+            TierStats {
+                policy: d.policy_name().into(),
+                blocks: d.len() as u64,
+                used_bytes: d.used_bytes(),
+                budget_bytes: inner.config.dram_bytes,
+                allocated_bytes: d.arena_bytes() as u64,
+                index_bytes: d.index_bytes() as u64,
+            }
+        });
+        let (ssd, counters, segments) = match inner.ssd.as_ref() {
+            Some(s) => {
+                let s = lock(s);
+                let t = TierStats {
+                    policy: s.policy_name().into(),
+                    blocks: s.len() as u64,
+                    used_bytes: s.used_bytes(),
+                    budget_bytes: s.budget_bytes(),
+                    allocated_bytes: s.allocated_bytes(),
+                    index_bytes: s.index_bytes() as u64,
+                };
+                (Some(t), s.counters, s.segment_count() as u64)
+            }
+            None => (None, Default::default(), 0),
+        };
+        KvStats {
+            lookups: get(&c.lookups),
+            puts: get(&c.puts),
+            put_failures: get(&c.put_failures),
+            gets: get(&c.gets),
+            hits_dram: get(&c.hits_dram),
+            hits_ssd: get(&c.hits_ssd),
+            misses: get(&c.misses),
+            corrupt_blocks: counters.corrupt_blocks,
+            read_errors: counters.read_errors,
+            write_errors: counters.write_errors,
+            recovered_blocks: counters.recovered_blocks,
+            torn_slots_skipped: counters.torn_slots_skipped,
+            segments,
+            segments_dropped: counters.segments_dropped,
+            segments_compacted: counters.segments_compacted,
+            dram,
+            ssd,
+        }
+    }
+}

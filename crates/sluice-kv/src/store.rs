@@ -1,0 +1,413 @@
+//! [`KvStore`]: the tiers, the policies and the engine-shaped API over them.
+//!
+//! - `lookup(keys)` answers from the indexes alone: how many keys, from the start of the
+//!   chain, are resident in some tier. It leases what it found.
+//! - `put_batch` offers each block to the DRAM policy (copying it into a slot when
+//!   admitted) and, write-through, to the SSD policy (appending a record); a batch's SSD
+//!   writes run in parallel and share one `fdatasync` per segment.
+//! - `get_batch_into` serves each key from DRAM, else from SSD (verifying the record's key
+//!   and checksum, promoting the block to DRAM), in parallel, then applies prefix
+//!   semantics: after the first key that failed, every later key of the batch is a miss.
+//!
+//! Locks are held for bookkeeping only; copies and I/O run outside them. A background
+//! thread reclaims SSD space between the watermarks, so puts rarely wait for it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use sluice_formats::kv::MAX_KEY_BYTES;
+
+use crate::config::{KvConfig, WriteMode};
+use crate::dram_tier::DramTier;
+use crate::error::KvError;
+use crate::io_path;
+use crate::manifest::{self, StoreLock};
+use crate::namespace::Fingerprint;
+use crate::segment_io::{FsSegmentDir, SegmentDir};
+use crate::ssd_tier::{SsdLoc, SsdTier};
+use crate::stats::{Counters, KvStats};
+
+/// A lease taken by `lookup`: what the later get may read even if the block is evicted.
+pub(crate) struct Lease {
+    pub dram_slot: Option<u32>,
+    pub ssd: Option<(SsdLoc, Arc<dyn crate::segment_io::SegmentFile>)>,
+    pub count: u32,
+    pub expires: Instant,
+}
+
+pub(crate) struct Inner {
+    pub config: KvConfig,
+    pub namespace_id: [u8; 16],
+    pub root: PathBuf,
+    pub dram: Option<Mutex<DramTier>>,
+    pub ssd: Option<Mutex<SsdTier>>,
+    pub leases: Mutex<HashMap<Fingerprint, Lease>>,
+    /// Write-back: blocks DRAM evicted whose SSD copy is not published yet. Entered under
+    /// the DRAM lock in the same step as the eviction, left after the SSD publish, so a
+    /// get that checks DRAM, then this, then SSD always finds such a block.
+    pub demoting: Mutex<HashMap<Fingerprint, Arc<crate::dram_tier::Demoted>>>,
+    pub counters: Counters,
+    pub closed: AtomicBool,
+    reclaim_wake: Arc<(Mutex<bool>, Condvar)>,
+    owner_lock: Mutex<Option<StoreLock>>,
+}
+
+/// An open KV block store. Cheap to clone; every clone is the same store.
+#[derive(Clone)]
+pub struct KvStore {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl KvStore {
+    /// Opens (or creates) the store at `root`, recovering the SSD tier's blocks.
+    pub fn open(root: &Path, config: KvConfig) -> Result<KvStore, KvError> {
+        config.validate()?;
+        let manifest = manifest::open_or_create(root, config.block_bytes)?;
+        let owner = manifest::lock(root)?;
+        let seg_root = root.join("segments");
+        std::fs::create_dir_all(&seg_root).map_err(KvError::io(&seg_root))?;
+        let dir: Arc<dyn SegmentDir> = Arc::new(FsSegmentDir::new(&seg_root, config.direct));
+        let store_id = manifest
+            .store_id_bytes()
+            .expect("read() checked the store id");
+        Self::open_with(root, config, dir, store_id, Some(owner))
+    }
+
+    /// Opens a store over any segment directory (tests pass a fault-injecting one).
+    pub fn open_with_dir(
+        root: &Path,
+        config: KvConfig,
+        dir: Arc<dyn SegmentDir>,
+    ) -> Result<KvStore, KvError> {
+        config.validate()?;
+        let manifest = manifest::open_or_create(root, config.block_bytes)?;
+        let owner = manifest::lock(root)?;
+        let seg_root = root.join("segments");
+        std::fs::create_dir_all(&seg_root).map_err(KvError::io(&seg_root))?;
+        let store_id = manifest
+            .store_id_bytes()
+            .expect("read() checked the store id");
+        Self::open_with(root, config, dir, store_id, Some(owner))
+    }
+
+    fn open_with(
+        root: &Path,
+        config: KvConfig,
+        dir: Arc<dyn SegmentDir>,
+        store_id: [u8; 16],
+        owner: Option<StoreLock>,
+    ) -> Result<KvStore, KvError> {
+        let dram = match config.dram_bytes {
+            0 => None,
+            b => Some(Mutex::new(DramTier::new(
+                b,
+                config.block_bytes,
+                &config.dram_policy,
+            )?)),
+        };
+        let ssd = match config.ssd_bytes {
+            0 => None,
+            _ => Some(Mutex::new(SsdTier::open(
+                dir,
+                root.join("segments"),
+                store_id,
+                &config,
+            )?)),
+        };
+        let inner = Arc::new(Inner {
+            namespace_id: config.namespace.id(),
+            config,
+            root: root.to_path_buf(),
+            dram,
+            ssd,
+            leases: Mutex::new(HashMap::new()),
+            demoting: Mutex::new(HashMap::new()),
+            counters: Counters::default(),
+            closed: AtomicBool::new(false),
+            reclaim_wake: Arc::new((Mutex::new(false), Condvar::new())),
+            owner_lock: Mutex::new(owner),
+        });
+        if inner.ssd.is_some() {
+            let weak = Arc::downgrade(&inner);
+            let wake = Arc::clone(&inner.reclaim_wake);
+            std::thread::Builder::new()
+                .name("sluice-kv-reclaim".into())
+                .spawn(move || reclaim_loop(weak, wake))
+                .map_err(KvError::io(root))?;
+        }
+        Ok(KvStore { inner })
+    }
+
+    pub fn config(&self) -> &KvConfig {
+        &self.inner.config
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.inner.root
+    }
+
+    pub(crate) fn check_open(&self) -> Result<(), KvError> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(KvError::Closed);
+        }
+        Ok(())
+    }
+
+    /// Checks a key against the store's rules.
+    pub(crate) fn check_key(&self, i: usize, key: &[u8]) -> Result<(), KvError> {
+        let what = || format!("key {i}");
+        if key.is_empty() || key.len() > MAX_KEY_BYTES {
+            return Err(KvError::arg(
+                what(),
+                format!(
+                    "{} bytes, but keys are 1 to {MAX_KEY_BYTES} bytes",
+                    key.len()
+                ),
+            ));
+        }
+        if let Some(k) = self.inner.config.key_bytes {
+            if key.len() != k {
+                return Err(KvError::arg(
+                    what(),
+                    format!("{} bytes, but this store's keys are {k} bytes", key.len()),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn check_buffers(&self, keys: usize, lens: &[usize]) -> Result<(), KvError> {
+        if keys != lens.len() {
+            return Err(KvError::arg(
+                "batch",
+                format!("{keys} keys but {} buffers", lens.len()),
+            ));
+        }
+        let want = self.inner.config.block_bytes as usize;
+        if let Some((i, len)) = lens.iter().enumerate().find(|(_, l)| **l != want) {
+            return Err(KvError::arg(
+                format!("buffer {i}"),
+                format!("{len} bytes, but this store's blocks are {want} bytes"),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn fingerprint(&self, key: &[u8]) -> Fingerprint {
+        Fingerprint::of(&self.inner.namespace_id, key)
+    }
+
+    /// The number of keys, from the first, resident in some tier. No I/O. With `lease`,
+    /// the blocks found stay readable (not reused, not torn) until a get of them finishes
+    /// or `lease_timeout_ms` passes.
+    pub fn lookup(&self, keys: &[&[u8]], lease: bool) -> Result<usize, KvError> {
+        self.check_open()?;
+        for (i, k) in keys.iter().enumerate() {
+            self.check_key(i, k)?;
+        }
+        self.inner.counters.lookups.fetch_add(1, Ordering::Relaxed);
+        let mut n = 0;
+        for key in keys {
+            let fp = self.fingerprint(key);
+            let found = if lease {
+                self.take_lease(fp, key)
+            } else {
+                self.resident(fp)
+            };
+            if !found {
+                break;
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn resident(&self, fp: Fingerprint) -> bool {
+        let inner = &self.inner;
+        inner.dram.as_ref().is_some_and(|d| lock(d).contains(fp))
+            || inner.ssd.as_ref().is_some_and(|s| lock(s).contains(fp))
+    }
+
+    fn take_lease(&self, fp: Fingerprint, key: &[u8]) -> bool {
+        let inner = &self.inner;
+        let expires = Instant::now() + Duration::from_millis(inner.config.lease_timeout_ms);
+        let mut leases = lock(&inner.leases);
+        if let Some(l) = leases.get_mut(&fp) {
+            l.count += 1;
+            l.expires = expires;
+            return true;
+        }
+        let dram_slot = inner
+            .dram
+            .as_ref()
+            .and_then(|d| lock(d).pin(fp, &inner.namespace_id, key));
+        let ssd = match dram_slot {
+            Some(_) => None,
+            None => inner.ssd.as_ref().and_then(|s| lock(s).locate(fp)),
+        };
+        if dram_slot.is_none() && ssd.is_none() {
+            return false;
+        }
+        leases.insert(
+            fp,
+            Lease {
+                dram_slot,
+                ssd,
+                count: 1,
+                expires,
+            },
+        );
+        true
+    }
+
+    /// Releases one lease count of `fp` (after its get), and every expired lease.
+    pub(crate) fn release_lease(&self, fp: Option<Fingerprint>) {
+        let inner = &self.inner;
+        let now = Instant::now();
+        let mut leases = lock(&inner.leases);
+        if let Some(l) = fp.and_then(|fp| leases.get_mut(&fp)) {
+            l.count = l.count.saturating_sub(1);
+        }
+        let done: Vec<Fingerprint> = leases
+            .iter()
+            .filter(|(_, l)| l.count == 0 || l.expires <= now)
+            .map(|(fp, _)| *fp)
+            .collect();
+        for fp in done {
+            if let Some(l) = leases.remove(&fp) {
+                if let (Some(slot), Some(d)) = (l.dram_slot, inner.dram.as_ref()) {
+                    lock(d).unpin(slot);
+                }
+            }
+        }
+    }
+
+    /// Stores blocks. `true` for a key means the block is in the store now (written, or
+    /// already there); `false` that no tier took it (the policy declined, or I/O failed).
+    pub fn put_batch(&self, keys: &[&[u8]], blocks: &[&[u8]]) -> Result<Vec<bool>, KvError> {
+        self.check_open()?;
+        for (i, k) in keys.iter().enumerate() {
+            self.check_key(i, k)?;
+        }
+        let lens: Vec<usize> = blocks.iter().map(|b| b.len()).collect();
+        self.check_buffers(keys.len(), &lens)?;
+        let out = io_path::put_batch(self, keys, blocks);
+        self.wake_reclaimer();
+        Ok(out)
+    }
+
+    /// Loads blocks into `bufs`. `true` for key `i` means `bufs[i]` holds exactly the bytes
+    /// stored under it; after the first `false`, every later key is `false` too (prefix
+    /// semantics) and its buffer's contents are unspecified.
+    pub fn get_batch_into(
+        &self,
+        keys: &[&[u8]],
+        bufs: &mut [&mut [u8]],
+    ) -> Result<Vec<bool>, KvError> {
+        self.check_open()?;
+        for (i, k) in keys.iter().enumerate() {
+            self.check_key(i, k)?;
+        }
+        let lens: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
+        self.check_buffers(keys.len(), &lens)?;
+        Ok(io_path::get_batch(self, keys, bufs))
+    }
+
+    /// Makes every acknowledged put durable (for `durability = none`).
+    pub fn sync(&self) -> Result<(), KvError> {
+        self.check_open()?;
+        if let Some(s) = &self.inner.ssd {
+            lock(s)
+                .sync_all()
+                .map_err(KvError::io(self.inner.root.join("segments")))?;
+        }
+        Ok(())
+    }
+
+    pub fn stats(&self) -> KvStats {
+        KvStats::collect(&self.inner)
+    }
+
+    /// Syncs, stops the reclaimer and releases the store's lock once the last clone and job
+    /// are gone. Later calls fail with [`KvError::Closed`].
+    pub fn close(&self) -> Result<(), KvError> {
+        if self.inner.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.wake_reclaimer();
+        let synced = match &self.inner.ssd {
+            Some(s) => lock(s)
+                .sync_all()
+                .map_err(KvError::io(self.inner.root.join("segments"))),
+            None => Ok(()),
+        };
+        lock(&self.inner.owner_lock).take();
+        synced
+    }
+
+    fn wake_reclaimer(&self) {
+        let needs = self
+            .inner
+            .ssd
+            .as_ref()
+            .is_some_and(|s| lock(s).needs_reclaim());
+        if needs || self.inner.closed.load(Ordering::Acquire) {
+            let (m, cv) = &*self.inner.reclaim_wake;
+            *lock(m) = true;
+            cv.notify_one();
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(s) = &self.ssd {
+            let _ = lock(s).sync_all();
+        }
+    }
+}
+
+/// Reclaims SSD space whenever a put leaves segment files above the high watermark. Holds
+/// only a weak reference, so a dropped store ends the thread.
+fn reclaim_loop(weak: std::sync::Weak<Inner>, wake: Arc<(Mutex<bool>, Condvar)>) {
+    loop {
+        {
+            let Some(inner) = weak.upgrade() else { return };
+            if inner.closed.load(Ordering::Acquire) {
+                return;
+            }
+            if let Some(s) = &inner.ssd {
+                let mut ssd = lock(s);
+                if ssd.needs_reclaim() {
+                    ssd.reclaim_to_low_watermark();
+                }
+            }
+        }
+        let (m, cv) = &*wake;
+        let mut woken = lock(m);
+        if !*woken {
+            woken = cv
+                .wait_timeout(woken, Duration::from_millis(200))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+        *woken = false;
+    }
+}
+
+/// Counter helper.
+pub(crate) fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Whether a put goes to SSD right away.
+pub(crate) fn writes_through(config: &KvConfig, has_dram: bool) -> bool {
+    config.write_mode == WriteMode::WriteThrough || !has_dram
+}

@@ -1,0 +1,284 @@
+//! Faults under the SSD tier: every get returns the exact bytes stored or a miss, and a
+//! reopened store finds every block acknowledged durable.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::FileExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use sluice_kv::{KvFault, KvStore};
+
+const HEADER: usize = 4096;
+
+#[test]
+fn a_failed_write_is_not_acknowledged_and_never_visible() {
+    let dir = tempdir();
+    // Write 1 is the segment header; write 2 the first record.
+    let (store, _f) = open_faulty(
+        dir.path(),
+        config(0, 64),
+        vec![KvFault::FailWrite { nth: 2 }],
+    );
+    assert_eq!(put(&store, &[1]), vec![false]);
+    assert_eq!(lookup(&store, &[1]), 0);
+    assert_eq!(get(&store, &[1]), vec![false]);
+    assert_eq!(put(&store, &[2]), vec![true]);
+    assert_eq!(get(&store, &[2]), vec![true]);
+    assert_eq!(store.stats().write_errors, 1);
+}
+
+#[test]
+fn a_torn_write_is_skipped_at_reopen() {
+    let dir = tempdir();
+    {
+        let faults = vec![KvFault::TornWrite {
+            nth: 3,
+            keep: 2 * HEADER,
+        }];
+        let (store, _f) = open_faulty(dir.path(), config(0, 64), faults);
+        assert_eq!(put(&store, &[1]), vec![true]);
+        assert_eq!(put(&store, &[2]), vec![false]);
+        assert_eq!(put(&store, &[3]), vec![true]);
+    }
+    let store = KvStore::open(dir.path(), config(0, 64)).unwrap();
+    assert_eq!(get(&store, &[1]), vec![true]);
+    assert_eq!(get(&store, &[2]), vec![false]);
+    assert_eq!(get(&store, &[3]), vec![true]);
+    assert_eq!(store.stats().torn_slots_skipped, 1);
+}
+
+#[test]
+fn a_write_the_device_lost_silently_reads_as_a_miss_not_bytes() {
+    let dir = tempdir();
+    let faults = vec![KvFault::SilentTornWrite {
+        nth: 2,
+        keep: 2 * HEADER,
+    }];
+    let (store, _f) = open_faulty(dir.path(), config(0, 64), faults);
+    assert_eq!(put(&store, &[1]), vec![true]); // the device said yes
+    assert_eq!(get(&store, &[1]), vec![false]);
+    assert_eq!(store.stats().corrupt_blocks, 1);
+    assert_eq!(lookup(&store, &[1]), 0, "a corrupt block is dropped");
+}
+
+#[test]
+fn flipped_bits_in_payload_or_header_are_misses_and_the_block_is_dropped() {
+    for at in [HEADER + 10, 50, HEADER + BLOCK as usize - 1] {
+        let dir = tempdir();
+        let (store, faulty) = open_faulty(dir.path(), config(0, 64), vec![]);
+        put(&store, &[1]);
+        put(&store, &[2]);
+        put(&store, &[3]);
+        // Reads count from 1 over the double's life; none happened yet.
+        faulty.set_faults(vec![KvFault::FlipBit { nth: 2, at }]);
+        assert_eq!(get(&store, &[1]), vec![true]);
+        assert_eq!(get(&store, &[2]), vec![false], "flip at {at}");
+        assert_eq!(get(&store, &[3]), vec![true]);
+        assert_eq!(get(&store, &[2]), vec![false]);
+        assert_eq!(store.stats().corrupt_blocks, 1);
+    }
+}
+
+#[test]
+fn failed_and_short_reads_are_misses() {
+    for fault in [KvFault::FailRead { nth: 1 }, KvFault::ShortRead { nth: 1 }] {
+        let dir = tempdir();
+        let (store, faulty) = open_faulty(dir.path(), config(0, 64), vec![]);
+        put(&store, &[1, 2]);
+        faulty.set_faults(vec![fault.clone()]);
+        assert_eq!(get(&store, &[1]), vec![false], "{fault:?}");
+        assert_eq!(get(&store, &[2]), vec![true], "{fault:?}");
+    }
+}
+
+#[test]
+fn a_failed_sync_acknowledges_nothing_in_the_batch() {
+    let dir = tempdir();
+    // Sync 1 is the new segment's header; sync 2 the batch.
+    let (store, _f) = open_faulty(
+        dir.path(),
+        config(0, 64),
+        vec![KvFault::FailSync { nth: 2 }],
+    );
+    assert_eq!(put(&store, &[1, 2, 3]), vec![false; 3]);
+    assert_eq!(lookup(&store, &[1]), 0);
+    assert_eq!(put(&store, &[4]), vec![true]);
+}
+
+#[test]
+fn a_full_disk_fails_puts_cleanly_and_keeps_what_was_stored() {
+    let dir = tempdir();
+    let faults = vec![KvFault::NoSpaceAfter { bytes: 200_000 }];
+    let (store, _f) = open_faulty(dir.path(), config(0, 64), faults);
+    let ids: Vec<u64> = (0..40).collect();
+    let ok = put(&store, &ids);
+    let stored: Vec<u64> = ids.iter().copied().filter(|i| ok[*i as usize]).collect();
+    assert!(!stored.is_empty() && stored.len() < 40, "{ok:?}");
+    for id in &stored {
+        assert_eq!(get(&store, &[*id]), vec![true]);
+    }
+    drop(store);
+    let store = KvStore::open(dir.path(), config(0, 64)).unwrap();
+    for id in &stored {
+        assert_eq!(get(&store, &[*id]), vec![true]);
+    }
+}
+
+#[test]
+fn garbage_and_truncation_in_a_segment_are_skipped_at_reopen() {
+    let dir = tempdir();
+    {
+        let store = KvStore::open(dir.path(), config(0, 64)).unwrap();
+        put(&store, &[1, 2, 3, 4, 5]);
+    }
+    let seg = dir
+        .path()
+        .join("segments")
+        .join(format!("seg-{:016x}.skv", 1));
+    let slot = config(0, 64).slot_bytes();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&seg)
+        .unwrap();
+    // Garbage where slot 6 would be; then a copy of slot 2's header into slot 7 (a stale
+    // header whose payload is not there).
+    f.write_all_at(&vec![0x5Au8; 6000], 6 * slot).unwrap();
+    let mut head = vec![0u8; HEADER];
+    f.read_exact_at(&mut head, 2 * slot).unwrap();
+    f.write_all_at(&head, 7 * slot).unwrap();
+    // Unsealed segment: the payload check catches the stale copy.
+    let _ = std::fs::remove_file(seg.with_extension("sealed"));
+    drop(f);
+    let store = KvStore::open(dir.path(), config(0, 64)).unwrap();
+    assert_eq!(get(&store, &[1, 2, 3, 4, 5]), vec![true; 5]);
+    assert_eq!(store.stats().torn_slots_skipped, 2, "{:?}", store.stats());
+    drop(store);
+    // Truncated in the middle of record 5.
+    let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
+    f.set_len(5 * slot + 2000).unwrap();
+    drop(f);
+    let store = KvStore::open(dir.path(), config(0, 64)).unwrap();
+    assert_eq!(get(&store, &[1, 2, 3, 4]), vec![true; 4]);
+    assert_eq!(get(&store, &[5]), vec![false]);
+}
+
+#[test]
+fn a_damaged_segment_header_drops_that_segment_only() {
+    let dir = tempdir();
+    {
+        let store = KvStore::open(dir.path(), config(0, 64)).unwrap();
+        put(&store, &(0..10).collect::<Vec<_>>()); // 7 per segment: two segments
+    }
+    let seg1 = dir
+        .path()
+        .join("segments")
+        .join(format!("seg-{:016x}.skv", 1));
+    let f = std::fs::OpenOptions::new().write(true).open(&seg1).unwrap();
+    f.write_all_at(b"XXXX", 40).unwrap();
+    drop(f);
+    let store = KvStore::open(dir.path(), config(0, 64)).unwrap();
+    let ok: Vec<bool> = (0..10).map(|i| get(&store, &[i])[0]).collect();
+    assert_eq!(ok.iter().filter(|o| **o).count(), 3, "{ok:?}");
+    assert!(!seg1.exists());
+}
+
+/// The child half of the kill -9 test: puts batches and prints each acknowledged id.
+#[test]
+fn kill_child_writer() {
+    let Ok(root) = std::env::var("SLUICE_KV_TEST_CHILD") else {
+        return;
+    };
+    let store = KvStore::open(std::path::Path::new(&root), config(0, 4096)).unwrap();
+    let mut out = std::io::stdout();
+    for batch in 0.. {
+        let ids: Vec<u64> = (batch * 4..batch * 4 + 4).collect();
+        let ok = put(&store, &ids);
+        for (id, o) in ids.iter().zip(ok) {
+            if o {
+                writeln!(out, "acked {id}").unwrap();
+            }
+        }
+        out.flush().unwrap();
+    }
+}
+
+#[test]
+fn every_block_acknowledged_before_kill_9_is_found_after_reopen() {
+    let dir = tempdir();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "kill_child_writer",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("SLUICE_KV_TEST_CHILD", dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut acked = Vec::new();
+    let lines = BufReader::new(child.stdout.take().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for line in lines.lines() {
+        let line = line.unwrap();
+        if let Some(id) = line.strip_prefix("acked ") {
+            acked.push(id.parse::<u64>().unwrap());
+        }
+        if acked.len() >= 150 || Instant::now() > deadline {
+            break;
+        }
+    }
+    child.kill().unwrap(); // SIGKILL, mid-put
+    child.wait().unwrap();
+    assert!(
+        acked.len() >= 150,
+        "child acknowledged only {}",
+        acked.len()
+    );
+    let store = KvStore::open(dir.path(), config(0, 4096)).unwrap();
+    assert_eq!(get(&store, &acked), vec![true; acked.len()]);
+}
+
+#[test]
+fn racing_puts_gets_lookups_and_evictions_never_return_wrong_bytes() {
+    let dir = tempdir();
+    let store = KvStore::open(dir.path(), config(6, 48)).unwrap();
+    let stop = Instant::now() + Duration::from_millis(1500);
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let store = store.clone();
+            s.spawn(move || {
+                let mut rng = 0x9E3779B97F4A7C15u64.wrapping_mul(t + 1);
+                while Instant::now() < stop {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    let a = rng % 120;
+                    let ids = [a, (a + 1) % 120, (a + 2) % 120];
+                    match rng >> 60 {
+                        0..=5 => {
+                            put(&store, &ids);
+                        }
+                        6..=11 => {
+                            get(&store, &ids); // asserts the bytes of every hit
+                        }
+                        _ => {
+                            let keys: Vec<Vec<u8>> = ids.iter().map(|i| key(*i)).collect();
+                            let kr: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+                            let n = store.lookup(&kr, true).unwrap();
+                            get(&store, &ids[..n]);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let s = store.stats();
+    assert!(s.dram.unwrap().blocks <= 6);
+    assert!(s.ssd.unwrap().allocated_bytes <= config(6, 48).ssd_bytes);
+}

@@ -1,0 +1,344 @@
+//! The KV store end to end: tiers, prefix semantics, leases, budgets, recovery, bad input.
+
+mod common;
+
+use common::*;
+use sluice_kv::{KvConfig, KvError, KvStore, WriteMode};
+use sluice_policy::{Access, PolicyConfig, Request};
+
+#[test]
+fn blocks_round_trip_through_each_tier_layout() {
+    for (dram, ssd) in [(16, 0), (0, 64), (4, 64)] {
+        let dir = tempdir();
+        let store = KvStore::open(dir.path(), config(dram, ssd)).unwrap();
+        assert_eq!(
+            put(&store, &[1, 2, 3]),
+            vec![true; 3],
+            "dram={dram} ssd={ssd}"
+        );
+        assert_eq!(lookup(&store, &[1, 2, 3, 4]), 3);
+        assert_eq!(get(&store, &[1, 2, 3]), vec![true; 3]);
+        assert_eq!(get(&store, &[9]), vec![false]);
+    }
+}
+
+#[test]
+fn a_second_put_of_a_key_keeps_the_first_bytes() {
+    let dir = tempdir();
+    let store = KvStore::open(dir.path(), config(4, 64)).unwrap();
+    put(&store, &[1]);
+    let k = key(1);
+    let other = vec![0xEEu8; BLOCK as usize];
+    assert_eq!(store.put_batch(&[&k], &[&other]).unwrap(), vec![true]);
+    assert_eq!(get(&store, &[1]), vec![true]); // still block_for(key(1))
+}
+
+#[test]
+fn lookup_counts_consecutive_hits_from_the_start_only() {
+    let dir = tempdir();
+    let store = KvStore::open(dir.path(), config(0, 64)).unwrap();
+    put(&store, &[1, 2, 4, 5]);
+    assert_eq!(lookup(&store, &[1, 2, 3, 4, 5]), 2);
+    assert_eq!(lookup(&store, &[3, 1]), 0);
+    assert_eq!(lookup(&store, &[]), 0);
+}
+
+#[test]
+fn a_get_after_a_missing_key_is_a_miss_for_the_rest_of_the_chain() {
+    let dir = tempdir();
+    let store = KvStore::open(dir.path(), config(0, 64)).unwrap();
+    put(&store, &[1, 2, 4]);
+    assert_eq!(get(&store, &[1, 2, 3, 4]), vec![true, true, false, false]);
+}
+
+#[test]
+fn namespaces_never_see_each_others_blocks() {
+    let dir = tempdir();
+    {
+        let store = KvStore::open(dir.path(), config(4, 64)).unwrap();
+        put(&store, &[1, 2]);
+        store.close().unwrap();
+    }
+    let mut other = config(4, 64);
+    other.namespace = ns("another-model");
+    let store = KvStore::open(dir.path(), other).unwrap();
+    assert_eq!(lookup(&store, &[1]), 0);
+    assert_eq!(get(&store, &[1, 2]), vec![false, false]);
+    // Its own blocks under the same keys are separate.
+    put(&store, &[1]);
+    assert_eq!(get(&store, &[1]), vec![true]);
+}
+
+#[test]
+fn every_acknowledged_block_is_found_after_reopening() {
+    let dir = tempdir();
+    let ids: Vec<u64> = (0..40).collect();
+    {
+        let store = KvStore::open(dir.path(), config(4, 64)).unwrap();
+        assert!(put(&store, &ids).iter().all(|o| *o));
+        // Dropped without close(): as if the process ended.
+    }
+    let store = KvStore::open(dir.path(), config(4, 64)).unwrap();
+    assert_eq!(store.stats().recovered_blocks, 40);
+    assert_eq!(lookup(&store, &ids), 40);
+    assert!(get(&store, &ids).iter().all(|o| *o));
+}
+
+#[test]
+fn a_second_open_of_an_open_store_is_refused_naming_it() {
+    let dir = tempdir();
+    let first = KvStore::open(dir.path(), config(4, 64)).unwrap();
+    let err = KvStore::open(dir.path(), config(4, 64)).err().unwrap();
+    assert!(matches!(err, KvError::Locked { .. }), "{err}");
+    assert!(
+        err.to_string().contains(&std::process::id().to_string()),
+        "{err}"
+    );
+    first.close().unwrap();
+    KvStore::open(dir.path(), config(4, 64)).unwrap();
+}
+
+#[test]
+fn calls_after_close_fail_with_closed() {
+    let dir = tempdir();
+    let store = KvStore::open(dir.path(), config(4, 64)).unwrap();
+    store.close().unwrap();
+    let k = key(1);
+    assert!(matches!(store.lookup(&[&k], false), Err(KvError::Closed)));
+}
+
+#[test]
+fn keys_and_buffers_of_the_wrong_size_are_refused_naming_the_value() {
+    let dir = tempdir();
+    let mut cfg = config(4, 64);
+    cfg.key_bytes = Some(12);
+    let store = KvStore::open(dir.path(), cfg).unwrap();
+    let good = key(1); // 14 bytes
+    let block = vec![0u8; BLOCK as usize];
+    let err = store.put_batch(&[&good], &[&block]).unwrap_err();
+    assert!(
+        err.to_string().contains("key 0") && err.to_string().contains("12 bytes"),
+        "{err}"
+    );
+    let k12 = b"twelve-bytes".to_vec();
+    let short = vec![0u8; 100];
+    let err = store.put_batch(&[&k12], &[&short]).unwrap_err();
+    assert!(err.to_string().contains("buffer 0: 100 bytes"), "{err}");
+    let err = store.put_batch(&[&k12, &k12], &[&block]).unwrap_err();
+    assert!(err.to_string().contains("2 keys but 1 buffers"), "{err}");
+    let err = store.lookup(&[b""], false).unwrap_err();
+    assert!(matches!(err, KvError::InvalidArgument { .. }), "{err}");
+    let huge = vec![1u8; 5000];
+    assert!(store.lookup(&[&huge], false).is_err());
+}
+
+#[test]
+fn bad_configurations_are_refused_naming_the_field() {
+    let dir = tempdir();
+    let cases: Vec<(KvConfig, &str)> = vec![
+        (config(0, 0), "dram_bytes/ssd_bytes"),
+        (
+            KvConfig {
+                block_bytes: 0,
+                ..config(4, 64)
+            },
+            "block_bytes",
+        ),
+        (
+            KvConfig {
+                io_threads: 0,
+                ..config(4, 64)
+            },
+            "io_threads",
+        ),
+        (
+            KvConfig {
+                ssd_bytes: 3 * BLOCK,
+                ..config(0, 0)
+            },
+            "ssd_bytes",
+        ),
+        (
+            KvConfig {
+                high_watermark: 0.5,
+                low_watermark: 0.7,
+                ..config(4, 64)
+            },
+            "watermark",
+        ),
+    ];
+    for (cfg, field) in cases {
+        let err = KvStore::open(dir.path(), cfg).err().unwrap();
+        assert!(err.to_string().contains(field), "{field}: {err}");
+    }
+    assert!(PolicyConfig::parse("no-such-policy").is_err());
+}
+
+#[test]
+fn a_directory_that_is_not_a_store_is_refused_and_left_alone() {
+    let dir = tempdir();
+    std::fs::write(dir.path().join("precious.txt"), b"data").unwrap();
+    let err = KvStore::open(dir.path(), config(4, 64)).err().unwrap();
+    assert!(matches!(err, KvError::Incompatible { .. }), "{err}");
+    assert_eq!(
+        std::fs::read(dir.path().join("precious.txt")).unwrap(),
+        b"data"
+    );
+}
+
+#[test]
+fn a_store_of_another_version_or_block_size_or_a_corrupt_manifest_is_refused() {
+    let dir = tempdir();
+    KvStore::open(dir.path(), config(4, 64))
+        .unwrap()
+        .close()
+        .unwrap();
+    let mut other = config(4, 64);
+    other.block_bytes = 2 * BLOCK;
+    let err = KvStore::open(dir.path(), other).err().unwrap();
+    assert!(err.to_string().contains("8192-byte blocks"), "{err}");
+
+    let manifest = dir.path().join("sluice-kv.json");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(&manifest, text.replace("\"version\": 1", "\"version\": 99")).unwrap();
+    let err = KvStore::open(dir.path(), config(4, 64)).err().unwrap();
+    assert!(err.to_string().contains("version 99"), "{err}");
+
+    std::fs::write(&manifest, b"{not json").unwrap();
+    let err = KvStore::open(dir.path(), config(4, 64)).err().unwrap();
+    assert!(matches!(err, KvError::Incompatible { .. }), "{err}");
+}
+
+#[test]
+fn a_segment_copied_from_another_store_is_refused() {
+    let a = tempdir();
+    let b = tempdir();
+    let sa = KvStore::open(a.path(), config(0, 64)).unwrap();
+    put(&sa, &[1]);
+    sa.close().unwrap();
+    KvStore::open(b.path(), config(0, 64))
+        .unwrap()
+        .close()
+        .unwrap();
+    let seg = std::fs::read_dir(a.path().join("segments"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "skv"))
+        .unwrap();
+    std::fs::copy(
+        &seg,
+        b.path().join("segments").join(seg.file_name().unwrap()),
+    )
+    .unwrap();
+    let err = KvStore::open(b.path(), config(0, 64)).err().unwrap();
+    assert!(err.to_string().contains("another store"), "{err}");
+}
+
+#[test]
+fn ssd_segment_files_never_exceed_the_budget() {
+    let dir = tempdir();
+    let cfg = config(0, 64);
+    let budget = cfg.ssd_bytes;
+    let store = KvStore::open(dir.path(), cfg).unwrap();
+    for round in 0..20u64 {
+        let ids: Vec<u64> = (round * 16..round * 16 + 16).collect();
+        put(&store, &ids);
+        let on_disk: u64 = std::fs::read_dir(dir.path().join("segments"))
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .sum();
+        assert!(on_disk <= budget, "round {round}: {on_disk} > {budget}");
+        let s = store.stats();
+        let ssd = s.ssd.unwrap();
+        assert!(ssd.allocated_bytes <= budget && ssd.used_bytes <= budget);
+    }
+    // The newest blocks are there; everything found reads back exactly.
+    assert_eq!(lookup(&store, &[319]), 1);
+    let all: Vec<u64> = (0..320).collect();
+    for id in all {
+        get(&store, &[id]);
+    }
+    assert!(store.stats().segments_dropped + store.stats().segments_compacted > 0);
+}
+
+#[test]
+fn dram_never_holds_more_blocks_than_its_slots() {
+    let dir = tempdir();
+    let store = KvStore::open(dir.path(), config(5, 0)).unwrap();
+    for i in 0..50 {
+        put(&store, &[i]);
+        let d = store.stats().dram.unwrap();
+        assert!(d.blocks <= 5 && d.used_bytes <= 5 * BLOCK);
+    }
+    assert_eq!(lookup(&store, &[49]), 1);
+    assert_eq!(lookup(&store, &[0]), 0);
+}
+
+#[test]
+fn a_leased_block_stays_readable_after_eviction() {
+    let dir = tempdir();
+    let store = KvStore::open(dir.path(), config(2, 0)).unwrap();
+    put(&store, &[1]);
+    let k1 = key(1);
+    assert_eq!(store.lookup(&[&k1], true).unwrap(), 1);
+    put(&store, &[2, 3, 4]); // evicts 1 from the 2-slot arena
+    assert_eq!(lookup(&store, &[1]), 0);
+    assert_eq!(get(&store, &[1]), vec![true]);
+    // The lease ended with the get.
+    assert_eq!(get(&store, &[1]), vec![false]);
+}
+
+#[test]
+fn write_back_demotes_to_ssd_on_dram_eviction() {
+    let dir = tempdir();
+    let mut cfg = config(2, 64);
+    cfg.write_mode = WriteMode::WriteBack;
+    let store = KvStore::open(dir.path(), cfg).unwrap();
+    put(&store, &[1, 2]);
+    assert_eq!(store.stats().ssd.unwrap().blocks, 0);
+    put(&store, &[3, 4]);
+    assert_eq!(store.stats().ssd.unwrap().blocks, 2);
+    assert_eq!(get(&store, &[1, 2, 3, 4]), vec![true; 4]);
+}
+
+/// The live store's SSD residency follows the policy exactly: a put is the policy's miss,
+/// a get its hit, so the sequence of answers equals `sluice-policy`'s on the same keys.
+#[test]
+fn live_admissions_and_evictions_equal_the_policy_library() {
+    for spec in ["lru", "fifo", "s3fifo", "arc", "sieve"] {
+        let dir = tempdir();
+        let mut cfg = config(0, 64);
+        cfg.ssd_policy = PolicyConfig::parse(spec).unwrap();
+        cfg.high_watermark = 1.0;
+        cfg.low_watermark = 0.95;
+        let slot = cfg.slot_bytes();
+        let capacity = cfg.ssd_policy_capacity();
+        let store = KvStore::open(dir.path(), cfg.clone()).unwrap();
+        let mut policy = cfg.ssd_policy.build(capacity).unwrap();
+        let mut evicted = Vec::new();
+        let mut rng = 12345u64;
+        for step in 0..600 {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let id = (rng >> 33) % 90;
+            let want = policy.access(&Request::new(store_fp(&store, id), slot), &mut evicted);
+            let live_hit = lookup(&store, &[id]) == 1;
+            assert_eq!(
+                live_hit,
+                want == Access::Hit,
+                "{spec}: step {step}, key {id}: {:?}",
+                store.stats()
+            );
+            if live_hit {
+                assert_eq!(get(&store, &[id]), vec![true]);
+            } else {
+                put(&store, &[id]);
+            }
+        }
+    }
+}
+
+fn store_fp(store: &KvStore, id: u64) -> u64 {
+    sluice_kv::Fingerprint::of(&store.config().namespace.id(), &key(id)).0
+}
