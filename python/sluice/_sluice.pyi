@@ -169,3 +169,35 @@ def warm_trigger(
     pid: int | None = None,
 ) -> None:
     """Sends an explicit access to a running runtime (GIL released)."""
+
+class KvStore:
+    """An open KV block store (``sluice.kv.open`` wraps it)."""
+
+    block_bytes: int
+    def lookup(self, keys: list[bytes], lease: bool = True) -> int: ...
+    def put_batch(self, keys: list[bytes], buffers: list[tuple[int, int]]) -> list[bool]: ...
+    def get_batch_into(self, keys: list[bytes], buffers: list[tuple[int, int]]) -> list[bool]: ...
+    def sync(self) -> None: ...
+    def stats_json(self) -> str: ...
+    def close(self) -> None: ...
+
+def kv_open(
+    path: str,
+    block_bytes: int | str,
+    dram_bytes: int | str,
+    ssd_bytes: int | str,
+    namespace: tuple[str, str, int, int, int, str, str],
+    dram_policy: str,
+    ssd_policy: str,
+    write_mode: str,
+    durability: str,
+    direct: str,
+    io_threads: int,
+    lease_timeout_ms: int,
+    key_bytes: int | None,
+    segment_bytes: int | str | None,
+) -> KvStore:
+    """Opens or creates a KV store (GIL released while its segments are scanned)."""
+
+def kv_fsck(path: str, repair: bool = False) -> str:
+    """Verifies every block of a closed store; the report as JSON (GIL released)."""

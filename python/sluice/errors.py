@@ -51,6 +51,14 @@ class TraceError(SluiceError, ValueError):
     """A cache trace is malformed; the message names the file, line and field."""
 
 
+class StoreFormatError(SluiceError, ValueError):
+    """A KV store directory is not a store of this format, version or block size."""
+
+
+class StoreLockedError(SluiceError, RuntimeError):
+    """The KV store is open in another process (the message names its pid)."""
+
+
 __all__ = [
     "ConfigError",
     "HeaderError",
@@ -60,6 +68,8 @@ __all__ = [
     "SluiceFileNotFoundError",
     "SluiceIOError",
     "SluicePermissionError",
+    "StoreFormatError",
+    "StoreLockedError",
     "TensorNotFoundError",
     "TraceError",
 ]

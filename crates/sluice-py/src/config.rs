@@ -47,7 +47,7 @@ pub fn build(
 }
 
 /// Accepts an int of bytes or a string like "512MiB".
-fn byte_size(name: &str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
+pub(crate) fn byte_size(name: &str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
     if let Ok(n) = value.extract::<i128>() {
         return u64::try_from(n).map_err(|_| {
             config_error(format!("{name} must be a non-negative byte count, not {n}"))

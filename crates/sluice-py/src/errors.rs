@@ -52,6 +52,24 @@ pub fn warm_to_py(py: Python<'_>, err: sluice_warm::WarmError) -> PyErr {
     raise(py, class, err.to_string())
 }
 
+/// Converts a KV-store error into the matching `sluice.errors` exception.
+pub fn kv_to_py(err: sluice_kv::KvError) -> PyErr {
+    use sluice_kv::KvError;
+    let class = match &err {
+        KvError::Config { .. } | KvError::InvalidArgument { .. } => "ConfigError",
+        KvError::Incompatible { .. } | KvError::Format { .. } => "StoreFormatError",
+        KvError::Locked { .. } => "StoreLockedError",
+        KvError::Io { source, .. } => match source.kind() {
+            std::io::ErrorKind::NotFound => "SluiceFileNotFoundError",
+            std::io::ErrorKind::PermissionDenied => "SluicePermissionError",
+            _ => "SluiceIOError",
+        },
+        KvError::Closed | KvError::UnknownJob(_) => "SluiceError",
+    };
+    let message = err.to_string();
+    Python::attach(|py| raise(py, class, message))
+}
+
 /// A `sluice.errors.ConfigError` (a `ValueError`) with `message`: an option
 /// value the load cannot take.
 pub fn config_error(message: impl Into<String>) -> PyErr {

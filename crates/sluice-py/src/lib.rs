@@ -9,6 +9,7 @@ mod checkpoint;
 mod cli;
 mod config;
 mod errors;
+mod kv;
 mod sim;
 mod stream;
 mod warm;
@@ -33,5 +34,8 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(warm::warm_status, m)?)?;
     m.add_function(wrap_pyfunction!(warm::warm_trigger, m)?)?;
     m.add_function(wrap_pyfunction!(sim::sim_defaults, m)?)?;
+    m.add_class::<kv::PyKvStore>()?;
+    m.add_function(wrap_pyfunction!(kv::kv_open, m)?)?;
+    m.add_function(wrap_pyfunction!(kv::kv_fsck, m)?)?;
     Ok(())
 }

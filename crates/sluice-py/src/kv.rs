@@ -1,0 +1,178 @@
+//! `sluice.kv` natives: an open [`KvStore`] as a Python class.
+//!
+//! The abi3 build cannot take Python's buffer protocol, so `sluice/kv.py` resolves each
+//! numpy array, torch CPU tensor or writable buffer to (address, length) after checking
+//! that it is contiguous (and writable, for gets), and keeps the objects alive for the
+//! call. Here the pairs become slices and the GIL is released for the whole batch.
+
+use pyo3::prelude::*;
+use sluice_kv::{DirectIo, Durability, KvConfig, KvError, KvStore, Namespace, WriteMode};
+use sluice_policy::PolicyConfig;
+
+use crate::config::byte_size;
+use crate::errors::config_error;
+
+/// An open store (`sluice.kv.open` returns the Python wrapper around it).
+#[pyclass(name = "KvStore", module = "sluice._sluice")]
+pub struct PyKvStore {
+    store: KvStore,
+}
+
+fn kv_to_py(err: KvError) -> PyErr {
+    crate::errors::kv_to_py(err)
+}
+
+fn parse<T: serde::de::DeserializeOwned>(field: &str, value: &str) -> PyResult<T> {
+    serde_json::from_value(serde_json::Value::String(value.to_string())).map_err(|_| {
+        config_error(format!(
+            "kv: {field} = {value:?} is not one of the accepted values"
+        ))
+    })
+}
+
+fn policy(field: &str, spec: &str) -> PyResult<PolicyConfig> {
+    PolicyConfig::parse(spec).map_err(|e| config_error(format!("kv: {field} = {spec:?}: {e}")))
+}
+
+/// Opens (or creates) a store. Sizes are bytes; the Python wrapper parses "8GiB".
+#[pyfunction]
+#[pyo3(signature = (path, block_bytes, dram_bytes, ssd_bytes, namespace, dram_policy, ssd_policy, write_mode, durability, direct, io_threads, lease_timeout_ms, key_bytes, segment_bytes))]
+#[allow(clippy::too_many_arguments)]
+pub fn kv_open(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    block_bytes: &Bound<'_, PyAny>,
+    dram_bytes: &Bound<'_, PyAny>,
+    ssd_bytes: &Bound<'_, PyAny>,
+    namespace: (String, String, u32, u32, u32, String, String),
+    dram_policy: &str,
+    ssd_policy: &str,
+    write_mode: &str,
+    durability: &str,
+    direct: &str,
+    io_threads: usize,
+    lease_timeout_ms: u64,
+    key_bytes: Option<usize>,
+    segment_bytes: &Bound<'_, PyAny>,
+) -> PyResult<PyKvStore> {
+    let block_bytes = byte_size("block_bytes", block_bytes)?;
+    let dram_bytes = byte_size("dram", dram_bytes)?;
+    let ssd_bytes = byte_size("ssd", ssd_bytes)?;
+    let segment_bytes = if segment_bytes.is_none() {
+        None
+    } else {
+        Some(byte_size("segment_bytes", segment_bytes)?)
+    };
+    let (model, dtype, tp_rank, tp_size, pp_stage, kv_format, salt) = namespace;
+    let ns = Namespace {
+        model,
+        dtype,
+        tp_rank,
+        tp_size,
+        pp_stage,
+        kv_format,
+        salt,
+    };
+    let mut config = KvConfig::new(block_bytes, ns);
+    config.dram_bytes = dram_bytes;
+    config.ssd_bytes = ssd_bytes;
+    config.dram_policy = policy("dram_policy", dram_policy)?;
+    config.ssd_policy = policy("ssd_policy", ssd_policy)?;
+    config.write_mode = parse::<WriteMode>("write_mode", write_mode)?;
+    config.durability = parse::<Durability>("durability", durability)?;
+    config.direct = parse::<DirectIo>("direct", direct)?;
+    config.io_threads = io_threads;
+    config.lease_timeout_ms = lease_timeout_ms;
+    config.key_bytes = key_bytes;
+    if let Some(s) = segment_bytes {
+        config.segment_bytes = s;
+    }
+    let store = py
+        .detach(|| KvStore::open(&path, config))
+        .map_err(kv_to_py)?;
+    Ok(PyKvStore { store })
+}
+
+#[pymethods]
+impl PyKvStore {
+    /// Consecutive hits from the first key, from the index alone.
+    #[pyo3(signature = (keys, lease=true))]
+    fn lookup(&self, py: Python<'_>, keys: Vec<Vec<u8>>, lease: bool) -> PyResult<usize> {
+        let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+        py.detach(|| self.store.lookup(&refs, lease))
+            .map_err(kv_to_py)
+    }
+
+    /// Stores blocks given as (address, length) of live, contiguous buffers.
+    fn put_batch(
+        &self,
+        py: Python<'_>,
+        keys: Vec<Vec<u8>>,
+        buffers: Vec<(usize, usize)>,
+    ) -> PyResult<Vec<bool>> {
+        let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+        // SAFETY: sluice/kv.py passes the address and length of buffers it keeps alive for
+        // this call, each checked to be contiguous host memory.
+        let blocks: Vec<&[u8]> = buffers
+            .iter()
+            .map(|(p, n)| unsafe { std::slice::from_raw_parts(*p as *const u8, *n) })
+            .collect();
+        py.detach(|| self.store.put_batch(&refs, &blocks))
+            .map_err(kv_to_py)
+    }
+
+    /// Loads blocks into (address, length) of live, contiguous, writable buffers.
+    fn get_batch_into(
+        &self,
+        py: Python<'_>,
+        keys: Vec<Vec<u8>>,
+        buffers: Vec<(usize, usize)>,
+    ) -> PyResult<Vec<bool>> {
+        let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+        let mut seen = std::collections::HashSet::new();
+        for (i, (p, _)) in buffers.iter().enumerate() {
+            if !seen.insert(*p) {
+                return Err(config_error(format!(
+                    "buffer {i}: the same memory is passed twice"
+                )));
+            }
+        }
+        // SAFETY: as in put_batch, and every buffer was checked writable; distinct start
+        // addresses of equal-length blocks from distinct objects do not overlap.
+        let mut bufs: Vec<&mut [u8]> = buffers
+            .iter()
+            .map(|(p, n)| unsafe { std::slice::from_raw_parts_mut(*p as *mut u8, *n) })
+            .collect();
+        py.detach(|| self.store.get_batch_into(&refs, &mut bufs))
+            .map_err(kv_to_py)
+    }
+
+    /// Makes every acknowledged put durable.
+    fn sync(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.store.sync()).map_err(kv_to_py)
+    }
+
+    /// The counters, as JSON text.
+    fn stats_json(&self) -> String {
+        serde_json::to_string(&self.store.stats()).unwrap_or_else(|_| "{}".into())
+    }
+
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.store.close()).map_err(kv_to_py)
+    }
+
+    #[getter]
+    fn block_bytes(&self) -> u64 {
+        self.store.config().block_bytes
+    }
+}
+
+/// Verifies every block of a closed store (`sluice kv fsck`); returns the report as JSON.
+#[pyfunction]
+#[pyo3(signature = (path, repair=false))]
+pub fn kv_fsck(py: Python<'_>, path: std::path::PathBuf, repair: bool) -> PyResult<String> {
+    let report = py
+        .detach(|| sluice_kv::fsck::fsck(&path, repair))
+        .map_err(kv_to_py)?;
+    Ok(serde_json::to_string(&report).unwrap_or_else(|_| "{}".into()))
+}

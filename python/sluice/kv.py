@@ -1,0 +1,167 @@
+"""``sluice.kv``: a tiered KV-cache block store (DRAM slots, then log-structured SSD segments).
+
+    import numpy as np, sluice.kv
+    store = sluice.kv.open("/nvme/kv", block_bytes="2MiB", dram="8GiB", ssd="200GiB",
+                           model="llama-3.1-8b", dtype="bfloat16", policy="lru")
+    store.put_batch(keys, blocks)              # keys: bytes; blocks: arrays of block_bytes
+    n = store.lookup(keys)                     # consecutive hits from the first key, no I/O
+    ok = store.get_batch_into(keys[:n], out)   # zero-copy into numpy / torch CPU buffers
+    store.close()
+
+A block that is missing, unreadable or fails its checksum is a miss (``False``), never
+wrong bytes; after the first miss every later key of a batch is a miss too (prefix
+semantics), as engines expect. The GIL is released for every batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any, Optional, Union
+
+from . import _sluice
+
+PathLike = Union[str, "os.PathLike[str]"]
+ByteSize = Union[int, str]
+
+__all__ = ["KvStore", "open"]
+
+
+def _address(buf: Any, index: int, writable: bool) -> tuple[int, int]:
+    """(address, nbytes) of a contiguous host buffer: numpy array, torch CPU tensor,
+    bytearray, bytes (read-only) or memoryview."""
+    if hasattr(buf, "data_ptr") and hasattr(buf, "is_contiguous"):  # torch.Tensor
+        if buf.device.type != "cpu":
+            raise ValueError(f"buffer {index}: a {buf.device} tensor; sluice.kv needs CPU memory")
+        if not buf.is_contiguous():
+            raise ValueError(f"buffer {index}: the tensor is not contiguous")
+        return buf.data_ptr(), buf.numel() * buf.element_size()
+    import numpy as np
+
+    arr = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
+    if not arr.flags.c_contiguous:
+        raise ValueError(f"buffer {index}: the array is not C-contiguous")
+    if writable and not arr.flags.writeable:
+        raise ValueError(f"buffer {index}: read-only; get_batch_into needs writable buffers")
+    return arr.__array_interface__["data"][0], arr.nbytes
+
+
+def _keys(keys: Iterable[Union[bytes, bytearray, memoryview]]) -> list[bytes]:
+    out = []
+    for i, k in enumerate(keys):
+        if not isinstance(k, (bytes, bytearray, memoryview)):
+            raise TypeError(f"key {i}: expected bytes, got {type(k).__name__}")
+        out.append(bytes(k))
+    return out
+
+
+class KvStore:
+    """An open store; use :func:`open`. Also a context manager that closes it."""
+
+    def __init__(self, native: Any, path: str) -> None:
+        self._native = native
+        self.path = path
+
+    @property
+    def block_bytes(self) -> int:
+        return int(self._native.block_bytes)
+
+    def lookup(self, keys: Sequence[bytes], *, lease: bool = True) -> int:
+        """How many keys, from the first, are stored. Answered from the index, no I/O.
+        With ``lease`` the blocks found stay readable until their get (or the lease
+        timeout), even if evicted meanwhile."""
+        return int(self._native.lookup(_keys(keys), lease))
+
+    def put_batch(self, keys: Sequence[bytes], blocks: Sequence[Any]) -> list[bool]:
+        """Stores blocks (each exactly ``block_bytes``). ``True``: the block is in the
+        store now; ``False``: no tier took it (declined by the policy, or I/O failed)."""
+        ks = _keys(keys)
+        held = list(blocks)
+        addrs = [_address(b, i, writable=False) for i, b in enumerate(held)]
+        return list(self._native.put_batch(ks, addrs))
+
+    def get_batch_into(self, keys: Sequence[bytes], buffers: Sequence[Any]) -> list[bool]:
+        """Loads blocks into writable buffers, zero-copy. ``True`` for key ``i`` means
+        ``buffers[i]`` holds exactly its bytes; after the first ``False`` the rest are
+        ``False`` and their buffers unspecified."""
+        ks = _keys(keys)
+        held = list(buffers)
+        addrs = [_address(b, i, writable=True) for i, b in enumerate(held)]
+        return list(self._native.get_batch_into(ks, addrs))
+
+    def sync(self) -> None:
+        """Makes every acknowledged put durable (for ``durability="none"``)."""
+        self._native.sync()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: hits per tier, misses, corrupt blocks, bytes used per tier."""
+        return json.loads(self._native.stats_json())
+
+    def close(self) -> None:
+        """Syncs and releases the store; later calls raise ``SluiceError``."""
+        self._native.close()
+
+    def __enter__(self) -> KvStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open(
+    path: PathLike,
+    *,
+    block_bytes: ByteSize,
+    dram: ByteSize = 0,
+    ssd: ByteSize = 0,
+    model: str = "",
+    dtype: str = "",
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    pp_stage: int = 0,
+    kv_format: str = "",
+    salt: str = "",
+    policy: str = "lru",
+    dram_policy: Optional[str] = None,
+    ssd_policy: Optional[str] = None,
+    write_mode: str = "write-through",
+    durability: str = "batch",
+    direct: str = "auto",
+    io_threads: int = 8,
+    lease_timeout_ms: int = 10_000,
+    key_bytes: Optional[int] = None,
+    segment_bytes: Optional[ByteSize] = None,
+) -> KvStore:
+    """Opens or creates the store at ``path``.
+
+    ``dram`` and ``ssd`` are the tiers' byte budgets ("8GiB"; 0 leaves a tier out).
+    ``model``, ``dtype``, ``tp_rank``, ``tp_size``, ``pp_stage``, ``kv_format`` and
+    ``salt`` form the namespace: blocks of another namespace are never seen. ``policy``
+    names the eviction policy of both tiers as ``sluice sim`` does (``lru``, ``arc``,
+    ``s3fifo``, ``tinylfu(window=0.01)``, ...); ``dram_policy``/``ssd_policy`` override it
+    per tier. ``write_mode`` is ``write-through`` or ``write-back``; ``durability``
+    ``batch`` (a put batch is acknowledged after fdatasync) or ``none``.
+    """
+    native = _sluice.kv_open(
+        os.fspath(path),
+        block_bytes,
+        dram,
+        ssd,
+        (model, dtype, tp_rank, tp_size, pp_stage, kv_format, salt),
+        dram_policy or policy,
+        ssd_policy or policy,
+        write_mode,
+        durability,
+        direct,
+        io_threads,
+        lease_timeout_ms,
+        key_bytes,
+        segment_bytes,
+    )
+    return KvStore(native, os.fspath(path))
+
+
+def fsck(path: PathLike, *, repair: bool = False) -> dict[str, Any]:
+    """Verifies every block of a closed store; with ``repair`` drops the bad ones."""
+    return json.loads(_sluice.kv_fsck(os.fspath(path), repair))
