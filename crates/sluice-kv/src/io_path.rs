@@ -6,19 +6,18 @@
 //! them is published, so an acknowledged put is durable (in batch durability) and a
 //! lookup never sees a block whose bytes are not on disk.
 
-use std::collections::HashMap;
 use std::io::IoSliceMut;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use sluice_engine::AlignedBuf;
+use sluice_engine::PooledBuf;
 use sluice_formats::kv::{payload_checksum, RecordHeader, KV_ALIGN, RECORD_HEADER_BYTES};
 
 use crate::config::Durability;
 use crate::dram_tier::{Demoted, DramPut};
 use crate::namespace::Fingerprint;
 use crate::segment_io::SegmentFile;
-use crate::ssd_tier::{Reservation, SsdLoc, SsdPut};
+use crate::ssd_tier::{sync_written, Reservation, SsdLoc, SsdPut};
 use crate::store::{add, lock, writes_through, KvStore};
 
 /// Runs `f(i)` for every `i < n` on up to `threads` threads; results in order.
@@ -53,41 +52,33 @@ pub(crate) fn parallel<T: Send>(n: usize, threads: usize, f: impl Fn(usize) -> T
 enum SsdStep {
     None,
     Present,
-    Written(Reservation),
-    Failed(Reservation),
+    /// A record written to a reserved slot (`true`) or a write that failed (`false`).
+    Written(Reservation, bool),
 }
 
 pub(crate) fn put_batch(store: &KvStore, keys: &[&[u8]], blocks: &[&[u8]]) -> Vec<bool> {
     let inner = &store.inner;
-    let threads = inner.config.io_threads;
-    let steps = parallel(keys.len(), threads, |i| put_one(store, keys[i], blocks[i]));
-    let mut written: Vec<(Reservation, bool)> = Vec::new();
+    let steps = parallel(keys.len(), inner.config.io_threads, |i| {
+        put_one(store, keys[i], blocks[i])
+    });
     let mut ok = Vec::with_capacity(steps.len());
-    let mut idx = Vec::with_capacity(steps.len());
-    for (in_dram, step) in steps {
-        let (now_ok, res) = match step {
-            SsdStep::None => (in_dram, None),
-            SsdStep::Present => (true, None),
-            SsdStep::Written(r) => (in_dram, Some((r, true))),
-            SsdStep::Failed(r) => (in_dram, Some((r, false))),
-        };
-        idx.push(res.as_ref().map(|_| written.len()));
-        if let Some(r) = res {
-            written.push(r);
+    let mut written: Vec<(Reservation, bool)> = Vec::new();
+    let mut written_key = Vec::new();
+    for (i, (in_dram, step)) in steps.into_iter().enumerate() {
+        ok.push(in_dram || matches!(step, SsdStep::Present));
+        if let SsdStep::Written(r, w) = step {
+            written.push((r, w));
+            written_key.push(i);
         }
-        ok.push(now_ok);
     }
     if inner.config.durability == Durability::Batch {
         sync_written(&mut written);
     }
-    let published: Vec<bool> = written.iter().map(|(_, w)| *w).collect();
+    for (i, (_, w)) in written_key.iter().zip(&written) {
+        ok[*i] |= *w;
+    }
     if let Some(ssd) = &inner.ssd {
         lock(ssd).publish(written);
-    }
-    for (i, w) in idx.iter().enumerate() {
-        if let Some(w) = w {
-            ok[i] |= published[*w];
-        }
     }
     add(&inner.counters.puts, keys.len() as u64);
     add(
@@ -95,29 +86,6 @@ pub(crate) fn put_batch(store: &KvStore, keys: &[&[u8]], blocks: &[&[u8]]) -> Ve
         ok.iter().filter(|o| !**o).count() as u64,
     );
     ok
-}
-
-/// One `fdatasync` per segment written; a failed sync fails every write it covered.
-fn sync_written(written: &mut [(Reservation, bool)]) {
-    let mut files: HashMap<u32, (Arc<dyn SegmentFile>, bool)> = HashMap::new();
-    for (r, ok) in written.iter() {
-        if *ok {
-            files
-                .entry(r.loc.segment)
-                .or_insert_with(|| (Arc::clone(&r.file), true));
-        }
-    }
-    for (seg, (file, synced)) in files.iter_mut() {
-        if let Err(e) = file.sync() {
-            tracing::warn!("kv segment {seg}: fdatasync failed: {e}; the batch's writes there are not acknowledged");
-            *synced = false;
-        }
-    }
-    for (r, ok) in written.iter_mut() {
-        if files.get(&r.loc.segment).is_some_and(|(_, s)| !s) {
-            *ok = false;
-        }
-    }
 }
 
 /// Puts one block: DRAM first, then SSD when writing through (or DRAM declined).
@@ -153,14 +121,14 @@ fn put_one(store: &KvStore, key: &[u8], block: &[u8]) -> (bool, SsdStep) {
         SsdPut::Present => SsdStep::Present,
         SsdPut::Declined | SsdPut::Full => SsdStep::None,
         SsdPut::Reserved(r) => match write_record(store, &r, key, block) {
-            Ok(()) => SsdStep::Written(r),
+            Ok(()) => SsdStep::Written(r, true),
             Err(e) => {
                 tracing::warn!(
                     "kv segment {} slot {}: write failed: {e}",
                     r.loc.segment,
                     r.loc.slot
                 );
-                SsdStep::Failed(r)
+                SsdStep::Written(r, false)
             }
         },
     };
@@ -219,9 +187,10 @@ fn demote(store: &KvStore, demoted: Vec<Arc<Demoted>>) {
     }
 }
 
+/// Stages header and block in a pooled aligned buffer and writes the slot in one call.
 fn write_record(store: &KvStore, r: &Reservation, key: &[u8], block: &[u8]) -> std::io::Result<()> {
     let slot_bytes = store.inner.config.slot_bytes() as usize;
-    let mut buf = AlignedBuf::new(slot_bytes)?;
+    let mut buf = staging(store, slot_bytes)?;
     let header = RecordHeader {
         namespace_id: store.inner.namespace_id,
         seq: r.seq,
@@ -229,13 +198,25 @@ fn write_record(store: &KvStore, r: &Reservation, key: &[u8], block: &[u8]) -> s
         payload_checksum: payload_checksum(block),
         key: key.to_vec(),
     };
-    let bytes = buf.as_mut_slice();
+    let bytes = &mut buf.as_mut_slice()[..slot_bytes];
     header
         .encode_into(&mut bytes[..RECORD_HEADER_BYTES])
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
-    bytes[RECORD_HEADER_BYTES..RECORD_HEADER_BYTES + block.len()].copy_from_slice(block);
+    let (payload, padding) = bytes[RECORD_HEADER_BYTES..].split_at_mut(block.len());
+    payload.copy_from_slice(block);
+    padding.fill(0); // a reused buffer must not carry another block's bytes to disk
     r.file
-        .write_all_at(buf.as_slice(), r.loc.slot as u64 * slot_bytes as u64)
+        .write_all_at(bytes, r.loc.slot as u64 * slot_bytes as u64)
+}
+
+/// An aligned buffer from the store's staging pool (reused, so no mapping or page faults
+/// per block; its budget is one slot per I/O thread).
+fn staging(store: &KvStore, len: usize) -> std::io::Result<PooledBuf> {
+    store
+        .inner
+        .staging
+        .acquire(len)
+        .map_err(|e| std::io::Error::other(e.to_string()))
 }
 
 pub(crate) fn get_batch(store: &KvStore, keys: &[&[u8]], bufs: &mut [&mut [u8]]) -> Vec<bool> {
@@ -289,7 +270,7 @@ fn get_one(store: &KvStore, key: &[u8], buf: &mut [u8]) -> bool {
         }
         Some(Source::Ssd(loc, file)) => get_from_ssd(store, fp, key, loc, &*file, buf),
     };
-    store.release_lease(Some(fp));
+    store.release_lease(fp);
     ok
 }
 
@@ -364,7 +345,7 @@ enum ReadFailure {
 }
 
 /// Reads and verifies one record into `buf`: O_DIRECT straight into `buf` when it is
-/// aligned, else through an aligned bounce buffer.
+/// aligned, else through a pooled aligned bounce buffer (copied out once verified).
 fn read_record(
     store: &KvStore,
     key: &[u8],
@@ -374,49 +355,48 @@ fn read_record(
 ) -> Result<(), ReadFailure> {
     let slot_bytes = store.inner.config.slot_bytes();
     let at = loc.slot as u64 * slot_bytes;
-    let mut head = AlignedBuf::new(RECORD_HEADER_BYTES).map_err(ReadFailure::Io)?;
+    let want = RECORD_HEADER_BYTES + buf.len();
+    let short = |n: usize| ReadFailure::Corrupt(format!("short read: {n} of {want} bytes"));
     let direct_ok =
         !file.is_direct() || (buf.as_ptr() as usize % KV_ALIGN == 0 && buf.len() % KV_ALIGN == 0);
     if direct_ok {
-        let want = RECORD_HEADER_BYTES + buf.len();
+        let mut head = staging(store, RECORD_HEADER_BYTES).map_err(ReadFailure::Io)?;
+        let head = &mut head.as_mut_slice()[..RECORD_HEADER_BYTES];
         let n = file
-            .read_vectored_at(
-                &mut [IoSliceMut::new(head.as_mut_slice()), IoSliceMut::new(buf)],
-                at,
-            )
+            .read_vectored_at(&mut [IoSliceMut::new(head), IoSliceMut::new(buf)], at)
             .map_err(ReadFailure::Io)?;
         if n < want {
-            return Err(ReadFailure::Corrupt(format!(
-                "short read: {n} of {want} bytes"
-            )));
+            return Err(short(n));
         }
-    } else {
-        let mut bounce = AlignedBuf::new(slot_bytes as usize).map_err(ReadFailure::Io)?;
-        let n = file
-            .read_vectored_at(&mut [IoSliceMut::new(bounce.as_mut_slice())], at)
-            .map_err(ReadFailure::Io)?;
-        let want = RECORD_HEADER_BYTES + buf.len();
-        if n < want {
-            return Err(ReadFailure::Corrupt(format!(
-                "short read: {n} of {want} bytes"
-            )));
-        }
-        head.as_mut_slice()
-            .copy_from_slice(&bounce.as_slice()[..RECORD_HEADER_BYTES]);
-        buf.copy_from_slice(&bounce.as_slice()[RECORD_HEADER_BYTES..want]);
+        return verify(store, key, head, buf);
     }
-    let h =
-        RecordHeader::decode(head.as_slice()).map_err(|e| ReadFailure::Corrupt(e.to_string()))?;
+    let mut bounce = staging(store, slot_bytes as usize).map_err(ReadFailure::Io)?;
+    let bounce = &mut bounce.as_mut_slice()[..slot_bytes as usize];
+    let n = file
+        .read_vectored_at(&mut [IoSliceMut::new(bounce)], at)
+        .map_err(ReadFailure::Io)?;
+    if n < want {
+        return Err(short(n));
+    }
+    let (head, payload) = bounce[..want].split_at(RECORD_HEADER_BYTES);
+    verify(store, key, head, payload)?;
+    buf.copy_from_slice(payload);
+    Ok(())
+}
+
+/// Checks a record's header against the key asked for and its payload against the hash.
+fn verify(store: &KvStore, key: &[u8], head: &[u8], payload: &[u8]) -> Result<(), ReadFailure> {
+    let h = RecordHeader::decode(head).map_err(|e| ReadFailure::Corrupt(e.to_string()))?;
     if h.key != key || h.namespace_id != store.inner.namespace_id {
         return Err(ReadFailure::Corrupt("the record holds another key".into()));
     }
-    if h.payload_len != buf.len() as u64 {
+    if h.payload_len != payload.len() as u64 {
         return Err(ReadFailure::Corrupt(format!(
             "payload is {} bytes",
             h.payload_len
         )));
     }
-    if payload_checksum(buf) != h.payload_checksum {
+    if payload_checksum(payload) != h.payload_checksum {
         return Err(ReadFailure::Corrupt(
             "payload checksum does not match".into(),
         ));

@@ -475,22 +475,32 @@ impl SsdTier {
             return false;
         }
         let src = Arc::clone(&self.segments[&id].file);
+        let Ok(mut buf) = AlignedBuf::new(self.slot_bytes as usize) else {
+            return false;
+        };
+        let mut moved = Vec::with_capacity(moving.len());
+        let mut complete = true;
         for (fp, loc) in moving {
             let Some(r) = self.reserve_for_compaction(fp) else {
-                return false;
+                complete = false;
+                break;
             };
-            let ok = copy_record(&*src, loc, &r, self.slot_bytes).is_ok();
+            let ok = copy_record(&*src, loc, &r, &mut buf).is_ok();
             if !ok {
                 self.index.remove(&fp);
                 self.dec_live(loc);
                 self.counters.corrupt_blocks += 1;
             }
-            let moved = vec![(r, ok)];
-            self.publish(moved);
-            self.counters.blocks_moved += ok as u64;
+            moved.push((r, ok));
         }
-        self.counters.segments_compacted += 1;
-        true
+        // One sync for every record moved, before any of them is published.
+        sync_written(&mut moved);
+        self.counters.blocks_moved += moved.iter().filter(|(_, ok)| *ok).count() as u64;
+        self.publish(moved);
+        if complete {
+            self.counters.segments_compacted += 1;
+        }
+        complete
     }
 
     fn free_slots_outside(&self, id: u32) -> u64 {
@@ -571,6 +581,31 @@ impl SsdTier {
     }
 }
 
+/// One `fdatasync` per segment written; a failed sync fails every write it covered.
+pub(crate) fn sync_written(written: &mut [(Reservation, bool)]) {
+    let mut files: HashMap<u32, (Arc<dyn SegmentFile>, bool)> = HashMap::new();
+    for (r, ok) in written.iter() {
+        if *ok {
+            files
+                .entry(r.loc.segment)
+                .or_insert_with(|| (Arc::clone(&r.file), true));
+        }
+    }
+    for (seg, (file, synced)) in files.iter_mut() {
+        if let Err(e) = file.sync() {
+            tracing::warn!(
+                "kv segment {seg}: fdatasync failed: {e}; the writes it covered are not acknowledged"
+            );
+            *synced = false;
+        }
+    }
+    for (r, ok) in written.iter_mut() {
+        if files.get(&r.loc.segment).is_some_and(|(_, s)| !s) {
+            *ok = false;
+        }
+    }
+}
+
 fn build_policy(cfg: &PolicyConfig, capacity: u64) -> Result<Box<dyn Policy + Send>, KvError> {
     cfg.build(capacity)
         .map_err(|e| KvError::config("ssd_policy", cfg.kind().name(), e.to_string()))
@@ -587,14 +622,15 @@ fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
-/// Copies one record to a reserved slot, verifying it on the way (compaction).
+/// Copies one record to a reserved slot through `buf` (one slot long), verifying it on
+/// the way (compaction). The caller syncs the destination.
 fn copy_record(
     src: &dyn SegmentFile,
     loc: SsdLoc,
     dst: &Reservation,
-    slot_bytes: u64,
+    buf: &mut AlignedBuf,
 ) -> std::io::Result<()> {
-    let mut buf = AlignedBuf::new(slot_bytes as usize)?;
+    let slot_bytes = buf.len() as u64;
     let n = src.read_vectored_at(
         &mut [IoSliceMut::new(buf.as_mut_slice())],
         loc.slot as u64 * slot_bytes,
@@ -620,6 +656,5 @@ fn copy_record(
         .encode_into(&mut buf.as_mut_slice()[..RECORD_HEADER_BYTES])
         .map_err(|_| bad())?;
     dst.file
-        .write_all_at(buf.as_slice(), dst.loc.slot as u64 * slot_bytes)?;
-    dst.file.sync()
+        .write_all_at(buf.as_slice(), dst.loc.slot as u64 * slot_bytes)
 }

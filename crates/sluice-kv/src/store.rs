@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use sluice_engine::{BufferPool, BufferPoolConfig};
 use sluice_formats::kv::MAX_KEY_BYTES;
 
 use crate::config::{KvConfig, WriteMode};
@@ -50,6 +51,9 @@ pub(crate) struct Inner {
     /// get that checks DRAM, then this, then SSD always finds such a block.
     pub demoting: Mutex<HashMap<Fingerprint, Arc<crate::dram_tier::Demoted>>>,
     pub counters: Counters,
+    /// Aligned staging for SSD records (writes, unaligned reads, record headers): one slot
+    /// per I/O thread, reused, so the data path maps no memory per block.
+    pub staging: BufferPool,
     pub closed: AtomicBool,
     reclaim_wake: Arc<(Mutex<bool>, Condvar)>,
     owner_lock: Mutex<Option<StoreLock>>,
@@ -68,16 +72,8 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl KvStore {
     /// Opens (or creates) the store at `root`, recovering the SSD tier's blocks.
     pub fn open(root: &Path, config: KvConfig) -> Result<KvStore, KvError> {
-        config.validate()?;
-        let manifest = manifest::open_or_create(root, config.block_bytes)?;
-        let owner = manifest::lock(root)?;
-        let seg_root = root.join("segments");
-        std::fs::create_dir_all(&seg_root).map_err(KvError::io(&seg_root))?;
-        let dir: Arc<dyn SegmentDir> = Arc::new(FsSegmentDir::new(&seg_root, config.direct));
-        let store_id = manifest
-            .store_id_bytes()
-            .expect("read() checked the store id");
-        Self::open_with(root, config, dir, store_id, Some(owner))
+        let dir = Arc::new(FsSegmentDir::new(&root.join("segments"), config.direct));
+        Self::open_with_dir(root, config, dir)
     }
 
     /// Opens a store over any segment directory (tests pass a fault-injecting one).
@@ -94,16 +90,6 @@ impl KvStore {
         let store_id = manifest
             .store_id_bytes()
             .expect("read() checked the store id");
-        Self::open_with(root, config, dir, store_id, Some(owner))
-    }
-
-    fn open_with(
-        root: &Path,
-        config: KvConfig,
-        dir: Arc<dyn SegmentDir>,
-        store_id: [u8; 16],
-        owner: Option<StoreLock>,
-    ) -> Result<KvStore, KvError> {
         let dram = match config.dram_bytes {
             0 => None,
             b => Some(Mutex::new(DramTier::new(
@@ -114,13 +100,11 @@ impl KvStore {
         };
         let ssd = match config.ssd_bytes {
             0 => None,
-            _ => Some(Mutex::new(SsdTier::open(
-                dir,
-                root.join("segments"),
-                store_id,
-                &config,
-            )?)),
+            _ => Some(Mutex::new(SsdTier::open(dir, seg_root, store_id, &config)?)),
         };
+        let staging = BufferPool::new(BufferPoolConfig::bounded(
+            config.io_threads as u64 * config.slot_bytes(),
+        ));
         let inner = Arc::new(Inner {
             namespace_id: config.namespace.id(),
             config,
@@ -130,9 +114,10 @@ impl KvStore {
             leases: Mutex::new(HashMap::new()),
             demoting: Mutex::new(HashMap::new()),
             counters: Counters::default(),
+            staging,
             closed: AtomicBool::new(false),
             reclaim_wake: Arc::new((Mutex::new(false), Condvar::new())),
-            owner_lock: Mutex::new(owner),
+            owner_lock: Mutex::new(Some(owner)),
         });
         if inner.ssd.is_some() {
             let weak = Arc::downgrade(&inner);
@@ -160,8 +145,15 @@ impl KvStore {
         Ok(())
     }
 
-    /// Checks a key against the store's rules.
-    pub(crate) fn check_key(&self, i: usize, key: &[u8]) -> Result<(), KvError> {
+    /// Checks every key of a batch against the store's rules.
+    fn check_keys(&self, keys: &[&[u8]]) -> Result<(), KvError> {
+        for (i, k) in keys.iter().enumerate() {
+            self.check_key(i, k)?;
+        }
+        Ok(())
+    }
+
+    fn check_key(&self, i: usize, key: &[u8]) -> Result<(), KvError> {
         let what = || format!("key {i}");
         if key.is_empty() || key.len() > MAX_KEY_BYTES {
             return Err(KvError::arg(
@@ -183,7 +175,7 @@ impl KvStore {
         Ok(())
     }
 
-    pub(crate) fn check_buffers(&self, keys: usize, lens: &[usize]) -> Result<(), KvError> {
+    fn check_buffers(&self, keys: usize, lens: &[usize]) -> Result<(), KvError> {
         if keys != lens.len() {
             return Err(KvError::arg(
                 "batch",
@@ -209,9 +201,8 @@ impl KvStore {
     /// or `lease_timeout_ms` passes.
     pub fn lookup(&self, keys: &[&[u8]], lease: bool) -> Result<usize, KvError> {
         self.check_open()?;
-        for (i, k) in keys.iter().enumerate() {
-            self.check_key(i, k)?;
-        }
+        self.check_keys(keys)?;
+        self.expire_leases();
         self.inner.counters.lookups.fetch_add(1, Ordering::Relaxed);
         let mut n = 0;
         for key in keys {
@@ -267,25 +258,36 @@ impl KvStore {
         true
     }
 
-    /// Releases one lease count of `fp` (after its get), and every expired lease.
-    pub(crate) fn release_lease(&self, fp: Option<Fingerprint>) {
-        let inner = &self.inner;
-        let now = Instant::now();
-        let mut leases = lock(&inner.leases);
-        if let Some(l) = fp.and_then(|fp| leases.get_mut(&fp)) {
-            l.count = l.count.saturating_sub(1);
+    /// Releases one lease count of `fp` (after its get).
+    pub(crate) fn release_lease(&self, fp: Fingerprint) {
+        let mut leases = lock(&self.inner.leases);
+        let Some(l) = leases.get_mut(&fp) else { return };
+        l.count = l.count.saturating_sub(1);
+        if l.count == 0 {
+            let l = leases.remove(&fp).expect("just found");
+            self.unpin_lease(l);
         }
-        let done: Vec<Fingerprint> = leases
+    }
+
+    /// Ends every lease past its timeout (once per call, not per key).
+    fn expire_leases(&self) {
+        let now = Instant::now();
+        let mut leases = lock(&self.inner.leases);
+        let expired: Vec<Fingerprint> = leases
             .iter()
-            .filter(|(_, l)| l.count == 0 || l.expires <= now)
+            .filter(|(_, l)| l.expires <= now)
             .map(|(fp, _)| *fp)
             .collect();
-        for fp in done {
+        for fp in expired {
             if let Some(l) = leases.remove(&fp) {
-                if let (Some(slot), Some(d)) = (l.dram_slot, inner.dram.as_ref()) {
-                    lock(d).unpin(slot);
-                }
+                self.unpin_lease(l);
             }
+        }
+    }
+
+    fn unpin_lease(&self, lease: Lease) {
+        if let (Some(slot), Some(d)) = (lease.dram_slot, self.inner.dram.as_ref()) {
+            lock(d).unpin(slot);
         }
     }
 
@@ -293,9 +295,8 @@ impl KvStore {
     /// already there); `false` that no tier took it (the policy declined, or I/O failed).
     pub fn put_batch(&self, keys: &[&[u8]], blocks: &[&[u8]]) -> Result<Vec<bool>, KvError> {
         self.check_open()?;
-        for (i, k) in keys.iter().enumerate() {
-            self.check_key(i, k)?;
-        }
+        self.check_keys(keys)?;
+        self.expire_leases();
         let lens: Vec<usize> = blocks.iter().map(|b| b.len()).collect();
         self.check_buffers(keys.len(), &lens)?;
         let out = io_path::put_batch(self, keys, blocks);
@@ -312,9 +313,8 @@ impl KvStore {
         bufs: &mut [&mut [u8]],
     ) -> Result<Vec<bool>, KvError> {
         self.check_open()?;
-        for (i, k) in keys.iter().enumerate() {
-            self.check_key(i, k)?;
-        }
+        self.check_keys(keys)?;
+        self.expire_leases();
         let lens: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
         self.check_buffers(keys.len(), &lens)?;
         Ok(io_path::get_batch(self, keys, bufs))
