@@ -124,6 +124,10 @@ def test_bad_keys_and_buffers_are_refused_naming_them(store_dir):
         same = np.zeros(BLOCK, np.uint8)
         with pytest.raises(ConfigError, match="twice"):
             store.get_batch_into(keys_for(2), [same, same])
+        # Two views one byte apart overlap without sharing a start address.
+        wide = np.zeros(BLOCK + 1, np.uint8)
+        with pytest.raises(ConfigError, match="overlaps"):
+            store.get_batch_into(keys_for(2), [wide[:BLOCK], wide[1:]])
 
 
 def test_a_store_open_elsewhere_or_of_another_kind_is_refused(store_dir, tmp_path):

@@ -93,12 +93,30 @@ pub fn kv_open(
     Ok(PyKvStore { store })
 }
 
+fn key_refs(keys: &[Vec<u8>]) -> Vec<&[u8]> {
+    keys.iter().map(|k| k.as_slice()).collect()
+}
+
+/// The index of a buffer whose (address, length) range overlaps another's, if any.
+fn first_overlap(buffers: &[(usize, usize)]) -> Option<usize> {
+    let mut by_start: Vec<(usize, usize, usize)> = buffers
+        .iter()
+        .enumerate()
+        .map(|(i, (p, n))| (*p, p.saturating_add(*n), i))
+        .collect();
+    by_start.sort_unstable();
+    by_start
+        .windows(2)
+        .find(|w| w[1].0 < w[0].1 || w[1].0 == w[0].0)
+        .map(|w| w[0].2.max(w[1].2))
+}
+
 #[pymethods]
 impl PyKvStore {
     /// Consecutive hits from the first key, from the index alone.
     #[pyo3(signature = (keys, lease=true))]
     fn lookup(&self, py: Python<'_>, keys: Vec<Vec<u8>>, lease: bool) -> PyResult<usize> {
-        let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+        let refs = key_refs(&keys);
         py.detach(|| self.store.lookup(&refs, lease))
             .map_err(kv_to_py)
     }
@@ -110,7 +128,7 @@ impl PyKvStore {
         keys: Vec<Vec<u8>>,
         buffers: Vec<(usize, usize)>,
     ) -> PyResult<Vec<bool>> {
-        let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+        let refs = key_refs(&keys);
         // SAFETY: sluice/kv.py passes the address and length of buffers it keeps alive for
         // this call, each checked to be contiguous host memory.
         let blocks: Vec<&[u8]> = buffers
@@ -128,17 +146,13 @@ impl PyKvStore {
         keys: Vec<Vec<u8>>,
         buffers: Vec<(usize, usize)>,
     ) -> PyResult<Vec<bool>> {
-        let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
-        let mut seen = std::collections::HashSet::new();
-        for (i, (p, _)) in buffers.iter().enumerate() {
-            if !seen.insert(*p) {
-                return Err(config_error(format!(
-                    "buffer {i}: the same memory is passed twice"
-                )));
-            }
+        let refs = key_refs(&keys);
+        if let Some(i) = first_overlap(&buffers) {
+            return Err(config_error(format!(
+                "buffer {i}: overlaps another buffer (the same memory is passed twice)"
+            )));
         }
-        // SAFETY: as in put_batch, and every buffer was checked writable; distinct start
-        // addresses of equal-length blocks from distinct objects do not overlap.
+        // SAFETY: as in put_batch; every buffer was checked writable, and no two overlap.
         let mut bufs: Vec<&mut [u8]> = buffers
             .iter()
             .map(|(p, n)| unsafe { std::slice::from_raw_parts_mut(*p as *mut u8, *n) })
