@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -145,3 +146,13 @@ def test_a_store_open_elsewhere_or_of_another_kind_is_refused(store_dir, tmp_pat
     with pytest.raises(StoreFormatError, match="not a sluice kv store"):
         open_store(other)
     assert (other / "notes.txt").read_text() == "mine"
+
+
+def test_the_readme_kv_example_runs_as_written(tmp_path, monkeypatch, capsys):
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = readme.index("```python\nimport numpy as np\nimport sluice.kv\n")
+    code = readme[start + len("```python\n") : readme.index("```", start + 10)]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md (sluice.kv)", "exec"), {})
+    out = capsys.readouterr().out
+    assert "'good_blocks': 8" in out and "'bad_blocks': 0" in out

@@ -50,7 +50,7 @@ pub use file_mapping::FileMapping;
 pub use io_engine::{EngineKind, IoEngine, Next, OpSource, ReadOp, Sink};
 pub use mapping::Mapping;
 pub use os_error::OsError;
-pub use regular_file::{is_not_regular, open_regular};
+pub use regular_file::{is_not_regular, open_regular, open_regular_rw};
 pub use source_file::{DirectMode, SourceFile};
 pub use sync_engine::SyncEngine;
 pub use thread_engine::ThreadEngine;

@@ -21,8 +21,19 @@ use std::path::Path;
 /// the path is (a FIFO, a directory, a device, a socket). The error does
 /// not name the path: callers add it, as for every other open error.
 pub fn open_regular(path: &Path, flags: i32) -> io::Result<File> {
+    open_checked(path, flags, false)
+}
+
+/// [`open_regular`] for reading and writing an existing file (a store's own data files,
+/// which a hostile directory could also replace by a FIFO).
+pub fn open_regular_rw(path: &Path, flags: i32) -> io::Result<File> {
+    open_checked(path, flags, true)
+}
+
+fn open_checked(path: &Path, flags: i32, write: bool) -> io::Result<File> {
     let file = OpenOptions::new()
         .read(true)
+        .write(write)
         .custom_flags(flags | libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)?;
     let kind = file.metadata()?.file_type();

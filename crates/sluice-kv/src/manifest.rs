@@ -53,6 +53,12 @@ impl Manifest {
 /// or empty. A manifest with another block size is [`KvError::Incompatible`].
 pub fn open_or_create(root: &Path, block_bytes: u64) -> Result<Manifest, KvError> {
     let path = root.join(MANIFEST_NAME);
+    if root.exists() && !root.is_dir() {
+        return Err(KvError::Incompatible {
+            path: root.to_path_buf(),
+            detail: "is not a directory".into(),
+        });
+    }
     if path.exists() {
         let m = read(root)?;
         if m.block_bytes != block_bytes {
@@ -91,7 +97,11 @@ pub fn open_or_create(root: &Path, block_bytes: u64) -> Result<Manifest, KvError
 /// Reads and checks the manifest of an existing store.
 pub fn read(root: &Path) -> Result<Manifest, KvError> {
     let path = root.join(MANIFEST_NAME);
-    let bytes = std::fs::read(&path).map_err(KvError::io(&path))?;
+    // Opened as a regular file only: a FIFO in its place must not hang the open.
+    let mut bytes = Vec::new();
+    sluice_engine::open_regular(&path, 0)
+        .and_then(|mut f| f.read_to_end(&mut bytes))
+        .map_err(KvError::io(&path))?;
     let m: Manifest = serde_json::from_slice(&bytes).map_err(|e| KvError::Incompatible {
         path: path.clone(),
         detail: format!("manifest is not valid: {e}"),

@@ -40,7 +40,14 @@ pub(crate) fn recover(tier: &mut SsdTier) -> Result<(), KvError> {
             tracing::warn!("{}: segment id out of range, ignored", path.display());
             continue;
         };
-        let file = dir.open(id).map_err(KvError::io(&path))?;
+        let file = match dir.open(id) {
+            Ok(f) => f,
+            Err(e) if sluice_engine::is_not_regular(&e) => {
+                tracing::warn!("{}: {e}; ignored (not a segment)", path.display());
+                continue;
+            }
+            Err(e) => return Err(KvError::Io { path, source: e }),
+        };
         let len = dir.len(id).map_err(KvError::io(&path))?;
         match read_segment_header(&*file) {
             Ok(h) => check_header(tier, &h, &path)?,

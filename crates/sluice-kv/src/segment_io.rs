@@ -14,6 +14,8 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use sluice_engine::open_regular_rw;
+
 use crate::config::DirectIo;
 
 /// One segment file. Offsets and lengths handed in by the store are multiples of 4 KiB and
@@ -62,12 +64,17 @@ impl FsSegmentDir {
     fn open_file(&self, id: u64, create: bool) -> io::Result<FsSegment> {
         let path = self.path_of(id);
         let open = |direct: bool| {
-            let mut o = OpenOptions::new();
-            o.read(true).write(true).create_new(create);
-            if direct {
-                o.custom_flags(libc::O_DIRECT);
+            let flags = if direct { libc::O_DIRECT } else { 0 };
+            if !create {
+                // An existing segment could have been replaced by a FIFO or a directory.
+                return open_regular_rw(&path, flags);
             }
-            o.open(&path)
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .custom_flags(flags)
+                .open(&path)
         };
         let file = match self.direct {
             DirectIo::Off => open(false)?,

@@ -342,3 +342,42 @@ fn live_admissions_and_evictions_equal_the_policy_library() {
 fn store_fp(store: &KvStore, id: u64) -> u64 {
     sluice_kv::Fingerprint::of(&store.config().namespace.id(), &key(id)).0
 }
+
+fn mkfifo(path: &std::path::Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+}
+
+#[test]
+fn fifos_and_files_in_the_stores_places_are_refused_or_skipped_without_hanging() {
+    // A file where the store directory should be.
+    let dir = tempdir();
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    let err = KvStore::open(&file, config(0, 64)).err().unwrap();
+    assert!(err.to_string().contains("is not a directory"), "{err}");
+
+    // A FIFO in place of the manifest.
+    let store_dir = dir.path().join("store");
+    KvStore::open(&store_dir, config(0, 64)).unwrap().close().unwrap();
+    let manifest = store_dir.join("sluice-kv.json");
+    let saved = std::fs::read(&manifest).unwrap();
+    std::fs::remove_file(&manifest).unwrap();
+    mkfifo(&manifest);
+    let err = KvStore::open(&store_dir, config(0, 64)).err().unwrap();
+    assert!(err.to_string().contains("FIFO"), "{err}");
+    std::fs::remove_file(&manifest).unwrap();
+    std::fs::write(&manifest, saved).unwrap();
+
+    // A FIFO named like a segment is skipped and left alone; real blocks still load.
+    let store = KvStore::open(&store_dir, config(0, 64)).unwrap();
+    put(&store, &[1]);
+    store.close().unwrap();
+    drop(store);
+    let fake = store_dir.join("segments").join(format!("seg-{:016x}.skv", 99));
+    mkfifo(&fake);
+    let store = KvStore::open(&store_dir, config(0, 64)).unwrap();
+    assert_eq!(get(&store, &[1]), vec![true]);
+    assert!(fake.exists());
+}
