@@ -360,7 +360,10 @@ fn fifos_and_files_in_the_stores_places_are_refused_or_skipped_without_hanging()
 
     // A FIFO in place of the manifest.
     let store_dir = dir.path().join("store");
-    KvStore::open(&store_dir, config(0, 64)).unwrap().close().unwrap();
+    KvStore::open(&store_dir, config(0, 64))
+        .unwrap()
+        .close()
+        .unwrap();
     let manifest = store_dir.join("sluice-kv.json");
     let saved = std::fs::read(&manifest).unwrap();
     std::fs::remove_file(&manifest).unwrap();
@@ -375,7 +378,9 @@ fn fifos_and_files_in_the_stores_places_are_refused_or_skipped_without_hanging()
     put(&store, &[1]);
     store.close().unwrap();
     drop(store);
-    let fake = store_dir.join("segments").join(format!("seg-{:016x}.skv", 99));
+    let fake = store_dir
+        .join("segments")
+        .join(format!("seg-{:016x}.skv", 99));
     mkfifo(&fake);
     let store = KvStore::open(&store_dir, config(0, 64)).unwrap();
     assert_eq!(get(&store, &[1]), vec![true]);
