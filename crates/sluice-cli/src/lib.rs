@@ -486,14 +486,22 @@ fn report<E: std::fmt::Display>(outcome: Result<(), E>, code: impl Fn(&E) -> i32
     }
 }
 
+/// Exit status of a failed file operation: a path that is not a regular file
+/// is bad input; a missing or forbidden one is "not found"; the rest failed.
+fn io_exit_code(err: &std::io::Error) -> i32 {
+    if sluice_engine::is_not_regular(err) {
+        return EXIT_INVALID;
+    }
+    match err.kind() {
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => EXIT_NOT_FOUND,
+        _ => EXIT_FAILED,
+    }
+}
+
 /// Exit status of a failed `sluice sim` command.
 pub fn sim_exit_code(err: &SimError) -> i32 {
     match err {
-        SimError::Io { source, .. } if sluice_engine::is_not_regular(source) => EXIT_INVALID,
-        SimError::Io { source, .. } => match source.kind() {
-            std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => EXIT_NOT_FOUND,
-            _ => EXIT_FAILED,
-        },
+        SimError::Io { source, .. } => io_exit_code(source),
         SimError::BadField { .. } | SimError::BadTrace { .. } | SimError::CsvHeader { .. } => {
             EXIT_INVALID
         }
@@ -534,18 +542,8 @@ pub fn warm_exit_code(err: &sluice_warm::WarmError) -> i32 {
     use sluice_warm::template::TemplateError;
     use sluice_warm::WarmError;
     match err {
-        WarmError::Io { source, .. } | WarmError::Template(TemplateError::Io { source, .. })
-            if sluice_engine::is_not_regular(source) =>
-        {
-            EXIT_INVALID
-        }
         WarmError::Io { source, .. } | WarmError::Template(TemplateError::Io { source, .. }) => {
-            match source.kind() {
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
-                    EXIT_NOT_FOUND
-                }
-                _ => EXIT_FAILED,
-            }
+            io_exit_code(source)
         }
         // The pid's pipe is not there: nothing of that name runs.
         WarmError::RuntimeGone { .. } => EXIT_NOT_FOUND,

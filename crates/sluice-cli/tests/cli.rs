@@ -3,6 +3,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+use sluice_testkit::mkfifo;
+
 fn sluice(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(args)
@@ -141,12 +143,6 @@ fn sluice_bounded(args: &[&str]) -> Output {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     child.wait_with_output().unwrap()
-}
-
-fn mkfifo(path: &Path) {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
 }
 
 #[test]

@@ -490,9 +490,7 @@ fn stale_status_files_and_trigger_pipes_of_dead_runtimes_are_removed() {
         run_dir.join("2147483646.trigger"),
     ];
     std::fs::write(&stale[0], b"{}").unwrap();
-    let fifo = std::ffi::CString::new(stale[1].to_str().unwrap()).unwrap();
-    // SAFETY: mkfifo with a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    sluice_testkit::mkfifo(&stale[1]);
     let out = sluice(
         &[
             "warm",

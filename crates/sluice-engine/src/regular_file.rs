@@ -86,9 +86,7 @@ mod tests {
     fn a_fifo_a_directory_and_a_device_are_refused_at_once_and_files_open() {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("pipe");
-        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        sluice_testkit::mkfifo(&fifo);
         // No writer: a plain open would block here forever.
         let err = open_regular(&fifo, 0).unwrap_err();
         assert!(

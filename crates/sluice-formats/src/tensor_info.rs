@@ -95,7 +95,9 @@ pub(crate) fn expected_byte_len(dtype: Dtype, shape: &[u64]) -> Result<u64, Size
             total_bits,
         });
     }
-    if !is_describable(dtype, shape) {
+    // A non-empty tensor whose bits fit in 64 bits is always describable (elements ≤ 2^62
+    // with at least 4 bits each); only an empty one can hide huge non-zero dimensions.
+    if elements == 0 && !is_describable(dtype, shape) {
         return Err(SizeProblem::TooLarge);
     }
     Ok(total_bits / 8)

@@ -5,6 +5,7 @@ mod common;
 use common::*;
 use sluice_kv::{KvConfig, KvError, KvStore, WriteMode};
 use sluice_policy::{Access, PolicyConfig, Request};
+use sluice_testkit::mkfifo;
 
 #[test]
 fn blocks_round_trip_through_each_tier_layout() {
@@ -341,12 +342,6 @@ fn live_admissions_and_evictions_equal_the_policy_library() {
 
 fn store_fp(store: &KvStore, id: u64) -> u64 {
     sluice_kv::Fingerprint::of(&store.config().namespace.id(), &key(id)).0
-}
-
-fn mkfifo(path: &std::path::Path) {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
 }
 
 #[test]

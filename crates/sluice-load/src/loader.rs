@@ -77,10 +77,10 @@ pub struct LoadedCheckpoint {
 /// A validated checkpoint plus the configuration to read it with.
 pub struct Loader {
     checkpoint: Checkpoint,
-    /// The descriptors the headers were validated from, one per shard (empty
-    /// for a loader built from a checkpoint alone): the data is read from
-    /// these same files, whatever the paths name by then.
-    files: Vec<File>,
+    /// The descriptors the headers were validated from, one per shard: the
+    /// data is read from these same files, whatever the paths name by then.
+    /// Shared with the `OpenCheckpoint` a loader may come from.
+    files: Arc<[File]>,
     /// Absent shards a partial load leaves out.
     missing: Vec<std::path::PathBuf>,
     config: LoadConfig,
@@ -98,7 +98,7 @@ impl Loader {
         let found = open_checkpoint_files(path, options)?;
         Ok(Loader {
             checkpoint: found.checkpoint,
-            files: found.files,
+            files: found.files.into(),
             missing: found.missing,
             config,
             engine: None,
@@ -109,7 +109,7 @@ impl Loader {
     /// shard, its headers were read from.
     pub(crate) fn from_open_files(
         checkpoint: Checkpoint,
-        files: Vec<File>,
+        files: Arc<[File]>,
         missing: Vec<std::path::PathBuf>,
         config: LoadConfig,
     ) -> Result<Loader, LoadError> {
@@ -278,18 +278,14 @@ impl Loader {
         self.checkpoint
             .shards
             .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let file = match self.files.get(i) {
-                    Some(held) => {
-                        let dup = held
-                            .try_clone()
-                            .map_err(|e| LoadError::io(&s.path, "dup", e))?;
-                        SourceFile::from_file(&s.path, dup, self.config.direct)
-                    }
-                    None => SourceFile::open(&s.path, self.config.direct),
-                };
-                file.map(Arc::new).map_err(LoadError::from)
+            .zip(self.files.iter())
+            .map(|(s, held)| {
+                let dup = held
+                    .try_clone()
+                    .map_err(|e| LoadError::io(&s.path, "dup", e))?;
+                SourceFile::from_file(&s.path, dup, self.config.direct)
+                    .map(Arc::new)
+                    .map_err(LoadError::from)
             })
             .collect()
     }

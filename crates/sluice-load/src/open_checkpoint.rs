@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use sluice_formats::{Checkpoint, TensorInfo};
 
@@ -51,7 +52,7 @@ const READ_THREADS: usize = 4;
 #[derive(Debug)]
 pub struct OpenCheckpoint {
     checkpoint: Checkpoint,
-    files: Vec<File>,
+    files: Arc<[File]>,
     /// Absent shards left out (only with `allow_partial`).
     missing: Vec<PathBuf>,
     /// Name → (shard, index in that shard's header): lookups are O(1)
@@ -120,7 +121,7 @@ impl OpenCheckpoint {
         }
         Ok(OpenCheckpoint {
             checkpoint: found.checkpoint,
-            files: found.files,
+            files: found.files.into(),
             missing: found.missing,
             by_name,
         })
@@ -137,13 +138,12 @@ impl OpenCheckpoint {
 
     /// A loader over these same files (for a whole load or a stream).
     pub fn loader(&self, config: LoadConfig) -> Result<Loader, LoadError> {
-        let files = self
-            .files
-            .iter()
-            .zip(&self.checkpoint.shards)
-            .map(|(f, s)| f.try_clone().map_err(|e| LoadError::io(&s.path, "dup", e)))
-            .collect::<Result<Vec<_>, _>>()?;
-        Loader::from_open_files(self.checkpoint.clone(), files, self.missing.clone(), config)
+        Loader::from_open_files(
+            self.checkpoint.clone(),
+            Arc::clone(&self.files),
+            self.missing.clone(),
+            config,
+        )
     }
 
     /// The shard index and description of `name`, if present.
@@ -218,6 +218,12 @@ impl OpenCheckpoint {
     fn read_runs(&self, shard: usize, runs: &[Run], out: &mut [u8]) -> Result<(), LoadError> {
         let file = &self.files[shard];
         let path = &self.checkpoint.shards[shard].path;
+        if let [run] = runs {
+            // The common `get_tensor` case: one `pread`, no job lists.
+            if run.len <= PIECE {
+                return read_exact(file, path, run.file_offset, out);
+            }
+        }
         // Spans: consecutive runs close enough to read as one.
         let mut jobs: Vec<(Vec<Run>, &mut [u8])> = Vec::new();
         let mut rest = out;

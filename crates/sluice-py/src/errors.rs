@@ -17,11 +17,7 @@ pub fn to_py(py: Python<'_>, err: LoadError) -> PyErr {
 /// Converts a simulator error into the matching `sluice.errors` exception.
 pub fn sim_to_py(py: Python<'_>, err: SimError) -> PyErr {
     let class = match &err {
-        SimError::Io { source, .. } => match source.kind() {
-            std::io::ErrorKind::NotFound => "SluiceFileNotFoundError",
-            std::io::ErrorKind::PermissionDenied => "SluicePermissionError",
-            _ => "SluiceIOError",
-        },
+        SimError::Io { source, .. } => io_class(source),
         SimError::BadField { .. } | SimError::BadTrace { .. } | SimError::CsvHeader { .. } => {
             "TraceError"
         }
@@ -35,18 +31,14 @@ pub fn sim_to_py(py: Python<'_>, err: SimError) -> PyErr {
 pub fn warm_to_py(py: Python<'_>, err: sluice_warm::WarmError) -> PyErr {
     use sluice_warm::WarmError;
     let class = match &err {
-        WarmError::Io { source, .. } => match source.kind() {
-            std::io::ErrorKind::NotFound => "SluiceFileNotFoundError",
-            std::io::ErrorKind::PermissionDenied => "SluicePermissionError",
-            _ => "SluiceIOError",
-        },
+        WarmError::Io { source, .. } => io_class(source),
         WarmError::NoRuntime
         | WarmError::SeveralRuntimes { .. }
         | WarmError::RuntimeGone { .. } => "NoRuntimeError",
-        WarmError::BadTrigger { .. } => "ConfigError",
-        WarmError::BadOption(_) | WarmError::InvalidArgument(_) | WarmError::Python(_) => {
-            "ConfigError"
-        }
+        WarmError::BadTrigger { .. }
+        | WarmError::BadOption(_)
+        | WarmError::InvalidArgument(_)
+        | WarmError::Python(_) => "ConfigError",
         _ => "SluiceError",
     };
     raise(py, class, err.to_string())
@@ -59,15 +51,20 @@ pub fn kv_to_py(err: sluice_kv::KvError) -> PyErr {
         KvError::Config { .. } | KvError::InvalidArgument { .. } => "ConfigError",
         KvError::Incompatible { .. } | KvError::Format { .. } => "StoreFormatError",
         KvError::Locked { .. } => "StoreLockedError",
-        KvError::Io { source, .. } => match source.kind() {
-            std::io::ErrorKind::NotFound => "SluiceFileNotFoundError",
-            std::io::ErrorKind::PermissionDenied => "SluicePermissionError",
-            _ => "SluiceIOError",
-        },
+        KvError::Io { source, .. } => io_class(source),
         KvError::Closed | KvError::UnknownJob(_) => "SluiceError",
     };
     let message = err.to_string();
     Python::attach(|py| raise(py, class, message))
+}
+
+/// The exception class of a failed file operation.
+fn io_class(err: &std::io::Error) -> &'static str {
+    match err.kind() {
+        std::io::ErrorKind::NotFound => "SluiceFileNotFoundError",
+        std::io::ErrorKind::PermissionDenied => "SluicePermissionError",
+        _ => "SluiceIOError",
+    }
 }
 
 /// A `sluice.errors.ConfigError` (a `ValueError`) with `message`: an option

@@ -124,3 +124,15 @@ pub fn python_with_sluice() -> Option<PathBuf> {
     }
     Some(python)
 }
+
+/// Makes a FIFO at `path` (for tests that a reader refuses one instead of blocking).
+pub fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("no NUL in a path");
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(
+        unsafe { libc::mkfifo(c.as_ptr(), 0o600) },
+        0,
+        "mkfifo {}",
+        path.display()
+    );
+}

@@ -37,7 +37,7 @@ pub use event_source::{
 };
 pub use model_files::{model_files, ModelNames};
 pub use samplers::{worker_from_environ, Samplers};
-pub use service::{exit_code_of, exit_of, signal_name, ChildService, Service, ServiceExit};
+pub use service::{exit_of, signal_name, ChildService, Service, ServiceExit};
 pub use service_cgroup::{
     enter_cgroup, join_reader_cgroup, leave_cgroup, remove_cgroup, ServiceCgroup,
 };
@@ -95,9 +95,6 @@ pub struct RunConfig {
 /// How a run went.
 #[derive(Debug)]
 pub struct RunReport {
-    /// The service's exit status (128 + signal when killed); 0 for a
-    /// daemon.
-    pub exit_code: i32,
     /// How the service ended and what the runtime did to end it; `None`
     /// for a daemon.
     pub ending: Option<Ending>,
@@ -125,6 +122,14 @@ pub struct RunReport {
     pub watch_dropped: u64,
     /// A recording not written because the service failed.
     pub recording_discarded: bool,
+}
+
+impl RunReport {
+    /// The service's exit status (128 + signal when killed); 0 for a
+    /// daemon.
+    pub fn exit_code(&self) -> i32 {
+        self.ending.as_ref().map_or(0, |e| e.exit.status())
+    }
 }
 
 impl RunReport {
@@ -254,9 +259,9 @@ fn run_in(
     };
     let mut service = match config.command.is_empty() {
         true => None,
-        false => Some(ChildService::spawn_with_oom_score(
+        false => Some(ChildService::spawn(
             &config.command,
-            cgroup.and_then(|c| c.oom_score_adj),
+            cgroup.map(ServiceCgroup::service_oom_score),
         )?),
     };
     if let (Some(w), Some(s)) = (&watch, &service) {
@@ -304,7 +309,6 @@ fn run_in(
     let counts = runtime.counts();
     let manager = runtime.manager();
     Ok(RunReport {
-        exit_code,
         ending,
         memory_limit: cgroup.map(|c| c.limit),
         oom_kills: cgroup.and_then(|c| c.cgroup.oom_kills()),

@@ -144,7 +144,7 @@ fn prefetch_queued_before_the_first_access_waits_while_the_service_reads() {
     c.launch_quiet = Duration::from_secs(2);
     let stop = StopRequest::new();
     let held = run_with(&c, Box::new(AtInit), &stop, &mut |_| {}).unwrap();
-    assert_eq!(held.exit_code, 0);
+    assert_eq!(held.exit_code(), 0);
     assert_eq!(held.stats.prefetched_bytes, 0, "{held:?}");
     // Without the gate the same prefetch runs alongside the start-up.
     let f = std::fs::File::open(&libs).unwrap();
@@ -177,7 +177,7 @@ fn the_first_model_access_lets_launch_prefetch_run() {
         eprintln!("skipped: no fanotify here");
         return;
     }
-    assert_eq!(report.exit_code, 0);
+    assert_eq!(report.exit_code(), 0);
     assert!(report.stats.prefetched_bytes > 0, "{report:?}");
 }
 
@@ -199,7 +199,7 @@ fn a_vanished_model_file_is_counted_and_the_rest_is_prefetched() {
     c.trigger_pipe = Some(fifo);
     let stop = StopRequest::new();
     let report = run(&c, &stop, &mut |_| {}).unwrap();
-    assert_eq!(report.exit_code, 0);
+    assert_eq!(report.exit_code(), 0);
     assert!(report.stats.prefetch_errors >= 1, "{report:?}");
     // a is 8 MiB; it may already be cached (the test wrote it), so at most.
     assert!(report.stats.prefetched_bytes <= 8 << 20, "{report:?}");
@@ -256,7 +256,7 @@ fn pread_loaders_are_followed_through_their_blocked_calls_with_open_events_only(
     c.level = Some(Level::Open);
     let stop = StopRequest::new();
     let report = run(&c, &stop, &mut |_| {}).unwrap();
-    assert_eq!(report.exit_code, 0, "{report:?}");
+    assert_eq!(report.exit_code(), 0, "{report:?}");
     let (path, at) = report.stats.last_reader.clone().expect("progress seen");
     assert_eq!(path, a.canonicalize().unwrap());
     assert_eq!(at, 5 << 20, "{report:?}");
@@ -313,7 +313,7 @@ fn explicit_triggers_reach_the_policy() {
     c.trigger_pipe = Some(fifo.clone());
     let stop = StopRequest::new();
     let report = run(&c, &stop, &mut |_| {}).unwrap();
-    assert_eq!(report.exit_code, 0);
+    assert_eq!(report.exit_code(), 0);
     assert_eq!(report.stats.events, 1, "{report:?}");
     assert_eq!(
         report.stats.prefetched_bytes,
@@ -361,7 +361,7 @@ fn a_stuck_and_panicking_policy_never_holds_the_reader_back() {
     let config = config(&m, &["sh", "-c", &cmd]);
     let stop = StopRequest::new();
     let report = run_with(&config, Box::new(Stuck { calls: 0 }), &stop, &mut |_| {}).unwrap();
-    assert_eq!(report.exit_code, 0);
+    assert_eq!(report.exit_code(), 0);
     if report.level != Some(Level::PreContent) {
         // Opens only: too few events to reach the fault, and none of
         // them holds the reader.
@@ -391,7 +391,7 @@ fn explicit_mode_runs_without_fanotify_and_exit_codes_pass_through() {
     c.explicit = true;
     let stop = StopRequest::new();
     let report = run(&c, &stop, &mut |_| {}).unwrap();
-    assert_eq!((report.exit_code, report.level), (7, None));
+    assert_eq!((report.exit_code(), report.level), (7, None));
     c.command = vec!["/nonexistent/loader".into()];
     let err = run(&c, &stop, &mut |_| {}).unwrap_err();
     assert!(err.to_string().contains("/nonexistent/loader"), "{err}");
@@ -412,7 +412,7 @@ fn stop_ends_a_daemon() {
         stop.request(libc::SIGTERM, false);
     })
     .unwrap();
-    assert_eq!((report.exit_code, report.ending), (0, None));
+    assert_eq!((report.exit_code(), report.ending), (0, None));
     assert!(calls >= 1);
 }
 
@@ -450,8 +450,12 @@ fn a_stop_signal_is_forwarded_and_the_service_exits_in_its_grace_period() {
     let mut c = config(&m, &service);
     c.explicit = true;
     let report = run_stopped_when_ready(&c, &ready, libc::SIGTERM);
-    let ending = report.ending.expect("a service ran");
-    assert_eq!(report.exit_code, 3, "the service's own status: {ending:?}");
+    let ending = report.ending.clone().expect("a service ran");
+    assert_eq!(
+        report.exit_code(),
+        3,
+        "the service's own status: {ending:?}"
+    );
     assert_eq!(ending.exit, ServiceExit::Code(3));
     assert_eq!(
         (ending.stopped_by, ending.forwarded, ending.killed),
@@ -530,7 +534,7 @@ fn a_stopped_service_is_killed_after_its_grace_period_and_its_cgroup_removed() {
         return;
     };
     let ending = report.ending.clone().expect("a service ran");
-    assert_eq!(report.exit_code, 128 + libc::SIGKILL, "{ending:?}");
+    assert_eq!(report.exit_code(), 128 + libc::SIGKILL, "{ending:?}");
     assert_eq!(ending.exit, ServiceExit::Signal(libc::SIGKILL));
     assert_eq!((ending.killed, ending.survivors), (3, 0), "{ending:?}");
     let cgroup = report.cgroup.clone().expect("a cgroup");
@@ -553,7 +557,7 @@ fn a_service_over_its_limit_is_oom_killed_never_the_runtime() {
     let Some(report) = limited_run(&c, None) else {
         return;
     };
-    assert_eq!(report.exit_code, 128 + libc::SIGKILL, "{report:?}");
+    assert_eq!(report.exit_code(), 128 + libc::SIGKILL, "{report:?}");
     assert!(report.service_oom_killed(), "{report:?}");
     assert!(report.oom_kills.unwrap_or(0) >= 1, "{report:?}");
     assert!(report.cgroup_removed, "{report:?}");
@@ -652,7 +656,7 @@ fn a_template_run_prefetches_the_recorded_sequence() {
     );
     c.command = vec!["sh".into(), "-c".into(), first.into()];
     let replay = run(&c, &stop, &mut |_| {}).unwrap();
-    assert_eq!(replay.exit_code, 0);
+    assert_eq!(replay.exit_code(), 0);
     assert!(replay.stats.prefetched_bytes >= 11 << 20, "{replay:?}");
     let b = m.join("b.safetensors");
     let f = std::fs::File::open(&b).unwrap();

@@ -195,7 +195,7 @@ fn execute(
     }
     let report = outcome?;
     print_report(mode, &config, &report, common.json);
-    Ok(report.exit_code)
+    Ok(report.exit_code())
 }
 
 fn summary_line(s: &RuntimeStatus) -> String {
@@ -252,7 +252,7 @@ fn print_report(mode: &str, config: &RunConfig, r: &RunReport, json: bool) {
         let value = serde_json::json!({
             "mode": mode,
             "policy": config.policy,
-            "exit_code": r.exit_code,
+            "exit_code": r.exit_code(),
             "service_exit": service_exit,
             "oom_killed": r.service_oom_killed(),
             "oom_kills": r.oom_kills,
@@ -311,7 +311,7 @@ fn print_report(mode: &str, config: &RunConfig, r: &RunReport, json: bool) {
         eprintln!(
             "sluice warm: the service exited {}: no template written (--keep-failed keeps a \
              failed run's recording)",
-            r.exit_code
+            r.exit_code()
         );
     } else if let Some(t) = template {
         eprintln!("sluice warm: template written to {t}");

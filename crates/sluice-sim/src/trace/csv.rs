@@ -478,13 +478,16 @@ pub(super) mod tests {
         assert_eq!(c.time_col, Some(2));
         assert_eq!(c.id_col, 5);
         assert_eq!(c.size_col, Some(4));
-        assert!(c.has_header() == Some(true) && c.id_is_numeric);
+        assert!(c.header == HeaderRow::Present && c.id_is_numeric);
     }
 
     #[test]
     fn unspecified_options_are_absent_like_libcachesim() {
         let c = cfg("id-col=2");
-        assert_eq!((c.time_col, c.size_col, c.has_header()), (None, None, None));
+        assert_eq!(
+            (c.time_col, c.size_col, c.header),
+            (None, None, HeaderRow::Detect)
+        );
         assert_eq!(c.delimiter, b',');
     }
 

@@ -59,16 +59,11 @@ pub struct ChildService {
 }
 
 impl ChildService {
-    /// Launches `command` (program and arguments). An empty command is
+    /// Launches `command` (program and arguments), with the child's
+    /// `oom_score_adj` set to `oom_score_adj` when given. An empty command is
     /// [`WarmError::NoCommand`], a program that cannot be started
     /// [`WarmError::Launch`] naming it.
-    pub fn spawn(command: &[OsString]) -> Result<ChildService, WarmError> {
-        ChildService::spawn_with_oom_score(command, None)
-    }
-
-    /// [`ChildService::spawn`], with the child's `oom_score_adj` set to
-    /// `oom_score_adj` (the runtime's own, before it lowered it) when given.
-    pub fn spawn_with_oom_score(
+    pub fn spawn(
         command: &[OsString],
         oom_score_adj: Option<i32>,
     ) -> Result<ChildService, WarmError> {
@@ -169,19 +164,14 @@ pub fn signal_name(signal: i32) -> String {
     name.to_string()
 }
 
-/// A process's exit status as a shell reports it: its code, or 128 plus
-/// the signal that ended it.
-pub fn exit_code_of(status: std::process::ExitStatus) -> i32 {
-    exit_of(status).status()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn a_child_reports_its_exit_code_or_its_signal() {
-        let mut ok = ChildService::spawn(&["sh".into(), "-c".into(), "exit 7".into()]).unwrap();
+        let mut ok =
+            ChildService::spawn(&["sh".into(), "-c".into(), "exit 7".into()], None).unwrap();
         let exit = loop {
             if let Some(exit) = ok.try_exit().unwrap() {
                 break exit;
@@ -189,7 +179,7 @@ mod tests {
             std::thread::yield_now();
         };
         assert_eq!(exit, ServiceExit::Code(7));
-        let mut long = ChildService::spawn(&["sleep".into(), "30".into()]).unwrap();
+        let mut long = ChildService::spawn(&["sleep".into(), "30".into()], None).unwrap();
         assert!(long.pid() > 0);
         assert_eq!(long.try_exit().unwrap(), None);
         long.signal(libc::SIGTERM);
@@ -202,7 +192,7 @@ mod tests {
 
     #[test]
     fn a_missing_program_or_an_empty_command_is_an_error_naming_it() {
-        let err = ChildService::spawn(&["/nonexistent/loader".into()])
+        let err = ChildService::spawn(&["/nonexistent/loader".into()], None)
             .err()
             .unwrap();
         assert!(
@@ -210,7 +200,7 @@ mod tests {
             "{err}"
         );
         assert!(matches!(
-            ChildService::spawn(&[]).err().unwrap(),
+            ChildService::spawn(&[], None).err().unwrap(),
             WarmError::NoCommand
         ));
     }

@@ -39,12 +39,17 @@ const REMOVE_TIMEOUT: Duration = Duration::from_secs(1);
 pub struct ServiceCgroup {
     pub cgroup: Cgroup,
     pub limit: u64,
+    /// The runtime's own `oom_score_adj` before it lowered it to -1000;
+    /// `None` when it could not (then the service gets +1000 instead).
+    pub runtime_score_before: Option<i32>,
+}
+
+impl ServiceCgroup {
     /// The `oom_score_adj` the service is launched with: the runtime's own
-    /// before it lowered it to -1000, or +1000 when it could not. `None`
-    /// when neither could be read.
-    pub oom_score_adj: Option<i32>,
-    /// The runtime lowered its own score (it was permitted to).
-    pub runtime_protected: bool,
+    /// from before it protected itself, or +1000 when it could not.
+    pub fn service_oom_score(&self) -> i32 {
+        self.runtime_score_before.unwrap_or(OOM_SCORE_ADJ_MAX)
+    }
 }
 
 /// Creates a cgroup with `limit`, moves this process into it and out of
@@ -57,15 +62,10 @@ pub fn enter_cgroup(limit: u64) -> Result<ServiceCgroup, WarmError> {
         return Err(err.into());
     }
     tracing::info!(cgroup = %cgroup.path.display(), limit, "service cgroup created");
-    let (oom_score_adj, runtime_protected) = match protect_from_oom() {
-        Some(before) => (Some(before), true),
-        None => (Some(OOM_SCORE_ADJ_MAX), false),
-    };
     Ok(ServiceCgroup {
         cgroup,
         limit,
-        oom_score_adj,
-        runtime_protected,
+        runtime_score_before: protect_from_oom(),
     })
 }
 
@@ -96,7 +96,7 @@ pub fn leave_cgroup(cgroup: &ServiceCgroup) {
             tracing::warn!("leaving {}: {e}", path.display());
         }
     }
-    if let (Some(score), true) = (cgroup.oom_score_adj, cgroup.runtime_protected) {
+    if let Some(score) = cgroup.runtime_score_before {
         let _ = std::fs::write("/proc/self/oom_score_adj", score.to_string());
     }
 }

@@ -145,9 +145,7 @@ mod tests {
     fn a_fifo_in_place_of_a_template_is_refused_at_once_naming_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(NAME);
-        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        sluice_testkit::mkfifo(&path);
         // With no writer, a plain open would block here for good.
         match read_template(&path) {
             Err(TemplateError::Io {

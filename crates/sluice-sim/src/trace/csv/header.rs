@@ -36,22 +36,14 @@ pub enum HeaderRow {
     Absent,
 }
 
-impl CsvConfig {
-    /// Whether the options say the first row is a header (`None`: detect).
-    pub fn has_header(&self) -> Option<bool> {
-        match self.header {
-            HeaderRow::Detect => None,
-            HeaderRow::Present => Some(true),
-            HeaderRow::Absent => Some(false),
-        }
-    }
-}
-
 impl RowFields<'_> {
     /// Whether this row, the file's first, is a header: as the options say,
     /// or detected; an error where it looks like data but the options say
     /// header, or where detection cannot tell.
     pub(super) fn is_header(&self, config: &CsvConfig) -> Result<bool, SimError> {
+        if config.header == HeaderRow::Absent {
+            return Ok(false);
+        }
         let looks = self.first_row_kind(config);
         let problem = match (config.header, looks) {
             (HeaderRow::Absent, _) => return Ok(false),
