@@ -96,7 +96,7 @@ def load_file(
             numpy_dtype(name, layout[0])
     windows = _core.iter_windows(
         filename,
-        names,
+        selected,  # resolved once: a predicate runs once per name, a generator is read once
         bounded=False,
         progress=progress,
         on_progress=on_progress,

@@ -113,6 +113,22 @@ def test_names_predicate_sees_every_name_once(three_shards) -> None:
     assert_same_tensors(loaded, {n: t for n, t in tensors.items() if n.startswith("s1.")})
 
 
+def test_numpy_front_takes_names_once_a_generator_or_predicate(three_shards) -> None:
+    index, tensors = three_shards
+    asked: list[str] = []
+
+    def wanted(name: str) -> bool:
+        asked.append(name)
+        return name.startswith("s1.")
+
+    by_predicate = sluice.numpy.load_file(index, names=wanted)
+    by_generator = sluice.numpy.load_file(index, names=(n for n in ["s2.w0", "s0.w0"]))
+
+    assert sorted(asked) == sorted(tensors)
+    assert sorted(by_predicate) == sorted(n for n in tensors if n.startswith("s1."))
+    assert sorted(by_generator) == ["s0.w0", "s2.w0"]
+
+
 def test_stream_names_filter_yields_only_those(three_shards) -> None:
     index, _ = three_shards
 
