@@ -29,9 +29,9 @@ from pathlib import Path
 
 import page_cache
 import synth_checkpoint
+from bench_load import parse_result
 
 HERE = Path(__file__).resolve().parent
-RESULT_PREFIX = "BENCH_RESULT "
 DEFAULT_READERS = "sluice-buffered,sluice-direct,sluice-stream"
 
 
@@ -54,10 +54,9 @@ def run_worker(reader: str, index: Path, baseline: Path | None) -> float:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(baseline), str(HERE)]))
     cmd = [sys.executable, str(HERE / "bench_load.py"), "--worker", reader, "--index", str(index)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
-    if out.returncode != 0 or not lines:
+    result = parse_result(out.stdout)
+    if out.returncode != 0 or result is None:
         raise SystemExit(f"{reader} ({baseline or 'current'}) failed:\n{out.stderr[-2000:]}")
-    result = json.loads(lines[-1][len(RESULT_PREFIX) :])
     return result["bytes"] / result["seconds"] / 1e9
 
 

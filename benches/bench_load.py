@@ -43,6 +43,14 @@ import synth_checkpoint
 from bench_readers import READERS, Consumer, ReadContext, spot_check
 
 RESULT_PREFIX = "BENCH_RESULT "
+
+
+def parse_result(stdout: str) -> dict[str, Any] | None:
+    """The last result line a worker printed, or None."""
+    lines = [ln for ln in stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
+    return json.loads(lines[-1][len(RESULT_PREFIX) :]) if lines else None
+
+
 # The device limit exactly as the issue defines it.
 FIO_ARGS = ["--ioengine=io_uring", "--direct=1", "--bs=4M", "--iodepth=32", "--rw=read"]
 # The device limit is the best of these (issue 12): fio over the shards one after another
@@ -196,10 +204,9 @@ def run_worker(name: str, args: argparse.Namespace, index: Path, verify: bool) -
     cmd += [f"--sluice-opt={o}" for o in args.sluice_opt] + (["--verify"] if verify else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     out, rc, usage = reap(proc)
-    lines = [ln for ln in out.splitlines() if ln.startswith(RESULT_PREFIX)]
-    if rc != 0 or not lines:
+    worker = parse_result(out)
+    if rc != 0 or worker is None:
         return {"error": f"worker exited {rc} (see its stderr above)"}
-    worker = json.loads(lines[-1][len(RESULT_PREFIX) :])
     return {"seconds": worker["seconds"], "bytes": worker["bytes"], **usage_fields(usage), **worker}
 
 

@@ -168,7 +168,8 @@ def hit_ratio_figure(rows: Sequence[dict[str, Any]]) -> Figure:
     plt = _pyplot()
     traces = list(dict.fromkeys(r["trace"] for r in rows))
     policies = list(dict.fromkeys(r["policy"] for r in rows))
-    oracles = list(dict.fromkeys(r["policy"] for r in rows if is_oracle(r)))
+    oracles = _oracle_policies(rows)
+    markers = _point_styles(policies, oracles)
     fig, axes = plt.subplots(1, len(traces), figsize=(6 * len(traces), 4.5), squeeze=False)
     for ax, trace in zip(axes[0], traces):
         for policy in policies:
@@ -179,12 +180,11 @@ def hit_ratio_figure(rows: Sequence[dict[str, Any]]) -> Figure:
             )
             style: dict[str, Any] = {"marker": "o", "label": policy}
             if policy in oracles:
-                marker = _ORACLE_MARKERS[oracles.index(policy) % len(_ORACLE_MARKERS)]
                 style = {
-                    "marker": marker,
+                    "marker": markers[policy]["marker"],
                     "ls": "--",
                     "color": "0.3",
-                    "label": f"{policy} (oracle)",
+                    "label": _label(policy, oracles),
                 }
             ax.plot(*zip(*mine), **style)
         ax.set_xscale("log")
@@ -211,7 +211,7 @@ def pareto_figure(rows: Sequence[dict[str, Any]]) -> Figure:
     traces = list(dict.fromkeys(p.trace for p in panels))
     fractions = sorted({p.fraction for p in panels})
     policies = list(dict.fromkeys(r["policy"] for r in rows))
-    oracles = [p for p in policies if any(is_oracle(r) for r in rows if r["policy"] == p)]
+    oracles = _oracle_policies(rows)
     styles = _point_styles(policies, oracles)
     handles = _legend_handles(policies, oracles, styles)
     legend_rows = math.ceil(len(handles) / _LEGEND_COLUMNS)
@@ -243,6 +243,15 @@ def pareto_figure(rows: Sequence[dict[str, Any]]) -> Figure:
     return fig
 
 
+def _oracle_policies(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The oracle policies among the rows, in first-seen order."""
+    return list(dict.fromkeys(r["policy"] for r in rows if is_oracle(r)))
+
+
+def _label(policy: str, oracles: list[str]) -> str:
+    return f"{policy} (oracle)" if policy in oracles else policy
+
+
 def _point_styles(policies: list[str], oracles: list[str]) -> dict[str, dict[str, Any]]:
     """Marker and colour of each policy: circles in the colour cycle, oracles grey."""
     styles, colour = {}, 0
@@ -264,9 +273,15 @@ def _legend_handles(
     handles = []
     for policy in policies:
         style = styles[policy]
-        label = f"{policy} (oracle)" if policy in oracles else policy
         handles.append(
-            Line2D([], [], ls="", marker=style["marker"], color=style["color"], label=label)
+            Line2D(
+                [],
+                [],
+                ls="",
+                marker=style["marker"],
+                color=style["color"],
+                label=_label(policy, oracles),
+            )
         )
     handles.append(Line2D([], [], ls="--", color="k", lw=1, label="Pareto front (no oracles)"))
     return handles

@@ -111,6 +111,15 @@ def assert_same_tensors(actual: Mapping[str, Any], expected: Mapping[str, Any]) 
         assert raw_bytes(got) == raw_bytes(want), f"bytes differ in tensor {name!r}"
 
 
+def assert_same_arrays(actual: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
+    """Same names, and per numpy array the same dtype, shape and bytes."""
+    assert sorted(actual) == sorted(expected)
+    for name, want in expected.items():
+        assert actual[name].dtype == want.dtype, name
+        assert actual[name].shape == want.shape, name
+        assert actual[name].tobytes() == want.tobytes(), name
+
+
 def write_sharded(
     directory: Path,
     shards: Mapping[str, Mapping[str, torch.Tensor]],

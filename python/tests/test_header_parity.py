@@ -23,20 +23,20 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import numpy as np
 import pytest
 import safetensors
 import safetensors.numpy
 import sluice.numpy
+from conftest import Header, assert_same_arrays, write_raw
+from conftest import entry as e
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 from sluice import _core, _sluice
 from sluice.errors import HeaderError, SluiceError
-
-Header = Union[dict, str, bytes]
 
 # Every dtype safetensors 0.8 knows, with its width in bits.
 DTYPE_BITS = {
@@ -76,22 +76,6 @@ class Case:
     raw: Optional[bytes] = None
     # Sluice refuses what safetensors' header check accepts (see the module docstring).
     undescribable: bool = False
-
-    def bytes(self) -> bytes:
-        if self.raw is not None:
-            return self.raw
-        if isinstance(self.header, dict):
-            text = json.dumps(self.header).encode()
-        elif isinstance(self.header, str):
-            text = self.header.encode()
-        else:
-            text = self.header
-        length = len(text) if self.header_len is None else self.header_len
-        return struct.pack("<Q", length) + text + self.data
-
-
-def e(dtype: Any, shape: Any, start: Any, end: Any) -> dict[str, Any]:
-    return {"dtype": dtype, "shape": shape, "data_offsets": [start, end]}
 
 
 def pattern(n: int) -> bytes:
@@ -274,7 +258,7 @@ def sluice_verdict(path: Path) -> Verdict:
     except SluiceError as err:
         return Verdict(error=err)
     tensors = {}
-    for window in _core.iter_windows(path, None, bounded=False):
+    for window in _core.iter_windows(path, None, bounded=False, checkpoint=checkpoint):
         buffer = np.asarray(window) if len(window) else np.empty(0, dtype=np.uint8)
         for name, dtype, shape, offset, nbytes in window.tensors:
             tensors[name] = (dtype, list(shape), buffer[offset : offset + nbytes].tobytes())
@@ -287,7 +271,10 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     paths = {}
     for case in CORPUS:
         path = directory / f"{case.name}.safetensors"
-        path.write_bytes(case.bytes())
+        if case.raw is not None:
+            path.write_bytes(case.raw)
+        else:
+            write_raw(path, case.header, case.data, header_len=case.header_len)
         paths[case.name] = path
     return paths
 
@@ -435,13 +422,7 @@ def test_the_numpy_front_agrees_with_safetensors_numpy(case: Case, corpus) -> No
             sluice.numpy.load_file(path)
         assert str(path) in str(refused.value)
         return
-    loaded = sluice.numpy.load_file(path)
-    expected = safetensors.numpy.load_file(str(path))
-    assert sorted(loaded) == sorted(expected)
-    for name, array in expected.items():
-        assert loaded[name].dtype == array.dtype, name
-        assert loaded[name].shape == array.shape, name
-        assert loaded[name].tobytes() == array.tobytes(), name
+    assert_same_arrays(sluice.numpy.load_file(path), safetensors.numpy.load_file(str(path)))
 
 
 def test_the_torch_front_agrees_with_safetensors_torch(corpus) -> None:

@@ -6,6 +6,16 @@ use std::process::{Command, Output};
 
 use sluice_testkit::is_root;
 
+/// `sluice warm run --policy eager --events explicit --model M [extra] -- command`.
+fn eager_run(m: &Path, templates: &Path, extra: &[&str], command: &[&str]) -> Output {
+    let mut args = vec!["warm", "run", "--policy", "eager", "--events", "explicit"];
+    args.extend_from_slice(&["--model", m.to_str().unwrap()]);
+    args.extend_from_slice(extra);
+    args.push("--");
+    args.extend_from_slice(command);
+    sluice(&args, templates)
+}
+
 fn sluice(args: &[&str], templates: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(args)
@@ -342,24 +352,7 @@ fn warms_own_failures_exit_125_126_or_127_never_a_code_the_service_could_give() 
 #[test]
 fn a_service_killed_by_a_signal_exits_128_plus_it_and_the_report_names_it() {
     let (_dir, m, templates) = model();
-    let out = sluice(
-        &[
-            "warm",
-            "run",
-            "--policy",
-            "eager",
-            "--events",
-            "explicit",
-            "--model",
-            m.to_str().unwrap(),
-            "--json",
-            "--",
-            "sh",
-            "-c",
-            "kill -TERM $$",
-        ],
-        &templates,
-    );
+    let out = eager_run(&m, &templates, &["--json"], &["sh", "-c", "kill -TERM $$"]);
     assert_eq!(
         out.status.code(),
         Some(128 + libc::SIGTERM),
@@ -491,21 +484,7 @@ fn stale_status_files_and_trigger_pipes_of_dead_runtimes_are_removed() {
     ];
     std::fs::write(&stale[0], b"{}").unwrap();
     sluice_testkit::mkfifo(&stale[1]);
-    let out = sluice(
-        &[
-            "warm",
-            "run",
-            "--policy",
-            "eager",
-            "--events",
-            "explicit",
-            "--model",
-            m.to_str().unwrap(),
-            "--",
-            "true",
-        ],
-        &templates,
-    );
+    let out = eager_run(&m, &templates, &[], &["true"]);
     assert!(out.status.success(), "{}", stderr(&out));
     for path in &stale {
         assert!(!path.exists(), "{} left behind", path.display());

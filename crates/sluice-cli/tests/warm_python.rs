@@ -8,11 +8,6 @@ use std::time::{Duration, Instant};
 
 use sluice_testkit::is_root;
 
-/// The Python that runs the policy host (the test skips without one).
-fn python() -> Option<PathBuf> {
-    sluice_testkit::python_with_sluice()
-}
-
 const POLICIES: &str = "\
 import os, time
 from sluice.warm import Policy, Prefetch
@@ -21,16 +16,6 @@ class StuckThenRaises(Policy):
     def on_access(self, event):
         time.sleep(2)
         raise RuntimeError('policy bug after a nap')
-
-class Forks(Policy):
-    def init(self, ctx):
-        pid = os.fork()
-        if pid == 0:
-            time.sleep(600)
-            os._exit(0)
-        with open(os.path.join(os.path.dirname(__file__), 'child.pid'), 'w') as f:
-            f.write(str(pid))
-        return []
 
 class WholeModel(Policy):
     def init(self, ctx):
@@ -51,13 +36,15 @@ struct Setup {
 }
 
 fn setup() -> Option<Setup> {
-    let python = python()?;
+    let python = sluice_testkit::python_with_sluice()?;
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let model = dir.path().join("model");
     std::fs::create_dir(&model).unwrap();
     std::fs::write(model.join("model-00001.safetensors"), vec![3u8; 6 << 20]).unwrap();
     std::fs::write(model.join("model-00002.safetensors"), vec![4u8; 2 << 20]).unwrap();
     std::fs::write(dir.path().join("warm_e2e_policies.py"), POLICIES).unwrap();
+    let forks = sluice_testkit::FORKING_POLICY;
+    std::fs::write(dir.path().join("warm_e2e_forks.py"), forks).unwrap();
     Some(Setup { dir, model, python })
 }
 
@@ -183,7 +170,7 @@ fn a_child_forked_by_the_policy_does_not_hold_the_runs_output_open() {
     // As `$(sluice warm run ... 2>&1)` does: read stdout and stderr to their
     // end. The forked child inherits stderr and sleeps for ten minutes.
     let child = s
-        .command("warm_e2e_policies:Forks", "true", "explicit")
+        .command("warm_e2e_forks:Forks", "true", "explicit")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -136,3 +136,21 @@ pub fn mkfifo(path: &Path) {
         path.display()
     );
 }
+
+/// A `sluice.warm` policy module whose `Forks` policy forks a child that sleeps for ten
+/// minutes and notes its pid in `child.pid` beside the module (tests that the policy
+/// host's children die with it).
+pub const FORKING_POLICY: &str = "\
+import os, time
+from sluice.warm import Policy
+
+class Forks(Policy):
+    def init(self, ctx):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(600)
+            os._exit(0)
+        with open(os.path.join(os.path.dirname(__file__), 'child.pid'), 'w') as f:
+            f.write(str(pid))
+        return []
+";

@@ -18,11 +18,6 @@ use crate::policy::{
     AccessEvent, AccessKind, FileRange, Guarded, PolicyContext, Prefetch, Target, WarmPolicy,
 };
 
-/// The Python that runs the policy host (the test skips without one).
-fn test_python() -> Option<PathBuf> {
-    sluice_testkit::python_with_sluice()
-}
-
 /// A tempdir with `module.py` holding `source`, a two-file model, and
 /// a config whose PYTHONPATH has the module.
 struct Fixture {
@@ -32,7 +27,7 @@ struct Fixture {
 }
 
 fn fixture(module: &str, source: &str) -> Option<Fixture> {
-    let python = test_python()?;
+    let python = sluice_testkit::python_with_sluice()?;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join(format!("{module}.py")), source).unwrap();
     let model = dir.path().join("model");
@@ -146,23 +141,6 @@ fn a_working_policy_prefetches_evicts_and_exits_cleanly() {
     assert!(err.to_string().contains("gone"), "{err}");
 }
 
-/// Forks a child that sleeps for ten minutes, and notes its pid beside
-/// the module.
-const FORKS: &str = "\
-import os, time
-from sluice.warm import Policy
-
-class Forks(Policy):
-    def init(self, ctx):
-        pid = os.fork()
-        if pid == 0:
-            time.sleep(600)
-            os._exit(0)
-        with open(os.path.join(os.path.dirname(__file__), 'child.pid'), 'w') as f:
-            f.write(str(pid))
-        return []
-";
-
 /// Whether `pid` is gone or a zombie, waiting up to 5 s for whoever
 /// reaps it (init, once its parent is gone).
 fn dies(pid: i32) -> bool {
@@ -185,7 +163,7 @@ fn dies(pid: i32) -> bool {
 
 #[test]
 fn a_child_the_policy_forked_dies_with_the_host() {
-    let Some(f) = fixture("forkpol", FORKS) else {
+    let Some(f) = fixture("forkpol", sluice_testkit::FORKING_POLICY) else {
         return;
     };
     let mut policy = spawn_with("forkpol:Forks", &f.config).unwrap();
