@@ -298,17 +298,22 @@ impl Group {
         }
         // SAFETY: the kernel handed us this descriptor; we own it now.
         let file = unsafe { OwnedFd::from_raw_fd(meta.fd) };
+        let own = meta.pid == own_pid;
+        // Placed before the answer: a permission event's reader is blocked
+        // until we answer, so it cannot have exited and left the tree
+        // unknowable (a short-lived outsider let go first could be gone by
+        // the /proc lookup, and a gone process counts as the service's). An
+        // opener (open-level events) has only just opened.
+        let in_tree = own || tree.contains(meta.pid);
         if meta.mask & FAN_PRE_ACCESS != 0 {
-            // Answer first, whatever happens next.
+            // Answered before anything else can return early.
             answer(self.fd.as_raw_fd(), meta, stats);
         }
-        if meta.pid == own_pid {
+        if own {
             stats.own.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        // Checked while the process is most likely alive: a permission
-        // event's reader was just let go, an opener has only just opened.
-        if !tree.contains(meta.pid) {
+        if !in_tree {
             if stats.foreign.fetch_add(1, Ordering::Relaxed) == 0 {
                 tracing::info!(
                     "ignoring pid {} and any other process outside the service's tree",
