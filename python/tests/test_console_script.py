@@ -194,7 +194,9 @@ def test_ctrl_c_stops_a_busy_command_like_the_binary(script, tmp_path) -> None:
     # refused at once.)
     out = tmp_path / "kv.jsonl"
     cmd = [str(script), "sim", "gen-kv", "--out", str(out), "--requests", "5000000"]
-    cli = subprocess.Popen(cmd, env=clean_env(), stdout=subprocess.DEVNULL)
+    cli = subprocess.Popen(
+        cmd, env=clean_env(), stdout=subprocess.DEVNULL, preexec_fn=default_sigint
+    )
     try:
         wait_for_cpu_seconds(cli, 0.3)
         cli.send_signal(signal.SIGINT)
@@ -207,6 +209,13 @@ def test_ctrl_c_stops_a_busy_command_like_the_binary(script, tmp_path) -> None:
     # interrupted run left no output behind (written atomically).
     assert cli.returncode == -signal.SIGINT
     assert not out.exists()
+
+
+def default_sigint() -> None:
+    """Starts a child with SIGINT at its default, as a terminal's foreground job has it: a
+    suite launched in the background (``make test &``, nohup) inherits it ignored, and an
+    ignored SIGINT stays ignored across exec, in the binary and in Python alike."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for_cpu_seconds(process: subprocess.Popen[bytes], seconds: float) -> None:
@@ -247,7 +256,11 @@ def test_cli_main_gives_pythons_signal_handling_back(tmp_path) -> None:
         """
     )
     done = subprocess.run(
-        [sys.executable, "-c", program], capture_output=True, text=True, timeout=HANG_GUARD_S
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        preexec_fn=default_sigint,
     )
 
     assert done.returncode == 0, done.stderr
