@@ -18,8 +18,10 @@ semantics), as engines expect. The GIL is released for every batch.
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional, Union
 
@@ -28,7 +30,7 @@ from . import _sluice
 PathLike = Union[str, "os.PathLike[str]"]
 ByteSize = Union[int, str]
 
-__all__ = ["KvJob", "KvStore", "fsck", "open"]
+__all__ = ["KvJob", "KvStore", "fsck", "open", "plot_bench"]
 
 
 def _address(buf: Any, index: int, writable: bool) -> tuple[int, int]:
@@ -271,3 +273,76 @@ def open(
 def fsck(path: PathLike, *, repair: bool = False) -> dict[str, Any]:
     """Verifies every block of a closed store; with ``repair`` drops the bad ones."""
     return json.loads(_sluice.kv_fsck(os.fspath(path), repair))
+
+
+def plot_bench(out_dir: PathLike) -> list[str]:
+    """Draws the PNGs of a ``sluice kv bench`` run from its ``bench.json``:
+    ``latency_cdf.png`` (per-request load latency) and ``hit_ratio_over_time.png``
+    (hit ratio per tier per window of requests, with the simulator's prediction when
+    the run had ``--compare-sim``). Returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = os.fspath(out_dir)
+    with builtins.open(os.path.join(out, "bench.json")) as f:
+        report = json.load(f)
+    paths = []
+
+    lat = sorted(report.get("latencies_ms") or [])
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if lat:
+        ys = [(i + 1) / len(lat) for i in range(len(lat))]
+        ax.step(lat, ys, where="post")
+        ax.set_xscale("log")
+    ax.set_xlabel("load latency per request (lookup + get of the hit prefix), ms")
+    ax.set_ylabel("fraction of requests")
+    s = report["summary"]
+    ax.set_title(f"p50 {s['load_p50_ms']:.2f} ms, p99 {s['load_p99_ms']:.2f} ms")
+    ax.grid(True, alpha=0.3)
+    path = os.path.join(out, "latency_cdf.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    paths.append(path)
+
+    windows = report.get("windows") or []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = [w["end_request"] for w in windows]
+
+    def share(key: str) -> list[float]:
+        return [w[key] / w["blocks"] if w["blocks"] else 0.0 for w in windows]
+
+    ax.plot(xs, share("dram_hits"), label="DRAM hits")
+    ax.plot(xs, share("ssd_hits"), label="SSD hits")
+    ax.plot(xs, share("served"), label="prefix served", linestyle="--")
+    sim = report.get("sim")
+    if sim:
+        ax.axhline(
+            sim["hit_ratio"], color="grey", linestyle=":", label="sim: hit ratio (whole run)"
+        )
+    ax.set_xlabel("requests replayed")
+    ax.set_ylabel("share of the window's blocks")
+    ax.set_ylim(0, 1)
+    ax.legend()
+    ax.grid(True, alpha=0.3)
+    path = os.path.join(out, "hit_ratio_over_time.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    paths.append(path)
+    return paths
+
+
+def _main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] != "plot":
+        print("usage: python -m sluice.kv plot DIR", file=sys.stderr)
+        return 2
+    for path in plot_bench(argv[1]):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

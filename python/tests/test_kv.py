@@ -234,3 +234,25 @@ def test_the_readme_kv_example_runs_as_written(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "'good_blocks': 8" in out and "'bad_blocks': 0" in out
     assert "[True, True, True, True] [7 7 7 7]" in out
+
+
+def test_kv_bench_draws_its_plots_through_python(sluice_bin, tmp_path):
+    import subprocess
+    import sys
+
+    trace = tmp_path / "t.jsonl"
+    subprocess.run([sluice_bin, "sim", "gen-kv", "--out", trace, "--requests", "60"], check=True)
+    env = dict(os.environ, SLUICE_PYTHON=sys.executable)
+    env["PYTHONPATH"] = str(Path(sluice.kv.__file__).resolve().parents[1])
+    tiny = "layers=1,kv_heads=1,head_dim=16,dtype_bytes=2"
+    args = ["--model", tiny, "--ssd", "32MiB", "--dram", "1MiB", "--compare-sim"]
+    done = subprocess.run(
+        [sluice_bin, "kv", "bench", "--trace", trace, "--out", tmp_path / "out", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    for png in ("latency_cdf.png", "hit_ratio_over_time.png"):
+        data = (tmp_path / "out" / png).read_bytes()
+        assert data.startswith(b"\x89PNG"), png

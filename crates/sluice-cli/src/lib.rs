@@ -69,6 +69,109 @@ pub enum Command {
     /// A programmable page cache for model loading: record and replay I/O templates.
     #[command(subcommand)]
     Warm(WarmCommand),
+    /// The KV-cache block store: replay a trace against it, describe it, verify it.
+    #[command(subcommand)]
+    Kv(KvCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum KvCommand {
+    /// Replay a KV trace against a real store: lookup, load the hit prefix, store the rest.
+    Bench(Box<KvBenchArgs>),
+    /// Describe a store on disk: blocks, segments, bytes, namespaces (reads headers only).
+    Stats(KvStatsArgs),
+    /// Verify every block's checksum; with --repair drop the bad ones. Exit 1 if any is bad.
+    Fsck(KvFsckArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct KvBenchArgs {
+    /// A KV trace: Mooncake JSONL (timestamp, input_length, output_length, hash_ids), e.g.
+    /// from `sluice sim gen-kv`.
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// auto (by extension), mooncake, csv, oracle.
+    #[arg(long, default_value = "auto")]
+    pub format: String,
+    /// Model preset (llama3-8b, llama3.1-70b, deepseek-v3, gpt-oss-120b) or spec
+    /// ("layers=32,kv_heads=8,head_dim=128,dtype_bytes=2"): block bytes = bytes per token ×
+    /// --block-tokens, as `sluice sim` sizes them.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Tokens per hashed block of the trace.
+    #[arg(long, default_value_t = sluice_sim::trace::mooncake::DEFAULT_BLOCK_TOKENS)]
+    pub block_tokens: u64,
+    /// Block bytes, overriding --model's sizing ("2MiB").
+    #[arg(long)]
+    pub block_bytes: Option<String>,
+    /// DRAM tier budget (0: none).
+    #[arg(long, default_value = "0")]
+    pub dram: String,
+    /// SSD tier budget.
+    #[arg(long, default_value = "8GiB")]
+    pub ssd: String,
+    /// Eviction policy of both tiers, by `sluice sim` name.
+    #[arg(long, default_value = "lru")]
+    pub policy: String,
+    #[arg(long)]
+    pub dram_policy: Option<String>,
+    #[arg(long)]
+    pub ssd_policy: Option<String>,
+    /// O_DIRECT for segment I/O: auto, on, off.
+    #[arg(long, default_value = "auto")]
+    pub direct: String,
+    /// I/O threads of the store (default: the store's).
+    #[arg(long)]
+    pub io_threads: Option<usize>,
+    /// The store directory: must be empty or absent (default OUT/store); removed after the
+    /// run unless --keep-store.
+    #[arg(long)]
+    pub store: Option<PathBuf>,
+    #[arg(long)]
+    pub keep_store: bool,
+    /// Replay only the first N requests.
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// The engine's prefill rate, for the time saved against recomputing the hits (an
+    /// assumption: set it to your engine's measured rate).
+    #[arg(long, default_value_t = 10_000.0)]
+    pub prefill_tokens_per_s: f64,
+    /// Also run `sluice sim`'s tiered replay on the trace with the store's policies and
+    /// capacities, and print both hit ratios side by side.
+    #[arg(long)]
+    pub compare_sim: bool,
+    /// Requests per point of the hit-ratio-over-time plot (default: 1/50 of the trace).
+    #[arg(long)]
+    pub window: Option<u64>,
+    /// Directory for bench.json and the PNGs.
+    #[arg(long)]
+    pub out: PathBuf,
+    #[arg(long)]
+    pub no_plots: bool,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct KvStatsArgs {
+    /// The store directory.
+    pub path: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct KvFsckArgs {
+    /// The store directory (not open elsewhere: fsck takes its lock).
+    pub path: PathBuf,
+    /// Drop bad records (zero their headers) and damaged segments.
+    #[arg(long)]
+    pub repair: bool,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -460,6 +563,9 @@ pub fn run(cli: Cli) -> i32 {
         Command::Sim(SimCommand::Models(args)) => {
             report(commands::sim::models(&args), sim_exit_code)
         }
+        Command::Kv(KvCommand::Bench(args)) => report(commands::kv::bench(&args), kv_exit_code),
+        Command::Kv(KvCommand::Stats(args)) => report(commands::kv::stats(&args), kv_exit_code),
+        Command::Kv(KvCommand::Fsck(args)) => report(commands::kv::fsck(&args), kv_exit_code),
         Command::Warm(command) => {
             let launcher = matches!(command, WarmCommand::Run(_) | WarmCommand::Record(_));
             match commands::warm::run(command) {
@@ -507,6 +613,23 @@ pub fn sim_exit_code(err: &SimError) -> i32 {
         }
         SimError::Policy(_) | SimError::Config(_) => 2,
         SimError::Cancelled => EXIT_FAILED,
+    }
+}
+
+/// Exit status of a failed `sluice kv` command: 2 for a bad flag or argument, 3 for a
+/// directory or trace that is not what it should be, 4 for a missing path, 1 otherwise
+/// (fsck's bad blocks, wrong bytes, I/O).
+pub fn kv_exit_code(err: &commands::kv::KvCliError) -> i32 {
+    use commands::kv::KvCliError;
+    use sluice_kv::KvError;
+    match err {
+        KvCliError::Usage(_) => 2,
+        KvCliError::Sim(e) => sim_exit_code(e),
+        KvCliError::Io { source, .. } => io_exit_code(source),
+        KvCliError::Kv(KvError::Config { .. } | KvError::InvalidArgument { .. }) => 2,
+        KvCliError::Kv(KvError::Incompatible { .. } | KvError::Format { .. }) => EXIT_INVALID,
+        KvCliError::Kv(KvError::Io { source, .. }) => io_exit_code(source),
+        KvCliError::Kv(_) | KvCliError::WrongBytes(_) | KvCliError::Damaged(_) => EXIT_FAILED,
     }
 }
 

@@ -202,6 +202,12 @@ impl KvConfig {
         Ok(())
     }
 
+    /// Blocks the DRAM policy may keep resident: the arena's slots less a spare sixteenth
+    /// for blocks evicted while pinned (see `dram_tier::policy_slots`).
+    pub fn dram_policy_blocks(&self) -> u64 {
+        crate::dram_tier::policy_slots(self.dram_bytes / self.block_bytes.max(1))
+    }
+
     /// Bytes of one segment slot (record header plus padded block).
     pub fn slot_bytes(&self) -> u64 {
         slot_bytes(self.block_bytes).unwrap_or(u64::MAX)

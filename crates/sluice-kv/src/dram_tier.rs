@@ -30,6 +30,18 @@ struct Slot {
     evicted: bool,
 }
 
+/// Blocks the DRAM policy may keep, of `slots`: a sixteenth of the slots (at least one,
+/// when there are two or more) stays out of the policy's reach. A block the policy evicts
+/// while a lease or a copy pins it keeps its slot until the pin drops; without spare
+/// slots the next admission would find no free slot, and the policy would count a block
+/// the tier does not hold.
+pub fn policy_slots(slots: u64) -> u64 {
+    if slots < 2 {
+        return slots;
+    }
+    slots - slots.div_ceil(16)
+}
+
 /// The tier's bookkeeping; the store holds it under a mutex and copies outside it.
 pub struct DramTier {
     arena: Mapping,
@@ -77,7 +89,7 @@ impl DramTier {
             )
         })?;
         let policy = policy
-            .build(slots * block_bytes)
+            .build(policy_slots(slots) * block_bytes)
             .map_err(|e| KvError::config("dram_policy", policy.kind().name(), e.to_string()))?;
         Ok(DramTier {
             arena,

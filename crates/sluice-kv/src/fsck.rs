@@ -41,7 +41,7 @@ pub struct FsckReport {
 
 /// Verifies every block of the store at `root`; with `repair`, drops the bad ones.
 pub fn fsck(root: &Path, repair: bool) -> Result<FsckReport, KvError> {
-    let m = manifest::read(root)?;
+    let m = read_manifest(root)?;
     let _owner = manifest::lock(root)?;
     let seg_root = root.join("segments");
     let dir = FsSegmentDir::new(&seg_root, DirectIo::Auto);
@@ -167,4 +167,101 @@ fn bad(
             .map_err(KvError::io(path))?;
     }
     Ok(())
+}
+
+/// What `sluice kv stats PATH` shows of a store on disk: its manifest and what its
+/// segment files hold, from the record headers alone (no payload is read).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StoreSummary {
+    pub path: PathBuf,
+    pub store_id: String,
+    pub block_bytes: u64,
+    pub slot_bytes: u64,
+    pub segments: u64,
+    pub sealed_segments: u64,
+    /// Bytes of segment files on disk.
+    pub segment_bytes: u64,
+    /// Records whose header decodes.
+    pub records: u64,
+    /// Distinct blocks (a block compaction copied counts once).
+    pub blocks: u64,
+    /// Payload bytes of the distinct blocks.
+    pub block_bytes_total: u64,
+    /// Slots holding no record, or a torn or damaged header.
+    pub empty_or_torn_slots: u64,
+    /// Segments whose header is damaged or belongs to another store.
+    pub bad_segments: u64,
+    /// Distinct blocks per namespace id (hex): stores shared by models or TP ranks.
+    pub namespaces: std::collections::BTreeMap<String, u64>,
+}
+
+/// Summarises the store at `root` from its manifest and record headers. Reads only; it
+/// does not take the store's lock, so it also describes a store an engine has open
+/// (as of the moment each segment is read).
+pub fn summary(root: &Path) -> Result<StoreSummary, KvError> {
+    let m = read_manifest(root)?;
+    let seg_root = root.join("segments");
+    let dir = FsSegmentDir::new(&seg_root, DirectIo::Auto);
+    let mut ids = dir.list().map_err(KvError::io(&seg_root))?;
+    ids.sort_unstable();
+    let slot = slot_bytes(m.block_bytes).ok_or_else(|| KvError::Incompatible {
+        path: root.to_path_buf(),
+        detail: format!("block_bytes {} is too large", m.block_bytes),
+    })?;
+    let mut out = StoreSummary {
+        path: root.to_path_buf(),
+        store_id: m.store_id.clone(),
+        block_bytes: m.block_bytes,
+        slot_bytes: slot,
+        ..StoreSummary::default()
+    };
+    let mut seen = std::collections::HashSet::new();
+    let mut buf = AlignedBuf::new(RECORD_HEADER_BYTES.max(KV_ALIGN)).map_err(KvError::io(root))?;
+    for id in ids {
+        let path = dir.path_of(id);
+        let file = dir.open(id).map_err(KvError::io(&path))?;
+        let len = dir.len(id).map_err(KvError::io(&path))?;
+        out.segments += 1;
+        out.segment_bytes += len;
+        if check_segment_header(&*file, &m, &mut buf).is_err() {
+            out.bad_segments += 1;
+            continue;
+        }
+        if crate::ssd_tier::sealed_marker(&path).exists() {
+            out.sealed_segments += 1;
+        }
+        for s in 1..len / slot {
+            let head = &mut buf.as_mut_slice()[..RECORD_HEADER_BYTES];
+            let n = file
+                .read_vectored_at(&mut [IoSliceMut::new(head)], s * slot)
+                .unwrap_or(0);
+            let Ok(h) = RecordHeader::decode(&buf.as_slice()[..n]) else {
+                out.empty_or_torn_slots += 1;
+                continue;
+            };
+            out.records += 1;
+            let fp = crate::namespace::Fingerprint::of(&h.namespace_id, &h.key);
+            if seen.insert((fp, h.namespace_id)) {
+                out.blocks += 1;
+                out.block_bytes_total += h.payload_len;
+                let ns: String = h.namespace_id.iter().map(|b| format!("{b:02x}")).collect();
+                *out.namespaces.entry(ns).or_default() += 1;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The manifest of an existing store: a missing directory is an I/O error naming it, a
+/// directory without a manifest is not a store.
+fn read_manifest(root: &Path) -> Result<manifest::Manifest, KvError> {
+    std::fs::metadata(root).map_err(KvError::io(root))?;
+    let path = root.join(manifest::MANIFEST_NAME);
+    if !path.exists() {
+        return Err(KvError::Incompatible {
+            path: root.to_path_buf(),
+            detail: format!("not a sluice kv store (no {})", manifest::MANIFEST_NAME),
+        });
+    }
+    manifest::read(root)
 }

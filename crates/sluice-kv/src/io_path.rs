@@ -149,7 +149,10 @@ fn plan_puts(store: &KvStore, keys: &[&[u8]]) -> Vec<PutPlan> {
         seen.insert(fp, i);
         if inner.dram.is_some() {
             match dram_put(store, fp, key, &mut plan.demoted) {
-                DramPut::Present => plan.dram_present = true,
+                DramPut::Present => {
+                    plan.dram_present = true;
+                    add(&inner.counters.put_hits_dram, 1);
+                }
                 DramPut::Admitted { slot } => plan.dram_slot = Some(slot),
                 DramPut::Declined => {}
             }
@@ -162,7 +165,10 @@ fn plan_puts(store: &KvStore, keys: &[&[u8]]) -> Vec<PutPlan> {
             let ssd = inner.ssd.as_ref().expect("checked above");
             let decision = lock(ssd).put(fp);
             plan.ssd = match decision {
-                SsdPut::Present => SsdStep::Present,
+                SsdPut::Present => {
+                    add(&inner.counters.put_hits_ssd, 1);
+                    SsdStep::Present
+                }
                 SsdPut::Declined | SsdPut::Full => SsdStep::None,
                 SsdPut::Reserved(r) => SsdStep::Reserved(r),
             };

@@ -16,6 +16,8 @@ pub(crate) struct Counters {
     pub hits_dram: AtomicU64,
     pub hits_ssd: AtomicU64,
     pub misses: AtomicU64,
+    pub put_hits_dram: AtomicU64,
+    pub put_hits_ssd: AtomicU64,
 }
 
 /// One tier's occupancy.
@@ -44,6 +46,10 @@ pub struct KvStats {
     pub hits_ssd: u64,
     /// Gets that returned no bytes (absent, after a failed key, corrupt or unreadable).
     pub misses: u64,
+    /// Puts of blocks DRAM already held (a hit for its policy; the put is a no-op).
+    pub put_hits_dram: u64,
+    /// Puts of blocks the SSD tier already held (a hit for its policy).
+    pub put_hits_ssd: u64,
     /// Records that failed verification on read (dropped, served as misses).
     pub corrupt_blocks: u64,
     pub read_errors: u64,
@@ -99,6 +105,8 @@ impl KvStats {
             hits_dram: get(&c.hits_dram),
             hits_ssd: get(&c.hits_ssd),
             misses: get(&c.misses),
+            put_hits_dram: get(&c.put_hits_dram),
+            put_hits_ssd: get(&c.put_hits_ssd),
             corrupt_blocks: counters.corrupt_blocks,
             read_errors: counters.read_errors,
             write_errors: counters.write_errors,

@@ -10,6 +10,7 @@
 //! - [`study`]: a whole study (check, read, replay), the one entry point of
 //!   the CLI's `sluice sim run` and of Python's `sluice.sim.run`.
 //! - [`report`]: `results.json` and `results.csv`.
+//! - [`tiered`]: a KV trace through a stack of tiers, as `sluice kv bench` checks.
 
 pub mod atomic;
 pub mod error;
@@ -20,6 +21,7 @@ pub mod report;
 pub mod simulator;
 pub mod source;
 pub mod study;
+pub mod tiered;
 pub mod trace;
 
 pub use error::SimError;

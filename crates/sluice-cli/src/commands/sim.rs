@@ -176,17 +176,18 @@ fn unique<T: PartialEq>(items: impl Iterator<Item = T>) -> Vec<T> {
     out
 }
 
-/// What to do when the plotter cannot run.
-const HINT: &str = "Set SLUICE_PYTHON to a Python with the sluice package and matplotlib \
-                    (make develop builds .venv/bin/python), or draw them later with \
-                    `python -m sluice.sim plot DIR`";
-
-/// Runs the Python plotter; a missing interpreter or matplotlib only warns.
+/// Runs `python -m sluice.sim plot DIR`; a missing interpreter or matplotlib only warns.
 fn draw_plots(dir: &Path) {
+    draw_plots_with(dir, "sluice.sim");
+}
+
+/// Runs the Python plotter `python -m MODULE plot DIR`; a missing interpreter or
+/// matplotlib only warns, with how to draw them later.
+pub(crate) fn draw_plots_with(dir: &Path, module: &str) {
     let mut failures = Vec::new();
     for python in python_candidates() {
         let outcome = Command::new(&python)
-            .args(["-m", "sluice.sim", "plot"])
+            .args(["-m", module, "plot"])
             .arg(dir)
             .output();
         match outcome {
@@ -195,14 +196,20 @@ fn draw_plots(dir: &Path) {
                 return;
             }
             Ok(out) => failures.push(format!(
-                "`{} -m sluice.sim plot` failed: {}",
+                "`{} -m {module} plot` failed: {}",
                 python.display(),
                 String::from_utf8_lossy(&out.stderr).trim()
             )),
             Err(err) => failures.push(format!("cannot run {}: {err}", python.display())),
         }
     }
-    tracing::warn!("plots skipped: {}. {HINT}", failures.join("; "));
+    tracing::warn!(
+        "plots skipped: {}. Set SLUICE_PYTHON to a Python with the sluice package and \
+         matplotlib (make develop builds .venv/bin/python), or draw them later with \
+         `python -m {module} plot {}`",
+        failures.join("; "),
+        dir.display()
+    );
 }
 
 /// `$SLUICE_PYTHON` alone when set; else `python3`, then the checkout's
