@@ -294,7 +294,8 @@ fn a_leased_block_stays_readable_after_eviction() {
 #[test]
 fn write_back_demotes_to_ssd_on_dram_eviction() {
     let dir = tempdir();
-    let mut cfg = config(2, 64);
+    // Three slots: the policy keeps two (one spare for blocks evicted while pinned).
+    let mut cfg = config(3, 64);
     cfg.write_mode = WriteMode::WriteBack;
     let store = KvStore::open(dir.path(), cfg).unwrap();
     put(&store, &[1, 2]);
@@ -357,7 +358,10 @@ fn two_tiers_under_batched_requests_equal_a_two_level_policy_model() {
         cfg.high_watermark = 1.0;
         cfg.low_watermark = 0.95;
         let store = KvStore::open(dir.path(), cfg.clone()).unwrap();
-        let mut dram = cfg.dram_policy.build(12 * BLOCK).unwrap();
+        let mut dram = cfg
+            .dram_policy
+            .build(cfg.dram_policy_blocks() * BLOCK)
+            .unwrap();
         let mut ssd = cfg.ssd_policy.build(cfg.ssd_policy_capacity()).unwrap();
         let slot = cfg.slot_bytes();
         let mut ev = Vec::new();
