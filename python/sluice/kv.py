@@ -8,6 +8,9 @@
     ok = store.get_batch_into(keys[:n], out)   # zero-copy into numpy / torch CPU buffers
     store.close()
 
+    job = store.submit_get(keys[:n], out)      # non-blocking; job.wait() -> list[bool]
+    for job in store.poll(): ...               # finished jobs, each reported once
+
 A block that is missing, unreadable or fails its checksum is a miss (``False``), never
 wrong bytes; after the first miss every later key of a batch is a miss too (prefix
 semantics), as engines expect. The GIL is released for every batch.
@@ -25,7 +28,7 @@ from . import _sluice
 PathLike = Union[str, "os.PathLike[str]"]
 ByteSize = Union[int, str]
 
-__all__ = ["KvStore", "open"]
+__all__ = ["KvJob", "KvStore", "fsck", "open"]
 
 
 def _address(buf: Any, index: int, writable: bool) -> tuple[int, int]:
@@ -56,22 +59,80 @@ def _keys(keys: Iterable[Union[bytes, bytearray, memoryview]]) -> list[bytes]:
     return out
 
 
+class KvJob:
+    """A batch submitted with :meth:`KvStore.submit_put` or :meth:`KvStore.submit_get`.
+
+    It keeps its buffers referenced until it finishes, so the memory outlives every
+    read and write into it. Each finished job is reported once: by
+    :meth:`KvStore.poll`, or by :meth:`wait` / :meth:`result`, whichever comes first.
+    """
+
+    def __init__(self, native: Any, store: KvStore, buffers: list[Any]) -> None:
+        self._native = native
+        self._store = store
+        self._buffers: Optional[list[Any]] = buffers
+
+    @property
+    def id(self) -> int:
+        return int(self._native.id)
+
+    @property
+    def kind(self) -> str:
+        """``"put"`` or ``"get"``."""
+        return str(self._native.kind)
+
+    def done(self) -> bool:
+        return bool(self._native.done())
+
+    def wait(self, timeout: Optional[float] = None) -> list[bool]:
+        """Per-key success once the job is done (GIL released while waiting). Raises
+        :class:`TimeoutError` when ``timeout`` seconds pass first."""
+        ok = self._native.wait(timeout)
+        if ok is None:
+            raise TimeoutError(f"kv job {self.id} ({self.kind}) not done after {timeout} s")
+        return self._collected(ok)
+
+    def result(self) -> list[bool]:
+        """Per-key success; raises :class:`RuntimeError` while the job runs."""
+        ok = self._native.result()
+        if ok is None:
+            raise RuntimeError(f"kv job {self.id} ({self.kind}) is still running")
+        return self._collected(ok)
+
+    def _collected(self, ok: list[bool]) -> list[bool]:
+        self._store._jobs.pop(self.id, None)
+        self._buffers = None
+        self._native.release_buffers()
+        return list(ok)
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "running"
+        return f"<sluice.kv.KvJob {self.id} {self.kind} {state}>"
+
+
 class KvStore:
     """An open store; use :func:`open`. Also a context manager that closes it."""
 
     def __init__(self, native: Any, path: str) -> None:
         self._native = native
         self.path = path
+        # Submitted jobs not reported yet, by id: poll() hands back these objects.
+        self._jobs: dict[int, KvJob] = {}
 
     @property
     def block_bytes(self) -> int:
         return int(self._native.block_bytes)
 
-    def lookup(self, keys: Sequence[bytes], *, lease: bool = True) -> int:
+    def lookup(
+        self, keys: Sequence[bytes], *, lease: bool = True, worth_loading: bool = False
+    ) -> int:
         """How many keys, from the first, are stored. Answered from the index, no I/O.
         With ``lease`` the blocks found stay readable until their get (or the lease
-        timeout), even if evicted meanwhile."""
-        return int(self._native.lookup(_keys(keys), lease))
+        timeout), even if evicted meanwhile. With ``worth_loading`` (the store opened
+        with ``recompute_tokens_per_s``), only the prefix that loads sooner than the
+        engine would recompute it, estimated from each block's tier and the load times
+        measured on that tier."""
+        return int(self._native.lookup(_keys(keys), lease, worth_loading))
 
     def put_batch(self, keys: Sequence[bytes], blocks: Sequence[Any]) -> list[bool]:
         """Stores blocks (each exactly ``block_bytes``). ``True``: the block is in the
@@ -89,6 +150,36 @@ class KvStore:
         held = list(buffers)
         addrs = [_address(b, i, writable=True) for i, b in enumerate(held)]
         return list(self._native.get_batch_into(ks, addrs))
+
+    def submit_put(self, keys: Sequence[bytes], blocks: Sequence[Any]) -> KvJob:
+        """:meth:`put_batch` without waiting: arguments are checked now (errors raise
+        here), the batch runs in the background."""
+        ks = _keys(keys)
+        held = list(blocks)
+        addrs = [_address(b, i, writable=False) for i, b in enumerate(held)]
+        return self._track(self._native.submit_put(ks, addrs, held), held)
+
+    def submit_get(self, keys: Sequence[bytes], buffers: Sequence[Any]) -> KvJob:
+        """:meth:`get_batch_into` without waiting; do not touch the buffers until the
+        job is done."""
+        ks = _keys(keys)
+        held = list(buffers)
+        addrs = [_address(b, i, writable=True) for i, b in enumerate(held)]
+        return self._track(self._native.submit_get(ks, addrs, held), held)
+
+    def _track(self, native: Any, held: list[Any]) -> KvJob:
+        job = KvJob(native, self, held)
+        self._jobs[job.id] = job
+        return job
+
+    def poll(self) -> list[KvJob]:
+        """Jobs that finished since the last poll and were not waited for, each once."""
+        out = []
+        for job_id in self._native.poll():
+            job = self._jobs.pop(int(job_id), None)
+            if job is not None:
+                out.append(job)
+        return out
 
     def sync(self) -> None:
         """Makes every acknowledged put durable (for ``durability="none"``)."""
@@ -132,6 +223,8 @@ def open(
     lease_timeout_ms: int = 10_000,
     key_bytes: Optional[int] = None,
     segment_bytes: Optional[ByteSize] = None,
+    recompute_tokens_per_s: Optional[float] = None,
+    block_tokens: Optional[int] = None,
 ) -> KvStore:
     """Opens or creates the store at ``path``.
 
@@ -142,7 +235,19 @@ def open(
     ``s3fifo``, ``tinylfu(window=0.01)``, ...); ``dram_policy``/``ssd_policy`` override it
     per tier. ``write_mode`` is ``write-through`` or ``write-back``; ``durability``
     ``batch`` (a put batch is acknowledged after fdatasync) or ``none``.
+    ``recompute_tokens_per_s`` (the engine's prefill rate) and ``block_tokens`` enable
+    ``lookup(..., worth_loading=True)``.
     """
+    recompute = None
+    if recompute_tokens_per_s is not None or block_tokens is not None:
+        if recompute_tokens_per_s is None or block_tokens is None:
+            from .errors import ConfigError
+
+            raise ConfigError(
+                "kv: recompute_tokens_per_s and block_tokens go together "
+                f"(got {recompute_tokens_per_s!r} and {block_tokens!r})"
+            )
+        recompute = (float(recompute_tokens_per_s), int(block_tokens))
     native = _sluice.kv_open(
         os.fspath(path),
         block_bytes,
@@ -158,6 +263,7 @@ def open(
         lease_timeout_ms,
         key_bytes,
         segment_bytes,
+        recompute,
     )
     return KvStore(native, os.fspath(path))
 

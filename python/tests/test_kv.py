@@ -97,8 +97,11 @@ def test_a_corrupted_block_is_a_miss_and_fsck_finds_and_drops_it(store_dir):
     "kwargs, needle",
     [
         (dict(policy="no-such-policy"), "no-such-policy"),
-        (dict(write_mode="sideways"), "write_mode"),
-        (dict(durability="maybe"), "durability"),
+        (dict(write_mode="sideways"), "write_mode.*write-through, write-back"),
+        (dict(durability="maybe"), "durability.*batch, none"),
+        (dict(direct="sometimes"), "direct.*auto, on, off"),
+        (dict(recompute_tokens_per_s=0.0, block_tokens=16), "recompute_tokens_per_s"),
+        (dict(recompute_tokens_per_s=1e4), "go together"),
         (dict(block_bytes=0), "block_bytes"),
         (dict(dram="lots"), "dram"),
         (dict(dram=0, ssd=0), "ssd_bytes"),
@@ -131,6 +134,77 @@ def test_bad_keys_and_buffers_are_refused_naming_them(store_dir):
             store.get_batch_into(keys_for(2), [wide[:BLOCK], wide[1:]])
 
 
+def test_submitted_jobs_round_trip_and_poll_reports_each_once(store_dir):
+    keys = keys_for(10)
+    data = blocks_for(keys)
+    with open_store(store_dir) as store:
+        put = store.submit_put(keys, data)
+        assert put.kind == "put"
+        assert put.wait(timeout=60) == [True] * 10
+        outs = [np.zeros(BLOCK, np.uint8) for _ in keys]
+        get = store.submit_get([*keys[:4], b"absent", keys[5]], outs[:6])
+        assert get.wait() == [True] * 4 + [False, False]
+        for o, d in zip(outs[:4], data):
+            assert (o == d).all()
+        a = store.submit_put(keys_for(2, start=100), blocks_for(keys_for(2, start=100)))
+        b = store.submit_get(keys[:1], outs[:1])
+        polled = []
+        while len(polled) < 2:
+            polled += store.poll()
+        assert sorted(j.id for j in polled) == sorted([a.id, b.id])
+        assert {j.id: j.result() for j in polled} == {a.id: [True, True], b.id: [True]}
+        assert store.poll() == [], "each job is reported once"
+        assert put.id not in [j.id for j in polled], "a waited job is not polled"
+
+
+def test_a_job_keeps_its_buffers_alive_until_it_is_collected(store_dir):
+    import gc
+    import weakref
+
+    keys = keys_for(4)
+    with open_store(store_dir) as store:
+        store.put_batch(keys, blocks_for(keys))
+        outs = [np.zeros(BLOCK, np.uint8) for _ in keys]
+        refs = [weakref.ref(o) for o in outs]
+        job = store.submit_get(keys, outs)
+        del outs
+        gc.collect()
+        assert all(r() is not None for r in refs), "freed while the job may write into it"
+        assert job.wait() == [True] * 4
+        gc.collect()
+        assert all(r() is None for r in refs), "a collected job lets go of its buffers"
+
+
+def test_bad_submits_raise_at_once_naming_the_value(store_dir):
+    with open_store(store_dir) as store:
+        with pytest.raises(ConfigError, match="buffer 0: 100 bytes"):
+            store.submit_put(keys_for(1), [np.zeros(100, np.uint8)])
+        with pytest.raises(ValueError, match="buffer 0: read-only"):
+            store.submit_get(keys_for(1), [bytes(BLOCK)])
+        same = np.zeros(BLOCK, np.uint8)
+        with pytest.raises(ConfigError, match="twice"):
+            store.submit_get(keys_for(2), [same, same])
+        job = store.submit_get(keys_for(1), [np.zeros(BLOCK, np.uint8)])
+        with pytest.raises(ConfigError, match="timeout"):
+            job.wait(timeout=-1)
+        assert job.wait() == [False]
+    with pytest.raises(SluiceError, match="closed"):
+        store.submit_put(keys_for(1), blocks_for(keys_for(1)))
+
+
+def test_lookup_worth_loading_follows_the_recompute_rate(store_dir, tmp_path):
+    keys = keys_for(6)
+    with open_store(store_dir, recompute_tokens_per_s=1.0, block_tokens=16) as store:
+        store.put_batch(keys, blocks_for(keys))
+        assert store.lookup(keys, worth_loading=True) == 6
+    with open_store(tmp_path / "fast", recompute_tokens_per_s=1e15, block_tokens=16) as store:
+        store.put_batch(keys, blocks_for(keys))
+        assert store.lookup(keys) == 6
+        assert store.lookup(keys, worth_loading=True) == 0
+    with open_store(tmp_path / "none") as store, pytest.raises(ConfigError, match="recompute"):
+        store.lookup(keys, worth_loading=True)
+
+
 def test_a_store_open_elsewhere_or_of_another_kind_is_refused(store_dir, tmp_path):
     store = open_store(store_dir)
     with pytest.raises(StoreLockedError, match=str(os.getpid())):
@@ -150,9 +224,13 @@ def test_a_store_open_elsewhere_or_of_another_kind_is_refused(store_dir, tmp_pat
 
 def test_the_readme_kv_example_runs_as_written(tmp_path, monkeypatch, capsys):
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    start = readme.index("```python\nimport numpy as np\nimport sluice.kv\n")
-    code = readme[start + len("```python\n") : readme.index("```", start + 10)]
+    head = "```python\nimport numpy as np\nimport sluice.kv\n"
+    starts = [i for i in range(len(readme)) if readme.startswith(head, i)]
+    assert len(starts) == 2, "the store example and the jobs example"
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md (sluice.kv)", "exec"), {})
+    for start in starts:
+        code = readme[start + len("```python\n") : readme.index("```", start + 10)]
+        exec(compile(code, "README.md (sluice.kv)", "exec"), {})
     out = capsys.readouterr().out
     assert "'good_blocks': 8" in out and "'bad_blocks': 0" in out
+    assert "[True, True, True, True] [7 7 7 7]" in out

@@ -45,6 +45,16 @@ pub enum DirectIo {
     Off,
 }
 
+/// How fast the engine recomputes KV (its prefill), for
+/// [`KvStore::lookup_worth_loading`](crate::KvStore::lookup_worth_loading).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RecomputeModel {
+    /// Prefill tokens per second of the engine this store serves.
+    pub tokens_per_s: f64,
+    /// Tokens per block.
+    pub block_tokens: u64,
+}
+
 /// The configuration of one open store.
 #[derive(Debug, Clone)]
 pub struct KvConfig {
@@ -84,6 +94,9 @@ pub struct KvConfig {
     /// Reclamation starts when segment files use this fraction of `ssd_bytes`, so puts
     /// find free space without waiting. 0.9 leaves room for a segment being filled.
     pub high_watermark: f64,
+    /// The engine's prefill rate, for lookups that only report hits that load sooner than
+    /// a recompute. `None`: such lookups are refused.
+    pub recompute: Option<RecomputeModel>,
     /// Reclamation stops at this fraction. 0.8: a gap of a tenth of the budget keeps the
     /// reclaimer from running after every put.
     pub low_watermark: f64,
@@ -108,6 +121,7 @@ impl KvConfig {
             namespace,
             high_watermark: 0.9,
             low_watermark: 0.8,
+            recompute: None,
         }
     }
 
@@ -161,6 +175,22 @@ impl KvConfig {
                 ));
             }
         }
+        if let Some(r) = self.recompute {
+            if !(r.tokens_per_s.is_finite() && r.tokens_per_s > 0.0) {
+                return Err(KvError::config(
+                    "recompute_tokens_per_s",
+                    r.tokens_per_s,
+                    "must be a positive number of tokens per second",
+                ));
+            }
+            if r.block_tokens == 0 {
+                return Err(KvError::config(
+                    "block_tokens",
+                    0,
+                    "must be at least 1 token per block",
+                ));
+            }
+        }
         let (lo, hi) = (self.low_watermark, self.high_watermark);
         if !(0.1..=1.0).contains(&hi) || !(0.0..hi).contains(&lo) {
             return Err(KvError::config(
@@ -180,14 +210,17 @@ impl KvConfig {
     /// Bytes the SSD policy may keep resident: the budget less two segments (one being
     /// appended to, one spare that only compaction writes into, so reclaiming always has
     /// room), and low enough that live data fits under the low watermark with a segment to
-    /// spare. Rounded down to whole slots; 0 when the budget is too small.
+    /// spare; of that, only the record slots count (slot 0 of every segment is its
+    /// header). Rounded down to whole slots; 0 when the budget is too small.
     pub fn ssd_policy_capacity(&self) -> u64 {
         let slot = self.slot_bytes();
-        let seg = self.slots_per_segment() * slot;
+        let per_segment = self.slots_per_segment();
+        let seg = per_segment * slot;
         let by_spare = self.ssd_bytes.saturating_sub(2 * seg);
         let by_watermark =
             ((self.ssd_bytes as f64 * self.low_watermark) as u64).saturating_sub(seg);
-        by_spare.min(by_watermark) / slot * slot
+        let slots = by_spare.min(by_watermark) / slot;
+        slots * (per_segment - 1) / per_segment * slot
     }
 
     /// Slots per segment file (slot 0 is the segment header): `segment_bytes`, lowered to

@@ -136,6 +136,19 @@ impl DramTier {
         self.unpin(slot);
     }
 
+    /// Gives up a slot [`DramTier::put`] returned whose bytes never came (the read that
+    /// was to fill it failed): the block leaves the index at once, the slot is freed.
+    /// The policy still counts the block until it evicts it (it has no removal).
+    pub fn abandon(&mut self, fp: Fingerprint, slot: u32) {
+        if self.index.get(&fp) == Some(&slot) {
+            self.index.remove(&fp);
+        }
+        if let Some(s) = self.slots[slot as usize].as_mut() {
+            s.evicted = true;
+        }
+        self.unpin(slot);
+    }
+
     /// Drops one pin; frees the slot if it was evicted meanwhile.
     pub fn unpin(&mut self, slot: u32) {
         let Some(s) = self.slots[slot as usize].as_mut() else {
@@ -150,6 +163,9 @@ impl DramTier {
 
     /// Counts a hit with the policy (a get served from here, or a put of a resident key).
     pub fn touch(&mut self, fp: Fingerprint) {
+        if !self.index.contains_key(&fp) {
+            return; // evicted since it was served: a touch must not re-admit it
+        }
         self.policy.access(
             &Request::new(fp.0, self.block_bytes as u64),
             &mut self.evicted,

@@ -6,9 +6,11 @@
 //! them is published, so an acknowledged put is durable (in batch durability) and a
 //! lookup never sees a block whose bytes are not on disk.
 
+use std::collections::HashMap;
 use std::io::IoSliceMut;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use sluice_engine::PooledBuf;
 use sluice_formats::kv::{payload_checksum, RecordHeader, KV_ALIGN, RECORD_HEADER_BYTES};
@@ -48,24 +50,52 @@ pub(crate) fn parallel<T: Send>(n: usize, threads: usize, f: impl Fn(usize) -> T
         .collect()
 }
 
-/// What one put task did in the SSD tier.
+/// What the policies decided for one key of a put batch (taken in key order).
+struct PutPlan {
+    /// An earlier key of the same batch with the same fingerprint: this one shares its fate.
+    dup_of: Option<usize>,
+    /// Already in DRAM (a second put is a no-op), or a DRAM slot to fill.
+    dram_present: bool,
+    dram_slot: Option<u32>,
+    /// Write-back: blocks DRAM evicted to make room, to be written to SSD.
+    demoted: Vec<Arc<Demoted>>,
+    ssd: SsdStep,
+}
+
+/// What one put does in the SSD tier.
 enum SsdStep {
     None,
     Present,
-    /// A record written to a reserved slot (`true`) or a write that failed (`false`).
+    /// A slot to write the record into.
+    Reserved(Reservation),
+    /// A record written to its reserved slot (`true`) or a write that failed (`false`).
     Written(Reservation, bool),
 }
 
+/// Puts a batch in three steps:
+/// 1. the policies decide for every key, **in key order**, so a single stream of batches
+///    drives them exactly as `sluice sim` drives the same policy with the same key
+///    sequence;
+/// 2. copies into DRAM slots and record writes run in parallel, outside every lock;
+/// 3. the written segments are synced once each, then the records published.
 pub(crate) fn put_batch(store: &KvStore, keys: &[&[u8]], blocks: &[&[u8]]) -> Vec<bool> {
     let inner = &store.inner;
+    let plans = plan_puts(store, keys);
+    let cells: Vec<Mutex<Option<PutPlan>>> =
+        plans.into_iter().map(|p| Mutex::new(Some(p))).collect();
     let steps = parallel(keys.len(), inner.config.io_threads, |i| {
-        put_one(store, keys[i], blocks[i])
+        let plan = lock(&cells[i]).take().expect("each plan runs once");
+        execute_put(store, plan, keys[i], blocks[i])
     });
     let mut ok = Vec::with_capacity(steps.len());
+    let mut dups = Vec::new();
     let mut written: Vec<(Reservation, bool)> = Vec::new();
     let mut written_key = Vec::new();
-    for (i, (in_dram, step)) in steps.into_iter().enumerate() {
+    for (i, (in_dram, step, dup_of)) in steps.into_iter().enumerate() {
         ok.push(in_dram || matches!(step, SsdStep::Present));
+        if let Some(j) = dup_of {
+            dups.push((i, j));
+        }
         if let SsdStep::Written(r, w) = step {
             written.push((r, w));
             written_key.push(i);
@@ -74,11 +104,19 @@ pub(crate) fn put_batch(store: &KvStore, keys: &[&[u8]], blocks: &[&[u8]]) -> Ve
     if inner.config.durability == Durability::Batch {
         sync_written(&mut written);
     }
-    for (i, (_, w)) in written_key.iter().zip(&written) {
-        ok[*i] |= *w;
-    }
     if let Some(ssd) = &inner.ssd {
-        lock(ssd).publish(written);
+        let visible = lock(ssd).publish(written);
+        for (i, v) in written_key.iter().zip(visible) {
+            ok[*i] |= v;
+        }
+    }
+    for (i, j) in dups {
+        ok[i] = ok[j];
+    }
+    // A later key of the batch may have made a policy evict an earlier one again (a
+    // small cache, s3fifo's small queue): `true` means resident when the batch ends.
+    for (o, key) in ok.iter_mut().zip(keys) {
+        *o = *o && store.resident(store.fingerprint(key));
     }
     add(&inner.counters.puts, keys.len() as u64);
     add(
@@ -88,39 +126,74 @@ pub(crate) fn put_batch(store: &KvStore, keys: &[&[u8]], blocks: &[&[u8]]) -> Ve
     ok
 }
 
-/// Puts one block: DRAM first, then SSD when writing through (or DRAM declined).
-fn put_one(store: &KvStore, key: &[u8], block: &[u8]) -> (bool, SsdStep) {
+/// Step 1 of a put: each key offered to DRAM, then (write-through, or DRAM declined) to
+/// SSD, one key after the other.
+fn plan_puts(store: &KvStore, keys: &[&[u8]]) -> Vec<PutPlan> {
     let inner = &store.inner;
-    let fp = store.fingerprint(key);
-    let mut in_dram = false;
-    if let Some(d) = &inner.dram {
-        let mut demoted = Vec::new();
-        let decision = dram_put(store, fp, key, &mut demoted);
-        match decision {
-            DramPut::Present => in_dram = true,
-            DramPut::Admitted { slot } => {
-                let dst = lock(d).slot_ptr(slot);
-                // SAFETY: the slot is pinned for us (no one else writes or reuses it) and
-                // holds exactly block_bytes == block.len() bytes (checked by the store).
-                unsafe { std::ptr::copy_nonoverlapping(block.as_ptr(), dst, block.len()) };
-                lock(d).filled(slot);
-                in_dram = true;
-            }
-            DramPut::Declined => {}
+    let mut seen: HashMap<Fingerprint, usize> = HashMap::with_capacity(keys.len());
+    let mut plans = Vec::with_capacity(keys.len());
+    for (i, key) in keys.iter().enumerate() {
+        let fp = store.fingerprint(key);
+        let mut plan = PutPlan {
+            dup_of: None,
+            dram_present: false,
+            dram_slot: None,
+            demoted: Vec::new(),
+            ssd: SsdStep::None,
+        };
+        if let Some(&j) = seen.get(&fp) {
+            plan.dup_of = Some(j);
+            plans.push(plan);
+            continue;
         }
-        demote(store, demoted);
+        seen.insert(fp, i);
+        if inner.dram.is_some() {
+            match dram_put(store, fp, key, &mut plan.demoted) {
+                DramPut::Present => plan.dram_present = true,
+                DramPut::Admitted { slot } => plan.dram_slot = Some(slot),
+                DramPut::Declined => {}
+            }
+        }
+        let in_dram = plan.dram_present || plan.dram_slot.is_some();
+        let to_ssd = inner.ssd.is_some()
+            && !plan.dram_present
+            && (writes_through(&inner.config, inner.dram.is_some()) || !in_dram);
+        if to_ssd {
+            let ssd = inner.ssd.as_ref().expect("checked above");
+            let decision = lock(ssd).put(fp);
+            plan.ssd = match decision {
+                SsdPut::Present => SsdStep::Present,
+                SsdPut::Declined | SsdPut::Full => SsdStep::None,
+                SsdPut::Reserved(r) => SsdStep::Reserved(r),
+            };
+        }
+        plans.push(plan);
     }
-    let to_ssd =
-        inner.ssd.is_some() && (writes_through(&inner.config, inner.dram.is_some()) || !in_dram);
-    if !to_ssd {
-        return (in_dram, SsdStep::None);
+    plans
+}
+
+/// Step 2 of a put for one key: the DRAM copy, write-back demotions, the SSD record.
+fn execute_put(
+    store: &KvStore,
+    plan: PutPlan,
+    key: &[u8],
+    block: &[u8],
+) -> (bool, SsdStep, Option<usize>) {
+    let inner = &store.inner;
+    if plan.dup_of.is_some() {
+        return (false, SsdStep::None, plan.dup_of);
     }
-    let ssd = inner.ssd.as_ref().expect("checked above");
-    let decision = lock(ssd).put(fp);
-    let step = match decision {
-        SsdPut::Present => SsdStep::Present,
-        SsdPut::Declined | SsdPut::Full => SsdStep::None,
-        SsdPut::Reserved(r) => match write_record(store, &r, key, block) {
+    if let (Some(slot), Some(d)) = (plan.dram_slot, &inner.dram) {
+        let dst = lock(d).slot_ptr(slot);
+        // SAFETY: the slot is pinned for us (no one else writes or reuses it) and holds
+        // exactly block_bytes == block.len() bytes (checked by the store).
+        unsafe { std::ptr::copy_nonoverlapping(block.as_ptr(), dst, block.len()) };
+        lock(d).filled(slot);
+    }
+    demote(store, plan.demoted);
+    let in_dram = plan.dram_present || plan.dram_slot.is_some();
+    let step = match plan.ssd {
+        SsdStep::Reserved(r) => match write_record(store, &r, key, block) {
             Ok(()) => SsdStep::Written(r, true),
             Err(e) => {
                 tracing::warn!(
@@ -131,8 +204,9 @@ fn put_one(store: &KvStore, key: &[u8], block: &[u8]) -> (bool, SsdStep) {
                 SsdStep::Written(r, false)
             }
         },
+        other => other,
     };
-    (in_dram, step)
+    (in_dram, step, None)
 }
 
 /// Where DRAM should copy the blocks it evicts: only a write-back store with an SSD tier
@@ -178,7 +252,7 @@ fn demote(store: &KvStore, demoted: Vec<Arc<Demoted>>) {
             let ok = write_record(store, &r, &d.key, &d.bytes)
                 .and_then(|()| r.file.sync())
                 .is_ok();
-            lock(ssd).publish(vec![(r, ok)]);
+            let _ = lock(ssd).publish(vec![(r, ok)]);
         }
         let mut map = lock(&inner.demoting);
         if map.get(&d.fp).is_some_and(|e| Arc::ptr_eq(e, &d)) {
@@ -219,59 +293,181 @@ fn staging(store: &KvStore, len: usize) -> std::io::Result<PooledBuf> {
         .map_err(|e| std::io::Error::other(e.to_string()))
 }
 
-pub(crate) fn get_batch(store: &KvStore, keys: &[&[u8]], bufs: &mut [&mut [u8]]) -> Vec<bool> {
+/// Gets a batch in three steps:
+/// 1. every key is located, **in key order**, and the policies see its hit then: DRAM, or
+///    SSD plus the DRAM policy's promotion decision. So a single stream of batches drives
+///    the policies exactly as a two-level cache model (and `sluice kv bench
+///    --compare-sim`) does. Planning stops at the first key found nowhere: prefix
+///    semantics make every later key a miss, so they cost no I/O;
+/// 2. copies out of DRAM, record reads (verified) and copies into promoted slots run in
+///    parallel, outside every lock;
+/// 3. prefix semantics: after the first key that failed, every later key is a miss.
+///
+/// Returns per key whether it was served, and how many keys each tier served.
+pub(crate) fn get_batch(
+    store: &KvStore,
+    keys: &[&[u8]],
+    bufs: &mut [&mut [u8]],
+) -> (Vec<bool>, GetTiers) {
     let inner = &store.inner;
-    let cells: Vec<Mutex<&mut [u8]>> = bufs.iter_mut().map(|b| Mutex::new(&mut **b)).collect();
-    let got = parallel(keys.len(), inner.config.io_threads, |i| {
-        let mut buf = lock(&cells[i]);
-        get_one(store, keys[i], &mut buf)
+    let started = Instant::now();
+    let plans = plan_gets(store, keys);
+    let planned = plans.len();
+    let cells: Vec<Mutex<Option<GetPlan>>> =
+        plans.into_iter().map(|p| Mutex::new(Some(p))).collect();
+    let bufs_cells: Vec<Mutex<&mut [u8]>> = bufs.iter_mut().map(|b| Mutex::new(&mut **b)).collect();
+    let fetched = parallel(planned, inner.config.io_threads, |i| {
+        let plan = lock(&cells[i]).take().expect("each plan runs once");
+        let mut buf = lock(&bufs_cells[i]);
+        fetch_one(store, plan, keys[i], &mut buf)
     });
-    let mut ok = Vec::with_capacity(got.len());
+    let mut ok = Vec::with_capacity(keys.len());
+    let mut tiers = GetTiers::default();
     let mut prefix = true;
-    for g in got {
-        prefix &= g;
+    for got in fetched {
+        prefix &= got != Fetched::Miss;
         ok.push(prefix);
+        match got {
+            Fetched::Dram if prefix => tiers.dram += 1,
+            Fetched::Ssd if prefix => tiers.ssd += 1,
+            _ => {}
+        }
     }
+    ok.resize(keys.len(), false);
+    store.record_load(&tiers, started.elapsed());
+    add(&inner.counters.hits_dram, tiers.dram);
+    add(&inner.counters.hits_ssd, tiers.ssd);
     add(&inner.counters.gets, keys.len() as u64);
     add(
         &inner.counters.misses,
         ok.iter().filter(|o| !**o).count() as u64,
     );
-    ok
+    (ok, tiers)
 }
 
-/// Where a get found its block.
+/// How many keys of a get batch each tier served.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct GetTiers {
+    pub dram: u64,
+    pub ssd: u64,
+}
+
+/// Where step 2 of a get took a key's bytes from (now in the caller's buffer), if anywhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fetched {
+    Dram,
+    Ssd,
+    Miss,
+}
+
+/// Where step 1 of a get found a block, and what it decided for it.
+enum GetPlan {
+    /// A pinned DRAM slot.
+    Dram(Fingerprint, u32),
+    /// A write-back block on its way to SSD (its bytes are in memory).
+    Demoting(Fingerprint, Arc<Demoted>),
+    /// A record to read; with a DRAM slot to promote it into, and what making room there
+    /// evicted for write-back.
+    Ssd {
+        fp: Fingerprint,
+        loc: SsdLoc,
+        file: Arc<dyn SegmentFile>,
+        promote: Option<u32>,
+        demoted: Vec<Arc<Demoted>>,
+    },
+}
+
+/// Step 1 of a get: each key located and its hit counted with its tier's policy, in key
+/// order, up to the first key found nowhere.
+fn plan_gets(store: &KvStore, keys: &[&[u8]]) -> Vec<GetPlan> {
+    let inner = &store.inner;
+    let mut plans = Vec::with_capacity(keys.len());
+    for key in keys {
+        let fp = store.fingerprint(key);
+        let Some(source) = find(store, fp, key) else {
+            store.release_lease(fp);
+            break;
+        };
+        let plan = match source {
+            Source::Dram(slot) => {
+                let d = inner.dram.as_ref().expect("a DRAM source implies the tier");
+                lock(d).touch(fp);
+                GetPlan::Dram(fp, slot)
+            }
+            Source::Demoting(d) => GetPlan::Demoting(fp, d),
+            Source::Ssd(loc, file) => {
+                let ssd = inner.ssd.as_ref().expect("an SSD source implies the tier");
+                lock(ssd).touch(fp);
+                let mut demoted = Vec::new();
+                let promote = match inner.dram.is_some() {
+                    true => match dram_put(store, fp, key, &mut demoted) {
+                        DramPut::Admitted { slot } => Some(slot),
+                        DramPut::Present | DramPut::Declined => None,
+                    },
+                    false => None,
+                };
+                GetPlan::Ssd {
+                    fp,
+                    loc,
+                    file,
+                    promote,
+                    demoted,
+                }
+            }
+        };
+        plans.push(plan);
+    }
+    plans
+}
+
+/// Where a block was found.
 enum Source {
     Dram(u32),
     Demoting(Arc<Demoted>),
     Ssd(SsdLoc, Arc<dyn SegmentFile>),
 }
 
-fn get_one(store: &KvStore, key: &[u8], buf: &mut [u8]) -> bool {
+/// Step 2 of a get for one key: copy or read its bytes into `buf`, fill its promotion
+/// slot, end its lease.
+fn fetch_one(store: &KvStore, plan: GetPlan, key: &[u8], buf: &mut [u8]) -> Fetched {
     let inner = &store.inner;
-    let fp = store.fingerprint(key);
-    let ok = match find(store, fp, key) {
-        None => false,
-        Some(Source::Dram(slot)) => {
-            let d = inner.dram.as_ref().expect("a DRAM source implies the tier");
+    let (fp, got) = match plan {
+        GetPlan::Dram(fp, slot) => {
+            let d = inner.dram.as_ref().expect("a DRAM plan implies the tier");
             let src = lock(d).slot_ptr(slot);
-            // SAFETY: `find` pinned the slot, so nobody writes or reuses it during the copy.
+            // SAFETY: step 1 pinned the slot, so nobody writes or reuses it during the copy.
             unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) };
-            let mut g = lock(d);
-            g.unpin(slot);
-            g.touch(fp);
-            add(&inner.counters.hits_dram, 1);
-            true
+            lock(d).unpin(slot);
+            (fp, Fetched::Dram)
         }
-        Some(Source::Demoting(d)) => {
+        GetPlan::Demoting(fp, d) => {
             buf.copy_from_slice(&d.bytes);
-            add(&inner.counters.hits_dram, 1);
-            true
+            (fp, Fetched::Dram)
         }
-        Some(Source::Ssd(loc, file)) => get_from_ssd(store, fp, key, loc, &*file, buf),
+        GetPlan::Ssd {
+            fp,
+            loc,
+            file,
+            promote,
+            demoted,
+        } => {
+            let read = read_from_ssd(store, fp, key, loc, &*file, buf);
+            if let (Some(slot), Some(d)) = (promote, &inner.dram) {
+                if read {
+                    let dst = lock(d).slot_ptr(slot);
+                    // SAFETY: the new slot is pinned for us and holds block_bytes == buf.len().
+                    unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), dst, buf.len()) };
+                    lock(d).filled(slot);
+                } else {
+                    lock(d).abandon(fp, slot);
+                }
+            }
+            demote(store, demoted);
+            (fp, if read { Fetched::Ssd } else { Fetched::Miss })
+        }
     };
     store.release_lease(fp);
-    ok
+    got
 }
 
 /// Locates `fp`: DRAM (pinned), then SSD, then a lease taken by an earlier lookup.
@@ -301,7 +497,9 @@ fn find(store: &KvStore, fp: Fingerprint, key: &[u8]) -> Option<Source> {
     Some(Source::Ssd(*loc, Arc::clone(file)))
 }
 
-fn get_from_ssd(
+/// Reads one record into `buf`; a record that fails verification or cannot be read is
+/// dropped from the index and counted, and the key is a miss.
+fn read_from_ssd(
     store: &KvStore,
     fp: Fingerprint,
     key: &[u8],
@@ -312,12 +510,7 @@ fn get_from_ssd(
     let inner = &store.inner;
     let ssd = inner.ssd.as_ref().expect("an SSD source implies the tier");
     match read_record(store, key, loc, file, buf) {
-        Ok(()) => {
-            lock(ssd).touch(fp);
-            add(&inner.counters.hits_ssd, 1);
-            promote(store, fp, key, buf);
-            true
-        }
+        Ok(()) => true,
         Err(ReadFailure::Corrupt(why)) => {
             tracing::warn!(
                 "kv segment {} slot {}: {why}; dropped, served as a miss",
@@ -402,19 +595,4 @@ fn verify(store: &KvStore, key: &[u8], head: &[u8], payload: &[u8]) -> Result<()
         ));
     }
     Ok(())
-}
-
-/// A block read from SSD is offered to the DRAM policy (promotion on a hit).
-fn promote(store: &KvStore, fp: Fingerprint, key: &[u8], bytes: &[u8]) {
-    let inner = &store.inner;
-    let Some(d) = &inner.dram else { return };
-    let mut demoted = Vec::new();
-    let decision = dram_put(store, fp, key, &mut demoted);
-    if let DramPut::Admitted { slot } = decision {
-        let dst = lock(d).slot_ptr(slot);
-        // SAFETY: the new slot is pinned for us and holds block_bytes == bytes.len().
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) };
-        lock(d).filled(slot);
-    }
-    demote(store, demoted);
 }

@@ -14,13 +14,14 @@
 //! docs/design/kv.md explains the design and docs/FORMATS.md the bytes.
 //!
 //! Imports point one way: `error`, `namespace`, `config`, `segment_io` ← `dram_tier`,
-//! `ssd_tier` ← `recovery` ← `store` ← `io_path`, `stats`, `fsck`.
+//! `ssd_tier` ← `recovery` ← `store` ← `io_path`, `jobs`, `stats`, `fsck`.
 
 pub mod config;
 pub mod dram_tier;
 pub mod error;
 pub mod fsck;
 mod io_path;
+pub mod jobs;
 pub mod manifest;
 pub mod namespace;
 mod recovery;
@@ -29,9 +30,10 @@ pub mod ssd_tier;
 pub mod stats;
 pub mod store;
 
-pub use config::{DirectIo, Durability, KvConfig, WriteMode};
+pub use config::{DirectIo, Durability, KvConfig, RecomputeModel, WriteMode};
 pub use error::KvError;
+pub use jobs::{JobBuffer, JobKind, KvJob};
 pub use namespace::{Fingerprint, Namespace};
 pub use segment_io::{FaultyDir, FsSegmentDir, KvFault, SegmentDir, SegmentFile};
 pub use stats::{KvStats, TierStats};
-pub use store::KvStore;
+pub use store::{KvStore, LoadModel};

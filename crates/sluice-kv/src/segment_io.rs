@@ -251,6 +251,8 @@ pub enum KvFault {
     FailSync { nth: u64 },
     /// Creating a segment, or writing, fails with ENOSPC once `bytes` have been written.
     NoSpaceAfter { bytes: u64 },
+    /// Every write takes `millis` longer (a slow or stalled disk).
+    SlowWrite { millis: u64 },
 }
 
 #[derive(Default)]
@@ -365,6 +367,9 @@ impl SegmentFile for FaultySegment {
                 }
                 KvFault::NoSpaceAfter { bytes } if written + buf.len() as u64 > bytes => {
                     return Err(no_space());
+                }
+                KvFault::SlowWrite { millis } => {
+                    std::thread::sleep(std::time::Duration::from_millis(millis))
                 }
                 _ => {}
             }

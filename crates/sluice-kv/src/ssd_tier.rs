@@ -226,6 +226,9 @@ impl SsdTier {
 
     /// Counts a hit with the policy.
     pub fn touch(&mut self, fp: Fingerprint) {
+        if !self.index.contains_key(&fp) {
+            return; // evicted or dropped since it was read: a touch must not re-admit it
+        }
         let req = self.request(fp);
         self.policy.access(&req, &mut self.evicted);
         self.apply_evictions();
@@ -299,6 +302,9 @@ impl SsdTier {
             if self.segments[&a].next_slot < self.slots_per_segment {
                 return Some(a);
             }
+            // Compaction filled it: seal it, or it could never be reclaimed.
+            self.active = None;
+            self.seal_if_done(a);
         }
         if self.allocated_bytes() + self.segment_file_bytes() > limit {
             return None;
@@ -353,12 +359,19 @@ impl SsdTier {
 
     /// Makes reserved writes visible. `ok[i]` says whether reservation `i` was written
     /// (and synced, where the durability mode asks).
-    pub fn publish(&mut self, done: Vec<(Reservation, bool)>) {
+    ///
+    /// Returns, per reservation, whether its block is in the index now: a write that
+    /// failed is not, nor is a block the policy evicted (by a later key of the same batch)
+    /// before its write finished.
+    pub fn publish(&mut self, done: Vec<(Reservation, bool)>) -> Vec<bool> {
+        let mut visible = Vec::with_capacity(done.len());
         for (r, ok) in done {
             if let Some(seg) = self.segments.get_mut(&r.loc.segment) {
                 seg.pending = seg.pending.saturating_sub(1);
             }
-            if ok && self.policy.contains(r.fp.0) {
+            let live = ok && self.policy.contains(r.fp.0);
+            visible.push(live);
+            if live {
                 if let Some(old) = self.index.insert(r.fp, r.loc) {
                     self.dec_live(old);
                 }
@@ -370,8 +383,8 @@ impl SsdTier {
                 self.seal_if_done(r.loc.segment);
             }
         }
+        visible
     }
-
     /// Drops a block that read back corrupt or unreadable.
     pub fn drop_block(&mut self, fp: Fingerprint, loc: SsdLoc, corrupt: bool) {
         if self.index.get(&fp) == Some(&loc) {
@@ -496,7 +509,7 @@ impl SsdTier {
         // One sync for every record moved, before any of them is published.
         sync_written(&mut moved);
         self.counters.blocks_moved += moved.iter().filter(|(_, ok)| *ok).count() as u64;
-        self.publish(moved);
+        let _ = self.publish(moved);
         if complete {
             self.counters.segments_compacted += 1;
         }

@@ -57,6 +57,8 @@ pub struct KvStats {
     pub segments_compacted: u64,
     pub dram: Option<TierStats>,
     pub ssd: Option<TierStats>,
+    /// Seconds per block a get spends on each tier (what `lookup_worth_loading` uses).
+    pub load_model: crate::store::LoadModel,
 }
 
 impl KvStats {
@@ -107,6 +109,7 @@ impl KvStats {
             segments_compacted: counters.segments_compacted,
             dram,
             ssd,
+            load_model: *lock(&inner.load_model),
         }
     }
 }

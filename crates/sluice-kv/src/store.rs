@@ -24,7 +24,8 @@ use sluice_formats::kv::MAX_KEY_BYTES;
 use crate::config::{KvConfig, WriteMode};
 use crate::dram_tier::DramTier;
 use crate::error::KvError;
-use crate::io_path;
+use crate::io_path::{self, GetTiers};
+use crate::jobs::{JobBuffer, JobKind, JobQueue, KvJob};
 use crate::manifest::{self, StoreLock};
 use crate::namespace::Fingerprint;
 use crate::segment_io::{FsSegmentDir, SegmentDir};
@@ -57,6 +58,43 @@ pub(crate) struct Inner {
     pub closed: AtomicBool,
     reclaim_wake: Arc<(Mutex<bool>, Condvar)>,
     owner_lock: Mutex<Option<StoreLock>>,
+    pub jobs: Arc<JobQueue>,
+    /// Measured seconds per block served from each tier, for `lookup_worth_loading`.
+    pub load_model: Mutex<LoadModel>,
+}
+
+/// Seconds per block a get spends on each tier: moving averages of what gets measured,
+/// starting from conservative guesses (DRAM at 4 GB/s, SSD at 0.5 GB/s) until the first
+/// gets of each tier are timed.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct LoadModel {
+    pub dram_block_s: f64,
+    pub ssd_block_s: f64,
+}
+
+impl LoadModel {
+    /// Weight of a new measurement in the moving averages.
+    const ALPHA: f64 = 0.25;
+
+    fn new(block_bytes: u64) -> LoadModel {
+        LoadModel {
+            dram_block_s: block_bytes as f64 / 4e9,
+            ssd_block_s: block_bytes as f64 / 0.5e9,
+        }
+    }
+
+    /// A get batch served `tiers` in `elapsed`. A batch with SSD hits is charged to SSD
+    /// (its reads dominate), one with only DRAM hits to DRAM. Per block, amortized over
+    /// the batch's parallel reads: what a prefix of that many blocks costs to load.
+    fn record(&mut self, tiers: &GetTiers, elapsed: Duration) {
+        let t = elapsed.as_secs_f64();
+        let ewma = |old: f64, new: f64| old + Self::ALPHA * (new - old);
+        if tiers.ssd > 0 {
+            self.ssd_block_s = ewma(self.ssd_block_s, t / tiers.ssd as f64);
+        } else if tiers.dram > 0 {
+            self.dram_block_s = ewma(self.dram_block_s, t / tiers.dram as f64);
+        }
+    }
 }
 
 /// An open KV block store. Cheap to clone; every clone is the same store.
@@ -102,6 +140,7 @@ impl KvStore {
             0 => None,
             _ => Some(Mutex::new(SsdTier::open(dir, seg_root, store_id, &config)?)),
         };
+        let load_model = LoadModel::new(config.block_bytes);
         let staging = BufferPool::new(BufferPoolConfig::bounded(
             config.io_threads as u64 * config.slot_bytes(),
         ));
@@ -118,6 +157,8 @@ impl KvStore {
             closed: AtomicBool::new(false),
             reclaim_wake: Arc::new((Mutex::new(false), Condvar::new())),
             owner_lock: Mutex::new(Some(owner)),
+            jobs: Arc::new(JobQueue::default()),
+            load_model: Mutex::new(load_model),
         });
         if inner.ssd.is_some() {
             let weak = Arc::downgrade(&inner);
@@ -220,7 +261,63 @@ impl KvStore {
         Ok(n)
     }
 
-    fn resident(&self, fp: Fingerprint) -> bool {
+    /// Like [`KvStore::lookup`], but only the prefix that loads sooner than the engine
+    /// would recompute it (`config.recompute`): the load is estimated per block from the
+    /// tier each block is in and the seconds per block gets measured on that tier, the
+    /// recompute from the prefill rate. The answer is the longest such prefix, so a hit
+    /// slower than recomputing is reported as a miss. Only that prefix is leased.
+    pub fn lookup_worth_loading(&self, keys: &[&[u8]], lease: bool) -> Result<usize, KvError> {
+        self.check_open()?;
+        self.check_keys(keys)?;
+        let Some(model) = self.inner.config.recompute else {
+            return Err(KvError::arg(
+                "lookup_worth_loading",
+                "the store was opened without a recompute model (recompute_tokens_per_s)",
+            ));
+        };
+        self.expire_leases();
+        self.inner.counters.lookups.fetch_add(1, Ordering::Relaxed);
+        let load = *lock(&self.inner.load_model);
+        let recompute_block_s = model.block_tokens as f64 / model.tokens_per_s;
+        let (mut load_s, mut best) = (0.0, 0);
+        for (i, key) in keys.iter().enumerate() {
+            let fp = self.fingerprint(key);
+            load_s += match self.tier_of(fp) {
+                Some(Tier::Dram) => load.dram_block_s,
+                Some(Tier::Ssd) => load.ssd_block_s,
+                None => break,
+            };
+            if load_s < (i + 1) as f64 * recompute_block_s {
+                best = i + 1;
+            }
+        }
+        if !lease {
+            return Ok(best);
+        }
+        let mut n = 0;
+        while n < best && self.take_lease(self.fingerprint(keys[n]), keys[n]) {
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn tier_of(&self, fp: Fingerprint) -> Option<Tier> {
+        let inner = &self.inner;
+        if inner.dram.as_ref().is_some_and(|d| lock(d).contains(fp)) {
+            return Some(Tier::Dram);
+        }
+        if inner.ssd.as_ref().is_some_and(|s| lock(s).contains(fp)) {
+            return Some(Tier::Ssd);
+        }
+        None
+    }
+
+    /// A get batch's timing, for the load model.
+    pub(crate) fn record_load(&self, tiers: &GetTiers, elapsed: Duration) {
+        lock(&self.inner.load_model).record(tiers, elapsed);
+    }
+
+    pub(crate) fn resident(&self, fp: Fingerprint) -> bool {
         let inner = &self.inner;
         inner.dram.as_ref().is_some_and(|d| lock(d).contains(fp))
             || inner.ssd.as_ref().is_some_and(|s| lock(s).contains(fp))
@@ -317,7 +414,82 @@ impl KvStore {
         self.expire_leases();
         let lens: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
         self.check_buffers(keys.len(), &lens)?;
-        Ok(io_path::get_batch(self, keys, bufs))
+        Ok(io_path::get_batch(self, keys, bufs).0)
+    }
+
+    /// Queues a put batch and returns at once; see [`crate::jobs`]. Keys and buffers are
+    /// checked now (errors here, not in the job).
+    pub fn submit_put(
+        &self,
+        keys: Vec<Vec<u8>>,
+        blocks: Vec<Box<dyn JobBuffer>>,
+    ) -> Result<KvJob, KvError> {
+        self.submit(JobKind::Put, keys, blocks)
+    }
+
+    /// Queues a get batch into `bufs` and returns at once. When the job is done, its
+    /// result has the semantics of [`KvStore::get_batch_into`] and
+    /// [`KvJob::take_buffers`] returns the filled buffers.
+    pub fn submit_get(
+        &self,
+        keys: Vec<Vec<u8>>,
+        bufs: Vec<Box<dyn JobBuffer>>,
+    ) -> Result<KvJob, KvError> {
+        self.submit(JobKind::Get, keys, bufs)
+    }
+
+    fn submit(
+        &self,
+        kind: JobKind,
+        keys: Vec<Vec<u8>>,
+        bufs: Vec<Box<dyn JobBuffer>>,
+    ) -> Result<KvJob, KvError> {
+        self.check_open()?;
+        let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+        self.check_keys(&refs)?;
+        let lens: Vec<usize> = bufs.iter().map(|b| b.bytes().len()).collect();
+        self.check_buffers(keys.len(), &lens)?;
+        let store = self.clone();
+        let n = keys.len();
+        let work: crate::jobs::JobWork = Box::new(move |mut bufs| {
+            let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+            let ok = match kind {
+                JobKind::Put => {
+                    let blocks: Vec<&[u8]> = bufs.iter().map(|b| b.bytes()).collect();
+                    store.put_batch(&refs, &blocks)
+                }
+                JobKind::Get => {
+                    let mut slices: Vec<&mut [u8]> =
+                        bufs.iter_mut().map(|b| b.bytes_mut()).collect();
+                    store.get_batch_unchecked(&refs, &mut slices)
+                }
+            };
+            let ok = ok.unwrap_or_else(|e| {
+                tracing::warn!("kv {} job failed: {e}", kind.name());
+                vec![false; refs.len()]
+            });
+            (ok, bufs)
+        });
+        self.inner
+            .jobs
+            .submit(kind, n, bufs, work)
+            .ok_or(KvError::Closed)
+    }
+
+    /// A get whose arguments were checked at submit (the store may be closing meanwhile:
+    /// `close` waits for queued jobs, so they still run).
+    fn get_batch_unchecked(
+        &self,
+        keys: &[&[u8]],
+        bufs: &mut [&mut [u8]],
+    ) -> Result<Vec<bool>, KvError> {
+        self.expire_leases();
+        Ok(io_path::get_batch(self, keys, bufs).0)
+    }
+
+    /// Finished jobs not reported yet (by an earlier `poll` or a `wait`), each once.
+    pub fn poll(&self) -> Vec<KvJob> {
+        self.inner.jobs.poll()
     }
 
     /// Makes every acknowledged put durable (for `durability = none`).
@@ -338,6 +510,7 @@ impl KvStore {
     /// Syncs, stops the reclaimer and releases the store's lock once the last clone and job
     /// are gone. Later calls fail with [`KvError::Closed`].
     pub fn close(&self) -> Result<(), KvError> {
+        self.inner.jobs.drain();
         if self.inner.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
@@ -368,6 +541,7 @@ impl KvStore {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        self.jobs.shutdown();
         if let Some(s) = &self.ssd {
             let _ = lock(s).sync_all();
         }
@@ -405,6 +579,12 @@ fn reclaim_loop(weak: std::sync::Weak<Inner>, wake: Arc<(Mutex<bool>, Condvar)>)
 /// Counter helper.
 pub(crate) fn add(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Which tier holds a block.
+enum Tier {
+    Dram,
+    Ssd,
 }
 
 /// Whether a put goes to SSD right away.

@@ -118,7 +118,12 @@ fn a_full_disk_fails_puts_cleanly_and_keeps_what_was_stored() {
     let stored: Vec<u64> = ids.iter().copied().filter(|i| ok[*i as usize]).collect();
     assert!(!stored.is_empty() && stored.len() < 40, "{ok:?}");
     for id in &stored {
-        assert_eq!(get(&store, &[*id]), vec![true]);
+        assert_eq!(
+            get(&store, &[*id]),
+            vec![true],
+            "id {id} of {stored:?}: {:?}",
+            store.stats()
+        );
     }
     drop(store);
     let store = KvStore::open(dir.path(), config(0, 64)).unwrap();

@@ -73,15 +73,17 @@ fn namespaces_never_see_each_others_blocks() {
 #[test]
 fn every_acknowledged_block_is_found_after_reopening() {
     let dir = tempdir();
-    let ids: Vec<u64> = (0..40).collect();
+    let cfg = config(4, 64);
+    let fits = cfg.ssd_policy_capacity() / cfg.slot_bytes();
+    let ids: Vec<u64> = (0..fits).collect();
     {
         let store = KvStore::open(dir.path(), config(4, 64)).unwrap();
         assert!(put(&store, &ids).iter().all(|o| *o));
         // Dropped without close(): as if the process ended.
     }
     let store = KvStore::open(dir.path(), config(4, 64)).unwrap();
-    assert_eq!(store.stats().recovered_blocks, 40);
-    assert_eq!(lookup(&store, &ids), 40);
+    assert_eq!(store.stats().recovered_blocks, fits);
+    assert_eq!(lookup(&store, &ids), fits as usize);
     assert!(get(&store, &ids).iter().all(|o| *o));
 }
 
@@ -337,6 +339,77 @@ fn live_admissions_and_evictions_equal_the_policy_library() {
                 put(&store, &[id]);
             }
         }
+    }
+}
+
+/// Two tiers, driven the way an engine (and `sluice kv bench`) drives them: per request,
+/// lookup the chain, get the hit prefix, put the rest, in batches. Each tier's policy must
+/// see exactly the accesses of a two-level cache model over `sluice-policy`: every block
+/// goes to the DRAM policy; the ones DRAM does not hit go on to the SSD policy. That is
+/// what `sluice kv bench --compare-sim` predicts, so the live hit counts must equal it.
+#[test]
+fn two_tiers_under_batched_requests_equal_a_two_level_policy_model() {
+    for spec in ["lru", "s3fifo", "arc", "fifo"] {
+        let dir = tempdir();
+        let mut cfg = config(12, 64);
+        cfg.dram_policy = PolicyConfig::parse(spec).unwrap();
+        cfg.ssd_policy = PolicyConfig::parse(spec).unwrap();
+        cfg.high_watermark = 1.0;
+        cfg.low_watermark = 0.95;
+        let store = KvStore::open(dir.path(), cfg.clone()).unwrap();
+        let mut dram = cfg.dram_policy.build(12 * BLOCK).unwrap();
+        let mut ssd = cfg.ssd_policy.build(cfg.ssd_policy_capacity()).unwrap();
+        let slot = cfg.slot_bytes();
+        let mut ev = Vec::new();
+        let (mut want_dram, mut want_ssd) = (0u64, 0u64);
+        let mut rng = 99u64;
+        for request in 0..300 {
+            // A chain: a shared root (one of 4), a branch (one of 12), then 0-3 fresh tails.
+            let mut next = || {
+                rng = rng
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                rng >> 33
+            };
+            let root = next() % 4;
+            let branch = 100 + root * 12 + next() % 12;
+            let mut chain = vec![root, branch, 1000 + branch * 10 + next() % 6];
+            chain.extend((0..next() % 4).map(|t| 100_000 + request * 4 + t));
+            // The model: residency before the request decides the lookup's prefix.
+            let resident =
+                |dram: &dyn sluice_policy::Policy, ssd: &dyn sluice_policy::Policy, id: u64| {
+                    dram.contains(store_fp(&store, id)) || ssd.contains(store_fp(&store, id))
+                };
+            let n_model = chain
+                .iter()
+                .take_while(|id| resident(&*dram, &*ssd, **id))
+                .count();
+            for (i, id) in chain.iter().enumerate() {
+                let fp = store_fp(&store, *id);
+                if dram.access(&Request::new(fp, BLOCK), &mut ev) == Access::Hit {
+                    want_dram += u64::from(i < n_model);
+                    continue;
+                }
+                let hit = ssd.access(&Request::new(fp, slot), &mut ev) == Access::Hit;
+                want_ssd += u64::from(hit && i < n_model);
+            }
+            ev.clear();
+            let n = lookup(&store, &chain);
+            assert_eq!(n, n_model, "{spec}: request {request}, chain {chain:?}");
+            assert_eq!(get(&store, &chain[..n]), vec![true; n]);
+            // A put is false when the policy evicts the block again before the batch
+            // ends (s3fifo's small queue does): then it must not be found.
+            for (id, ok) in chain[n..].iter().zip(put(&store, &chain[n..])) {
+                assert_eq!(lookup(&store, &[*id]), usize::from(ok), "{spec}: {id}");
+            }
+            let st = store.stats();
+            assert_eq!(
+                (st.hits_dram, st.hits_ssd),
+                (want_dram, want_ssd),
+                "{spec}: request {request}"
+            );
+        }
+        assert!(want_dram > 0 && want_ssd > 0, "{spec}: both tiers must hit");
     }
 }
 

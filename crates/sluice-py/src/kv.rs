@@ -6,7 +6,12 @@
 //! call. Here the pairs become slices and the GIL is released for the whole batch.
 
 use pyo3::prelude::*;
-use sluice_kv::{DirectIo, Durability, KvConfig, KvError, KvStore, Namespace, WriteMode};
+use std::time::Duration;
+
+use sluice_kv::{
+    DirectIo, Durability, JobBuffer, KvConfig, KvError, KvJob, KvStore, Namespace, RecomputeModel,
+    WriteMode,
+};
 use sluice_policy::PolicyConfig;
 
 use crate::config::byte_size;
@@ -22,10 +27,15 @@ fn kv_to_py(err: KvError) -> PyErr {
     crate::errors::kv_to_py(err)
 }
 
-fn parse<T: serde::de::DeserializeOwned>(field: &str, value: &str) -> PyResult<T> {
+fn parse<T: serde::de::DeserializeOwned>(
+    field: &str,
+    value: &str,
+    accepted: &[&str],
+) -> PyResult<T> {
     serde_json::from_value(serde_json::Value::String(value.to_string())).map_err(|_| {
         config_error(format!(
-            "kv: {field} = {value:?} is not one of the accepted values"
+            "kv: {field} = {value:?}: use one of {}",
+            accepted.join(", ")
         ))
     })
 }
@@ -36,7 +46,7 @@ fn policy(field: &str, spec: &str) -> PyResult<PolicyConfig> {
 
 /// Opens (or creates) a store. Sizes are bytes; the Python wrapper parses "8GiB".
 #[pyfunction]
-#[pyo3(signature = (path, block_bytes, dram_bytes, ssd_bytes, namespace, dram_policy, ssd_policy, write_mode, durability, direct, io_threads, lease_timeout_ms, key_bytes, segment_bytes))]
+#[pyo3(signature = (path, block_bytes, dram_bytes, ssd_bytes, namespace, dram_policy, ssd_policy, write_mode, durability, direct, io_threads, lease_timeout_ms, key_bytes, segment_bytes, recompute=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn kv_open(
     py: Python<'_>,
@@ -54,6 +64,7 @@ pub fn kv_open(
     lease_timeout_ms: u64,
     key_bytes: Option<usize>,
     segment_bytes: &Bound<'_, PyAny>,
+    recompute: Option<(f64, u64)>,
 ) -> PyResult<PyKvStore> {
     let block_bytes = byte_size("block_bytes", block_bytes)?;
     let dram_bytes = byte_size("dram", dram_bytes)?;
@@ -78,9 +89,14 @@ pub fn kv_open(
     config.ssd_bytes = ssd_bytes;
     config.dram_policy = policy("dram_policy", dram_policy)?;
     config.ssd_policy = policy("ssd_policy", ssd_policy)?;
-    config.write_mode = parse::<WriteMode>("write_mode", write_mode)?;
-    config.durability = parse::<Durability>("durability", durability)?;
-    config.direct = parse::<DirectIo>("direct", direct)?;
+    config.write_mode =
+        parse::<WriteMode>("write_mode", write_mode, &["write-through", "write-back"])?;
+    config.durability = parse::<Durability>("durability", durability, &["batch", "none"])?;
+    config.direct = parse::<DirectIo>("direct", direct, &["auto", "on", "off"])?;
+    config.recompute = recompute.map(|(tokens_per_s, block_tokens)| RecomputeModel {
+        tokens_per_s,
+        block_tokens,
+    });
     config.io_threads = io_threads;
     config.lease_timeout_ms = lease_timeout_ms;
     config.key_bytes = key_bytes;
@@ -111,14 +127,151 @@ fn first_overlap(buffers: &[(usize, usize)]) -> Option<usize> {
         .map(|w| w[0].2.max(w[1].2))
 }
 
+/// A caller's buffer a job reads or fills: its address and length, and the Python object
+/// that owns the memory, held until the job has finished with it.
+struct PyBuffer {
+    addr: usize,
+    len: usize,
+    _owner: Py<PyAny>,
+}
+
+impl JobBuffer for PyBuffer {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: sluice/kv.py checked that (addr, len) is the contiguous memory of
+        // `_owner`, which this buffer keeps alive.
+        unsafe { std::slice::from_raw_parts(self.addr as *const u8, self.len) }
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above; for gets the memory was also checked writable and the buffers
+        // of one job checked not to overlap.
+        unsafe { std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len) }
+    }
+}
+
+fn job_buffers(
+    buffers: Vec<(usize, usize)>,
+    owners: Vec<Py<PyAny>>,
+) -> PyResult<Vec<Box<dyn JobBuffer>>> {
+    if buffers.len() != owners.len() {
+        return Err(config_error(format!(
+            "batch: {} buffers but {} owners",
+            buffers.len(),
+            owners.len()
+        )));
+    }
+    Ok(buffers
+        .into_iter()
+        .zip(owners)
+        .map(|((addr, len), owner)| {
+            Box::new(PyBuffer {
+                addr,
+                len,
+                _owner: owner,
+            }) as Box<dyn JobBuffer>
+        })
+        .collect())
+}
+
+/// A submitted batch (`sluice.kv.KvJob` wraps it).
+#[pyclass(name = "KvJob", module = "sluice._sluice")]
+pub struct PyKvJob {
+    job: KvJob,
+}
+
+#[pymethods]
+impl PyKvJob {
+    #[getter]
+    fn id(&self) -> u64 {
+        self.job.id()
+    }
+
+    #[getter]
+    fn kind(&self) -> &'static str {
+        self.job.kind().name()
+    }
+
+    fn done(&self) -> bool {
+        self.job.is_done()
+    }
+
+    /// Per-key success, or None while the job runs.
+    fn result(&self) -> Option<Vec<bool>> {
+        self.job.result()
+    }
+
+    /// Waits (GIL released) up to `timeout` seconds (None: for ever); None on timeout.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Vec<bool>>> {
+        let timeout = match timeout {
+            None => None,
+            Some(t) if t.is_finite() && t >= 0.0 => Some(Duration::from_secs_f64(t)),
+            Some(t) => {
+                return Err(config_error(format!(
+                    "timeout = {t}: must be a number of seconds >= 0, or None"
+                )))
+            }
+        };
+        Ok(py.detach(|| self.job.wait(timeout)))
+    }
+
+    /// Lets go of the buffers once the job is done (they stay referenced until then).
+    fn release_buffers(&self) {
+        drop(self.job.take_buffers());
+    }
+}
+
 #[pymethods]
 impl PyKvStore {
-    /// Consecutive hits from the first key, from the index alone.
-    #[pyo3(signature = (keys, lease=true))]
-    fn lookup(&self, py: Python<'_>, keys: Vec<Vec<u8>>, lease: bool) -> PyResult<usize> {
+    /// Consecutive hits from the first key, from the index alone. With `worth_loading`,
+    /// only the prefix that loads sooner than the engine recomputes it.
+    #[pyo3(signature = (keys, lease=true, worth_loading=false))]
+    fn lookup(
+        &self,
+        py: Python<'_>,
+        keys: Vec<Vec<u8>>,
+        lease: bool,
+        worth_loading: bool,
+    ) -> PyResult<usize> {
         let refs = key_refs(&keys);
-        py.detach(|| self.store.lookup(&refs, lease))
-            .map_err(kv_to_py)
+        py.detach(|| match worth_loading {
+            true => self.store.lookup_worth_loading(&refs, lease),
+            false => self.store.lookup(&refs, lease),
+        })
+        .map_err(kv_to_py)
+    }
+
+    /// Queues a put; the owners keep the buffers' memory alive until the job is done.
+    fn submit_put(
+        &self,
+        keys: Vec<Vec<u8>>,
+        buffers: Vec<(usize, usize)>,
+        owners: Vec<Py<PyAny>>,
+    ) -> PyResult<PyKvJob> {
+        let bufs = job_buffers(buffers, owners)?;
+        let job = self.store.submit_put(keys, bufs).map_err(kv_to_py)?;
+        Ok(PyKvJob { job })
+    }
+
+    /// Queues a get into writable buffers (checked not to overlap).
+    fn submit_get(
+        &self,
+        keys: Vec<Vec<u8>>,
+        buffers: Vec<(usize, usize)>,
+        owners: Vec<Py<PyAny>>,
+    ) -> PyResult<PyKvJob> {
+        if let Some(i) = first_overlap(&buffers) {
+            return Err(config_error(format!(
+                "buffer {i}: overlaps another buffer (the same memory is passed twice)"
+            )));
+        }
+        let bufs = job_buffers(buffers, owners)?;
+        let job = self.store.submit_get(keys, bufs).map_err(kv_to_py)?;
+        Ok(PyKvJob { job })
+    }
+
+    /// Ids of finished jobs not reported yet (by poll or a wait), each once.
+    fn poll(&self) -> Vec<u64> {
+        self.store.poll().iter().map(|j| j.id()).collect()
     }
 
     /// Stores blocks given as (address, length) of live, contiguous buffers.

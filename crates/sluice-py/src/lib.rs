@@ -35,6 +35,7 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(warm::warm_trigger, m)?)?;
     m.add_function(wrap_pyfunction!(sim::sim_defaults, m)?)?;
     m.add_class::<kv::PyKvStore>()?;
+    m.add_class::<kv::PyKvJob>()?;
     m.add_function(wrap_pyfunction!(kv::kv_open, m)?)?;
     m.add_function(wrap_pyfunction!(kv::kv_fsck, m)?)?;
     Ok(())
