@@ -1,22 +1,12 @@
-"""Pieces every engine adapter shares: store options, buffers over raw pointers, and
-background jobs.
-
-Jobs. ``sluice.kv`` is growing ``submit_put``/``submit_get`` returning a ``KvJob``; until
-an open store has them, :func:`submit_put`/:func:`submit_get` run the synchronous batch
-call on one private thread per store and hand back an object with the same surface
-(``done``, ``wait``, ``result``), so the adapters are written once against the async
-form.
-"""
+"""Pieces every engine adapter shares: store options (parsed from an engine's config
+with unknown keys rejected), a writable directory check, and buffers over raw pointers."""
 
 from __future__ import annotations
 
 import ctypes
 import os
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, fields
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 import numpy as np
 
@@ -100,64 +90,6 @@ def pointer_buffer(address: int, nbytes: int) -> np.ndarray:
     """A writable uint8 view of ``nbytes`` at ``address`` (memory the engine owns and
     keeps alive, such as SGLang's pinned host pool)."""
     return np.frombuffer((ctypes.c_ubyte * nbytes).from_address(address), dtype=np.uint8)
-
-
-class _ThreadJob:
-    """A ``KvJob`` look-alike over a future, for stores without ``submit_*``."""
-
-    def __init__(self, future: Future, kind: str) -> None:
-        self._future = future
-        self.kind = kind
-
-    def done(self) -> bool:
-        return self._future.done()
-
-    def wait(self, timeout: Optional[float] = None) -> list[bool]:
-        try:
-            return self._future.result(timeout)
-        except FutureTimeout:
-            raise TimeoutError(
-                f"sluice.kv {self.kind} job still running after {timeout} s"
-            ) from None
-
-    def result(self) -> list[bool]:
-        if not self._future.done():
-            raise RuntimeError(f"sluice.kv {self.kind} job has not finished")
-        return self._future.result()
-
-
-_executors: dict[int, ThreadPoolExecutor] = {}
-_executors_lock = threading.Lock()
-
-
-def _executor(store: sluice.kv.KvStore) -> ThreadPoolExecutor:
-    with _executors_lock:
-        ex = _executors.get(id(store))
-        if ex is None:
-            # One thread: the batch call itself fans out over the store's io_threads.
-            ex = ThreadPoolExecutor(1, thread_name_prefix="sluice-kv-job")
-            _executors[id(store)] = ex
-        return ex
-
-
-def shutdown_jobs(store: sluice.kv.KvStore) -> None:
-    """Joins the private thread of ``store`` (no-op with native jobs)."""
-    with _executors_lock:
-        ex = _executors.pop(id(store), None)
-    if ex is not None:
-        ex.shutdown(wait=True)
-
-
-def submit_put(store: sluice.kv.KvStore, keys: list[bytes], blocks: list[Any]) -> Any:
-    if hasattr(store, "submit_put"):
-        return store.submit_put(keys, blocks)
-    return _ThreadJob(_executor(store).submit(store.put_batch, keys, blocks), "put")
-
-
-def submit_get(store: sluice.kv.KvStore, keys: list[bytes], buffers: list[Any]) -> Any:
-    if hasattr(store, "submit_get"):
-        return store.submit_get(keys, buffers)
-    return _ThreadJob(_executor(store).submit(store.get_batch_into, keys, buffers), "get")
 
 
 def leading_true(flags: list[bool]) -> int:

@@ -37,7 +37,7 @@ from typing import Any, Optional
 
 from sluice.errors import ConfigError
 
-from ._common import StoreOptions, leading_true, shutdown_jobs, submit_get, submit_put
+from ._common import StoreOptions, leading_true
 
 VLLM_VERSION = "0.33.0"
 
@@ -84,7 +84,7 @@ class _Job:
     is_load: bool
     submit_time: float
     row_bytes: int
-    handle: Any = None  # KvJob (or the shim's); None when the job failed at submit
+    handle: Any = None  # sluice.kv.KvJob; None when the job failed at submit
     error: Optional[BaseException] = None
 
     def done(self) -> bool:
@@ -197,8 +197,8 @@ def _build_tier_class() -> type:
                     )
                 rows = self._rows.rows(meta.chunk_ids, meta.job_id)
                 if keys:
-                    submit = submit_get if is_load else submit_put
-                    job.handle = submit(self._store, keys, rows)
+                    submit = self._store.submit_get if is_load else self._store.submit_put
+                    job.handle = submit(keys, rows)
                 else:
                     job.handle = _Done([])
             except Exception as e:  # never raise into the scheduler: the job fails
@@ -241,7 +241,6 @@ def _build_tier_class() -> type:
 
         def shutdown(self) -> None:
             self.drain_jobs()
-            shutdown_jobs(self._store)
             self._store.close()
 
         def store_stats(self) -> dict[str, Any]:
