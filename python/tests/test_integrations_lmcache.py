@@ -16,7 +16,7 @@ import select
 import threading
 
 import pytest
-from _engine_fakes import flip_byte_of_block, unwritable_dir, use_engine
+from integration_fakes.engine_fakes import flip_byte_of_block, unwritable_dir, use_engine
 from sluice.errors import ConfigError, SluicePermissionError
 
 torch = pytest.importorskip("torch")

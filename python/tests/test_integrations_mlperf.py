@@ -8,7 +8,7 @@ import threading
 
 import numpy as np
 import pytest
-from _engine_fakes import flip_byte_of_block
+from integration_fakes.engine_fakes import flip_byte_of_block
 from sluice.errors import SluiceIOError
 from sluice.integrations.mlperf import SluiceKVBenchBackend, SluiceReadError
 

@@ -15,7 +15,7 @@ import re
 import threading
 
 import pytest
-from _engine_fakes import flip_byte_of_block, unwritable_dir, use_engine
+from integration_fakes.engine_fakes import flip_byte_of_block, unwritable_dir, use_engine
 from sluice.errors import ConfigError, SluicePermissionError
 
 torch = pytest.importorskip("torch")

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from _engine_fakes import flip_byte_of_block, unwritable_dir, use_engine
+from integration_fakes.engine_fakes import flip_byte_of_block, unwritable_dir, use_engine
 from sluice.errors import ConfigError, SluicePermissionError
 
 REAL_VLLM = use_engine("vllm.v1.kv_offload.tiering.factory")

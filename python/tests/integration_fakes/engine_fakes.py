@@ -1,4 +1,4 @@
-"""Puts tests/integration_fakes on sys.path when the real engine is not importable, so
+"""Puts this folder (tests/integration_fakes) on sys.path when the real engine is not importable, so
 the adapter contract tests run against the real engine modules where a venv has them
 and against the fakes (the pinned releases' shapes) everywhere else."""
 
@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-FAKES = Path(__file__).parent / "integration_fakes"
+FAKES = Path(__file__).parent
 
 
 def use_engine(probe_module: str) -> bool:
