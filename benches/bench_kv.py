@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import threading
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peers-python", default=str(REPO / ".venv-kvpeers" / "bin" / "python"))
     p.add_argument("--timeout-s", type=float, help="per worker (default 600 s + 90 s per GiB)")
     p.add_argument("--keep-page-reporting", action="store_true")
+    p.add_argument(
+        "--report-only", metavar="JSON", help="rebuild the report from a bench-kv.json, no runs"
+    )
     args = p.parse_args(argv)
     args.sizes = [parse_bytes(s) for s in args.sizes.split(",")]
     gib = [float(x) for x in args.size_gib.split(",")]
@@ -140,9 +144,11 @@ class Runner:
         except subprocess.TimeoutExpired:
             self.kill()
             return {"error": f"timed out after {timeout_s:.0f} s"}
-        finally:
-            for t in readers:
-                t.join(5)
+        except BaseException:  # Ctrl-C or SIGTERM: end the worker now, then go on unwinding
+            self.kill()
+            raise
+        for t in readers:
+            t.join(5)
         out = "".join(stdout)
         rc, self.current = self.current.returncode, None
         lines = [ln for ln in out.splitlines() if ln.startswith(RESULT_PREFIX)]
@@ -256,8 +262,19 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def report_only(args: argparse.Namespace) -> int:
+    doc = json.loads(Path(args.report_only).read_text())
+    report = kv_report.build(doc["meta"], doc["runs"])
+    print(report.markdown)
+    report.write(Path(args.out))
+    return 0
+
+
 def main() -> int:
     args = parse_args()
+    if args.report_only:
+        return report_only(args)
+    args.started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     args.data.mkdir(parents=True, exist_ok=True)
     if not page_cache.can_drop():
         print(page_cache.NOT_ROOT_WARNING, file=sys.stderr)

@@ -1,8 +1,9 @@
 """fio on the same directory and block size: the device's own numbers for the run.
 
-- write: sequential O_DIRECT writes of the whole file (io_uring, QD32), first one job (which
-  lays down the file the reads use), then 4 jobs each over a quarter; each is fio's own
-  runtime plus a `sync()` right after, the same final sync the peers without fsync get;
+- write: sequential O_DIRECT writes of a fresh file (io_uring, QD32), first 4 jobs each over a
+  quarter, then (the file deleted) one job, whose file the reads use. Fresh files, since the
+  peers also write to newly allocated space. Each is fio's own runtime plus a `sync()` right
+  after, the same final sync the peers that never fsync get;
 - randread: O_DIRECT random reads of whole blocks at every (queue depth, job count) of
   `READ_CONFIGS`, time-based, each after a page-cache drop.
 
@@ -50,7 +51,8 @@ def run(path: Path, block_bytes: int, total_bytes: int, runtime_s: int) -> dict[
     out: dict[str, Any] = {}
     base = [f"--filename={path}", f"--bs={block_bytes}", f"--size={total_bytes}"]
     try:
-        for jobs in (1, 4):
+        for jobs in (4, 1):
+            path.unlink(missing_ok=True)
             out[f"write QD32 x{jobs}"] = _write(base, total_bytes, jobs)
         for qd, jobs in READ_CONFIGS:
             page_cache.drop()

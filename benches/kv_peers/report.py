@@ -134,7 +134,7 @@ def limits(entry: dict[str, Any]) -> dict[str, Any]:
     writes = [(f"fio {c}", v["gbps"]) for c, v in fio_runs.items() if c.startswith("write")]
     peers = _peers(entry, "ssd")
     peer_loads = [
-        (f"{n} ({s} streams)", v["gbps"]) for n, p in peers.items() for s, v in p["load"].items()
+        (f"{n} ({_streams(s)})", v["gbps"]) for n, p in peers.items() for s, v in p["load"].items()
     ]
     out: dict[str, Any] = {
         "device_limit": _best(reads + peer_loads),
@@ -240,10 +240,14 @@ def check_targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _streams(s: str) -> str:
+    return "1 stream" if s == "1" else f"{s} streams"
+
+
 def _best_load(stats: dict[str, Any] | None) -> Pair | None:
     if not stats or not stats.get("runs") or stats.get("wrong_bytes"):
         return None
-    return _best([(f"{s} streams", v["gbps"]) for s, v in stats["load"].items()])
+    return _best([(_streams(s), v["gbps"]) for s, v in stats["load"].items()])
 
 
 def dram_targets(size: str, e: dict[str, Any]) -> list[dict[str, Any]]:
@@ -334,7 +338,8 @@ def collect_meta(args: Any, memory_note: str, cache_dropped: bool) -> dict[str, 
     except ValueError:
         versions["peers"] = "no .venv-kvpeers"
     return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": args.started,
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["python", *sys.argv]),
         "machine": bench_report.machine(args.data.parent),
         "versions": versions,
@@ -485,10 +490,24 @@ DEFINITIONS = [
 ]
 
 
-def render_markdown(meta: dict[str, Any], summary: dict[str, Any], targets: list[dict]) -> str:
+def busy_warning(meta: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:
+    """A warning when the 1-minute load average passed half the CPUs after some worker."""
+    peak = max((r.get("loadavg_1m", 0.0) for r in runs), default=0.0)
+    if peak <= meta["machine"]["nproc"] / 2:
+        return []
+    return [
+        f"**WARNING: the machine was busy (1-minute load average up to {peak:.1f} on "
+        f"{meta['machine']['nproc']} CPUs); these numbers are noisy.**",
+        "",
+    ]
+
+
+def render_markdown(
+    meta: dict[str, Any], runs: list[dict[str, Any]], summary: dict[str, Any], targets: list[dict]
+) -> str:
     cold = "" if meta["cache_dropped"] else " — WARNING: page cache NOT dropped (not root)"
     lines = [f"### KV-cache block store: `make bench-kv` ({meta['date'][:10]})", ""]
-    lines += [*header_lines(meta), "", *DEFINITIONS, ""]
+    lines += [*header_lines(meta), "", *busy_warning(meta, runs), *DEFINITIONS, ""]
     for size, e in summary.items():
         gib = e.get("gib", {})
         if "ssd" in gib:
@@ -603,4 +622,4 @@ class Report:
 def build(meta: dict[str, Any], runs: list[dict[str, Any]]) -> Report:
     summary = summarize(runs)
     targets = check_targets(summary)
-    return Report(meta, runs, summary, targets, render_markdown(meta, summary, targets))
+    return Report(meta, runs, summary, targets, render_markdown(meta, runs, summary, targets))
