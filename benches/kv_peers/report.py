@@ -279,7 +279,11 @@ def lookup_targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
         if e["systems"].get("sluice", {}).get("extra")
     ]
     lookups = [(s, x["lookup_us"]) for s, x in found if x.get("lookup_us") is not None]
-    index = [(s, x["index_bytes_per_block"]) for s, x in found if x.get("index_bytes_per_block")]
+    index = [
+        (s, x["index_bytes_per_block"], x.get("index_bytes_per_budget_block"))
+        for s, x in found
+        if x.get("index_bytes_per_block")
+    ]
     rows = []
     if lookups:
         size, worst = max(lookups, key=lambda p: p[1])
@@ -300,12 +304,16 @@ def lookup_targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     if index:
-        size, worst = max(index, key=lambda p: p[1])
+        size, worst, per_budget = max(index, key=lambda p: p[1])
+        measured = f"{worst:.1f} B per stored block (worst: {size} blocks)"
+        if per_budget is not None:
+            # The index is sized for the SSD budget, so a store below its budget pays more.
+            measured += f"; {per_budget:.1f} B per block of the budget"
         rows.append(
             {
                 "target": "index memory ≤ 64 bytes per block",
                 "value": worst,
-                "measured": f"{worst:.1f} B per stored block (worst: {size} blocks)",
+                "measured": measured,
                 "status": _status(worst <= 64),
             }
         )
@@ -585,10 +593,11 @@ def write_png(summary: dict[str, Any], path: Path) -> bool:
                 linestyle="--",
                 label=f"device limit {e['device_limit'][1]:.2f}",
             )
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.25)  # room for the legend above the bars
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
         ax.set_title(f"{size} blocks, cold")
         ax.set_ylabel("load GB/s (median)")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", ncol=3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
