@@ -42,6 +42,7 @@ from typing import Any
 import page_cache
 from kv_peers import SYSTEMS, fio
 from kv_peers import report as kv_report
+from kv_peers.proc import die_with_parent
 from kv_peers.worker import RESULT_PREFIX
 
 BENCHES = Path(__file__).resolve().parent
@@ -104,7 +105,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 class Runner:
     """Starts workers in their own process group, so a timeout or Ctrl-C ends the worker and
-    every server it started; echoes their progress lines and keeps the rest for errors."""
+    every server it started (and each dies with this process even if it is SIGKILLed);
+    echoes their progress lines and keeps the rest for errors."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -130,6 +132,7 @@ class Runner:
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         tail: collections.deque[str] = collections.deque(maxlen=20)
         stdout: list[str] = []

@@ -11,8 +11,6 @@ child of this process, killed on close and, through PR_SET_PDEATHSIG, when this 
 
 from __future__ import annotations
 
-import ctypes
-import signal
 import socket
 import subprocess
 import time
@@ -21,20 +19,16 @@ from pathlib import Path
 import numpy as np
 
 from .base import KvSystem, Miss
+from .proc import die_with_parent
 from .workload import Workload
 
 MASTER_START_TIMEOUT_S = 20.0
-PR_SET_PDEATHSIG = 1
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _wait_listening(port: int, proc: subprocess.Popen, timeout_s: float) -> None:
@@ -70,7 +64,7 @@ class MooncakeDram(KvSystem):
         ]
         with open(root / "mooncake_master.log", "w") as log:
             self.master = subprocess.Popen(
-                cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+                cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent
             )
         _wait_listening(rpc, self.master, MASTER_START_TIMEOUT_S)
         _wait_listening(http, self.master, MASTER_START_TIMEOUT_S)
