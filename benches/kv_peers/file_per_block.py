@@ -1,17 +1,19 @@
 """One file per block, after vLLM's file-system secondary tier (`FileSystemTierManager`).
 
-vLLM (v0.22+, vllm/v1/kv_offload, design vllm#38260) stores each block as
-`<root>/<model>_<cfg-hash>_r<rank>/<hhh>/<hh>_g<group>/<hash>.bin`, written to `*.tmp` and
-renamed into place, from a pool of 16 write threads, and loads each block with one read from a
-pool of 16 read threads; it probes O_DIRECT and falls back to buffered I/O. Here:
-- the same two-level hashed tree and tmp + rename publish;
-- `write` then `fsync` of the file before the rename (durable data; the directory entry is not
-  fsynced, as in vLLM);
-- loads with one `preadv` per block into the caller's buffer;
+vLLM (vllm/v1/kv_offload/tiering/fs/, vllm-project/vllm@0320ab4) stores each block as
+`<root>_r<rank>/<hhh>/<hh>_g<group>/<hash>.bin`: `store_block` opens a per-thread `*.tmp`
+(O_EXCL, O_DIRECT unless the directory refuses it), makes one `os.write`, and `os.replace`s it
+into place, with no fsync; `load_block` opens the file and makes one `os.readv` into the
+destination. 16 read and 16 write threads serve all requests. Here:
+- the same hashed tree, tmp + rename publish, one write and one read per block;
+- plus an `fsync` of the file before the rename, which vLLM does not do: the benchmark
+  measures *durable* stores, so this peer pays for durability that vLLM skips (the directory
+  entry is still not fsynced);
+- `preadv` at offset 0 (what `readv` does on a fresh descriptor) into the caller's buffer;
 - 16 threads shared by all request streams, as vLLM's pool is shared by all requests.
 
-`FilePerBlockDirect` opens every file with O_DIRECT (page-aligned buffers, block sizes that are
-multiples of 4 KiB), `FilePerBlockBuffered` goes through the page cache.
+`FilePerBlockDirect` opens every file with O_DIRECT (vLLM's default; page-aligned buffers,
+block sizes that are multiples of 4 KiB), `FilePerBlockBuffered` goes through the page cache.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ THREADS = 16  # vLLM's FS tier default: 16 read and 16 write threads.
 
 
 class FilePerBlockBuffered(KvSystem):
-    durability = "write + fsync per file, then rename (directory not fsynced)"
+    durability = "write + fsync per file, then rename (vLLM itself does not fsync)"
     direct = False
 
     def open(self, root: Path, workload: Workload, inflight_blocks: int) -> None:
@@ -81,5 +83,5 @@ class FilePerBlockBuffered(KvSystem):
 
 
 class FilePerBlockDirect(FilePerBlockBuffered):
-    durability = "O_DIRECT write + fsync per file, then rename (directory not fsynced)"
+    durability = "O_DIRECT write + fsync per file, then rename (vLLM itself does not fsync)"
     direct = True
