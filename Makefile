@@ -17,7 +17,7 @@ CARGO ?= cargo
 # Stamps record that a set-up step is done and redo it when its inputs change.
 STAMP := $(VENV)/.stamps
 
-.PHONY: all demo test lint rust-test py-test numa-test numa-vm-watchdog build develop bench-load bench-sim bench-warm bench-deps fuzz clean
+.PHONY: all demo test lint rust-test py-test numa-test numa-vm-watchdog build develop bench-load bench-sim bench-warm bench-kv bench-deps fuzz clean
 
 all: test
 
@@ -118,6 +118,23 @@ $(STAMP)/bench-deps: $(STAMP)/deps requirements-bench.txt
 
 bench-load: $(STAMP)/develop $(STAMP)/bench-deps
 	$(PY) benches/bench_load.py --data bench-data/ckpt-4g --size-gib 4 --runs 3 --out docs/
+
+# `make bench-kv` (root; about 2 h; 28 GiB of free disk): the KV-cache store against
+# fio, file-per-block, MLPerf's backend, LMCache and Mooncake. Its peers live in their own
+# venv, since LMCache 0.5.6 pins numpy<=2.2.6. LMCache is installed --no-deps, without its
+# CUDA-only requirements (requirements-bench-kv.txt lists the rest), and takes torch from
+# $(VENV) through a .pth file rather than a second 4 GB copy.
+KVPEERS := .venv-kvpeers
+$(STAMP)/bench-kv-deps: $(STAMP)/bench-deps requirements-bench-kv.txt
+	python3 -m venv $(KVPEERS)
+	$(KVPEERS)/bin/pip install --quiet -r requirements-bench-kv.txt
+	$(KVPEERS)/bin/pip install --quiet --no-deps lmcache==0.5.6
+	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+	  > "$$($(KVPEERS)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz-sluice-venv.pth"
+	touch $@
+
+bench-kv: $(STAMP)/develop $(STAMP)/bench-kv-deps
+	$(PY) benches/bench_kv.py --sizes 256KiB,2MiB,32MiB --size-gib 8,24,24 --dram-gib 4 --runs 3
 
 bench-sim: $(STAMP)/develop
 	$(PY) benches/bench_sim.py --out docs/
