@@ -53,6 +53,8 @@ def _address(buf: Any, index: int, writable: bool) -> tuple[int, int]:
 
 
 def _keys(keys: Iterable[Union[bytes, bytearray, memoryview]]) -> list[bytes]:
+    if isinstance(keys, list) and all(type(k) is bytes for k in keys):
+        return keys  # the common case: no copy (the native call only reads them)
     out = []
     for i, k in enumerate(keys):
         if not isinstance(k, (bytes, bytearray, memoryview)):

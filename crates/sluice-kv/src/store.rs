@@ -245,19 +245,24 @@ impl KvStore {
         self.check_keys(keys)?;
         self.expire_leases();
         self.inner.counters.lookups.fetch_add(1, Ordering::Relaxed);
-        let mut n = 0;
-        for key in keys {
-            let fp = self.fingerprint(key);
-            let found = if lease {
-                self.take_lease(fp, key)
-            } else {
-                self.resident(fp)
-            };
-            if !found {
-                break;
+        if lease {
+            let mut n = 0;
+            while n < keys.len() && self.take_lease(self.fingerprint(keys[n]), keys[n]) {
+                n += 1;
             }
-            n += 1;
+            return Ok(n);
         }
+        // Without leases: hash first, then hold each tier's lock once for the whole chain.
+        let fps: Vec<Fingerprint> = keys.iter().map(|k| self.fingerprint(k)).collect();
+        let dram = self.inner.dram.as_ref().map(lock);
+        let ssd = self.inner.ssd.as_ref().map(lock);
+        let n = fps
+            .iter()
+            .take_while(|fp| {
+                dram.as_ref().is_some_and(|d| d.contains(**fp))
+                    || ssd.as_ref().is_some_and(|s| s.contains(**fp))
+            })
+            .count();
         Ok(n)
     }
 
