@@ -43,14 +43,7 @@ pub struct FsckReport {
 pub fn fsck(root: &Path, repair: bool) -> Result<FsckReport, KvError> {
     let m = read_manifest(root)?;
     let _owner = manifest::lock(root)?;
-    let seg_root = root.join("segments");
-    let dir = FsSegmentDir::new(&seg_root, DirectIo::Auto);
-    let mut ids = dir.list().map_err(KvError::io(&seg_root))?;
-    ids.sort_unstable();
-    let slot = slot_bytes(m.block_bytes).ok_or_else(|| KvError::Incompatible {
-        path: root.to_path_buf(),
-        detail: format!("block_bytes {} is too large", m.block_bytes),
-    })?;
+    let (dir, ids, slot) = segments(root, &m)?;
     let mut report = FsckReport {
         repaired: repair,
         ..FsckReport::default()
@@ -200,14 +193,7 @@ pub struct StoreSummary {
 /// (as of the moment each segment is read).
 pub fn summary(root: &Path) -> Result<StoreSummary, KvError> {
     let m = read_manifest(root)?;
-    let seg_root = root.join("segments");
-    let dir = FsSegmentDir::new(&seg_root, DirectIo::Auto);
-    let mut ids = dir.list().map_err(KvError::io(&seg_root))?;
-    ids.sort_unstable();
-    let slot = slot_bytes(m.block_bytes).ok_or_else(|| KvError::Incompatible {
-        path: root.to_path_buf(),
-        detail: format!("block_bytes {} is too large", m.block_bytes),
-    })?;
+    let (dir, ids, slot) = segments(root, &m)?;
     let mut out = StoreSummary {
         path: root.to_path_buf(),
         store_id: m.store_id.clone(),
@@ -264,4 +250,17 @@ fn read_manifest(root: &Path) -> Result<manifest::Manifest, KvError> {
         });
     }
     manifest::read(root)
+}
+
+/// The store's segment directory, its segment ids in order, and its slot size.
+fn segments(root: &Path, m: &manifest::Manifest) -> Result<(FsSegmentDir, Vec<u64>, u64), KvError> {
+    let seg_root = root.join("segments");
+    let dir = FsSegmentDir::new(&seg_root, DirectIo::Auto);
+    let mut ids = dir.list().map_err(KvError::io(&seg_root))?;
+    ids.sort_unstable();
+    let slot = slot_bytes(m.block_bytes).ok_or_else(|| KvError::Incompatible {
+        path: root.to_path_buf(),
+        detail: format!("block_bytes {} is too large", m.block_bytes),
+    })?;
+    Ok((dir, ids, slot))
 }

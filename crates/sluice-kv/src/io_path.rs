@@ -515,27 +515,18 @@ fn read_from_ssd(
 ) -> bool {
     let inner = &store.inner;
     let ssd = inner.ssd.as_ref().expect("an SSD source implies the tier");
-    match read_record(store, key, loc, file, buf) {
-        Ok(()) => true,
-        Err(ReadFailure::Corrupt(why)) => {
-            tracing::warn!(
-                "kv segment {} slot {}: {why}; dropped, served as a miss",
-                loc.segment,
-                loc.slot
-            );
-            lock(ssd).drop_block(fp, loc, true);
-            false
-        }
-        Err(ReadFailure::Io(e)) => {
-            tracing::warn!(
-                "kv segment {} slot {}: read failed: {e}; served as a miss",
-                loc.segment,
-                loc.slot
-            );
-            lock(ssd).drop_block(fp, loc, false);
-            false
-        }
-    }
+    let (why, corrupt) = match read_record(store, key, loc, file, buf) {
+        Ok(()) => return true,
+        Err(ReadFailure::Corrupt(why)) => (why, true),
+        Err(ReadFailure::Io(e)) => (format!("read failed: {e}"), false),
+    };
+    tracing::warn!(
+        "kv segment {} slot {}: {why}; dropped, served as a miss",
+        loc.segment,
+        loc.slot
+    );
+    lock(ssd).drop_block(fp, loc, corrupt);
+    false
 }
 
 enum ReadFailure {
