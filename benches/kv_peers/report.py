@@ -498,24 +498,12 @@ DEFINITIONS = [
 ]
 
 
-def busy_warning(meta: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:
-    """A warning when the 1-minute load average passed half the CPUs after some worker."""
-    peak = max((r.get("loadavg_1m", 0.0) for r in runs), default=0.0)
-    if peak <= meta["machine"]["nproc"] / 2:
-        return []
-    return [
-        f"**WARNING: the machine was busy (1-minute load average up to {peak:.1f} on "
-        f"{meta['machine']['nproc']} CPUs); these numbers are noisy.**",
-        "",
-    ]
-
-
 def render_markdown(
     meta: dict[str, Any], runs: list[dict[str, Any]], summary: dict[str, Any], targets: list[dict]
 ) -> str:
     cold = "" if meta["cache_dropped"] else " — WARNING: page cache NOT dropped (not root)"
     lines = [f"### KV-cache block store: `make bench-kv` ({meta['date'][:10]})", ""]
-    lines += [*header_lines(meta), "", *busy_warning(meta, runs), *DEFINITIONS, ""]
+    lines += [*header_lines(meta), "", *bench_report.busy_warning(meta, runs), *DEFINITIONS, ""]
     for size, e in summary.items():
         gib = e.get("gib", {})
         if "ssd" in gib:

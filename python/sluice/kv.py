@@ -63,6 +63,16 @@ def _keys(keys: Iterable[Union[bytes, bytearray, memoryview]]) -> list[bytes]:
     return out
 
 
+def _batch(
+    keys: Sequence[bytes], buffers: Sequence[Any], writable: bool
+) -> tuple[list[bytes], list[tuple[int, int]], list[Any]]:
+    """A batch call's keys, its buffers' (address, nbytes), and the buffer objects, which
+    the caller keeps alive for as long as the native side uses the addresses."""
+    held = list(buffers)
+    addrs = [_address(b, i, writable=writable) for i, b in enumerate(held)]
+    return _keys(keys), addrs, held
+
+
 class KvJob:
     """A batch submitted with :meth:`KvStore.submit_put` or :meth:`KvStore.submit_get`.
 
@@ -141,34 +151,26 @@ class KvStore:
     def put_batch(self, keys: Sequence[bytes], blocks: Sequence[Any]) -> list[bool]:
         """Stores blocks (each exactly ``block_bytes``). ``True``: the block is in the
         store now; ``False``: no tier took it (declined by the policy, or I/O failed)."""
-        ks = _keys(keys)
-        held = list(blocks)
-        addrs = [_address(b, i, writable=False) for i, b in enumerate(held)]
+        ks, addrs, _ = _batch(keys, blocks, writable=False)
         return list(self._native.put_batch(ks, addrs))
 
     def get_batch_into(self, keys: Sequence[bytes], buffers: Sequence[Any]) -> list[bool]:
         """Loads blocks into writable buffers, zero-copy. ``True`` for key ``i`` means
         ``buffers[i]`` holds exactly its bytes; after the first ``False`` the rest are
         ``False`` and their buffers unspecified."""
-        ks = _keys(keys)
-        held = list(buffers)
-        addrs = [_address(b, i, writable=True) for i, b in enumerate(held)]
+        ks, addrs, _ = _batch(keys, buffers, writable=True)
         return list(self._native.get_batch_into(ks, addrs))
 
     def submit_put(self, keys: Sequence[bytes], blocks: Sequence[Any]) -> KvJob:
         """:meth:`put_batch` without waiting: arguments are checked now (errors raise
         here), the batch runs in the background."""
-        ks = _keys(keys)
-        held = list(blocks)
-        addrs = [_address(b, i, writable=False) for i, b in enumerate(held)]
+        ks, addrs, held = _batch(keys, blocks, writable=False)
         return self._track(self._native.submit_put(ks, addrs, held), held)
 
     def submit_get(self, keys: Sequence[bytes], buffers: Sequence[Any]) -> KvJob:
         """:meth:`get_batch_into` without waiting; do not touch the buffers until the
         job is done."""
-        ks = _keys(keys)
-        held = list(buffers)
-        addrs = [_address(b, i, writable=True) for i, b in enumerate(held)]
+        ks, addrs, held = _batch(keys, buffers, writable=True)
         return self._track(self._native.submit_get(ks, addrs, held), held)
 
     def _track(self, native: Any, held: list[Any]) -> KvJob:
@@ -282,15 +284,20 @@ def plot_bench(out_dir: PathLike) -> list[str]:
     ``latency_cdf.png`` (per-request load latency) and ``hit_ratio_over_time.png``
     (hit ratio per tier per window of requests, with the simulator's prediction when
     the run had ``--compare-sim``). Returns their paths."""
-    import matplotlib
+    from .sim import _pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     out = os.fspath(out_dir)
     with builtins.open(os.path.join(out, "bench.json")) as f:
         report = json.load(f)
-    paths = []
+    paths: list[str] = []
+
+    def save(fig: Any, name: str) -> None:
+        path = os.path.join(out, name)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
 
     lat = sorted(report.get("latencies_ms") or [])
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -303,11 +310,7 @@ def plot_bench(out_dir: PathLike) -> list[str]:
     s = report["summary"]
     ax.set_title(f"p50 {s['load_p50_ms']:.2f} ms, p99 {s['load_p99_ms']:.2f} ms")
     ax.grid(True, alpha=0.3)
-    path = os.path.join(out, "latency_cdf.png")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    paths.append(path)
+    save(fig, "latency_cdf.png")
 
     windows = report.get("windows") or []
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -329,11 +332,7 @@ def plot_bench(out_dir: PathLike) -> list[str]:
     ax.set_ylim(0, 1)
     ax.legend()
     ax.grid(True, alpha=0.3)
-    path = os.path.join(out, "hit_ratio_over_time.png")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    paths.append(path)
+    save(fig, "hit_ratio_over_time.png")
     return paths
 
 

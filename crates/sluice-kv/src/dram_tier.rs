@@ -71,6 +71,16 @@ pub enum DramPut {
     Declined,
 }
 
+impl DramPut {
+    /// The slot to fill, when the block was admitted.
+    pub fn slot(&self) -> Option<u32> {
+        match self {
+            DramPut::Admitted { slot } => Some(*slot),
+            DramPut::Present | DramPut::Declined => None,
+        }
+    }
+}
+
 impl DramTier {
     pub fn new(
         budget_bytes: u64,

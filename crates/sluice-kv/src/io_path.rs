@@ -16,7 +16,7 @@ use sluice_engine::PooledBuf;
 use sluice_formats::kv::{payload_checksum, RecordHeader, KV_ALIGN, RECORD_HEADER_BYTES};
 
 use crate::config::Durability;
-use crate::dram_tier::{Demoted, DramPut};
+use crate::dram_tier::{Demoted, DramPut, DramTier};
 use crate::namespace::Fingerprint;
 use crate::segment_io::SegmentFile;
 use crate::ssd_tier::{sync_written, Reservation, SsdLoc, SsdPut};
@@ -52,6 +52,7 @@ pub(crate) fn parallel<T: Send>(n: usize, threads: usize, f: impl Fn(usize) -> T
 
 /// What the policies decided for one key of a put batch (taken in key order).
 struct PutPlan {
+    fp: Fingerprint,
     /// An earlier key of the same batch with the same fingerprint: this one shares its fate.
     dup_of: Option<usize>,
     /// Already in DRAM (a second put is a no-op), or a DRAM slot to fill.
@@ -81,6 +82,7 @@ enum SsdStep {
 pub(crate) fn put_batch(store: &KvStore, keys: &[&[u8]], blocks: &[&[u8]]) -> Vec<bool> {
     let inner = &store.inner;
     let plans = plan_puts(store, keys);
+    let fps: Vec<Fingerprint> = plans.iter().map(|p| p.fp).collect();
     let cells: Vec<Mutex<Option<PutPlan>>> =
         plans.into_iter().map(|p| Mutex::new(Some(p))).collect();
     let steps = parallel(keys.len(), inner.config.io_threads, |i| {
@@ -115,9 +117,11 @@ pub(crate) fn put_batch(store: &KvStore, keys: &[&[u8]], blocks: &[&[u8]]) -> Ve
     }
     // A later key of the batch may have made a policy evict an earlier one again (a
     // small cache, s3fifo's small queue): `true` means resident when the batch ends.
-    for (o, key) in ok.iter_mut().zip(keys) {
-        *o = *o && store.resident(store.fingerprint(key));
+    let tiers = store.residency();
+    for (o, fp) in ok.iter_mut().zip(&fps) {
+        *o = *o && tiers.contains(*fp);
     }
+    drop(tiers);
     add(&inner.counters.puts, keys.len() as u64);
     add(
         &inner.counters.put_failures,
@@ -135,6 +139,7 @@ fn plan_puts(store: &KvStore, keys: &[&[u8]]) -> Vec<PutPlan> {
     for (i, key) in keys.iter().enumerate() {
         let fp = store.fingerprint(key);
         let mut plan = PutPlan {
+            fp,
             dup_of: None,
             dram_present: false,
             dram_slot: None,
@@ -190,11 +195,7 @@ fn execute_put(
         return (false, SsdStep::None, plan.dup_of);
     }
     if let (Some(slot), Some(d)) = (plan.dram_slot, &inner.dram) {
-        let dst = lock(d).slot_ptr(slot);
-        // SAFETY: the slot is pinned for us (no one else writes or reuses it) and holds
-        // exactly block_bytes == block.len() bytes (checked by the store).
-        unsafe { std::ptr::copy_nonoverlapping(block.as_ptr(), dst, block.len()) };
-        lock(d).filled(slot);
+        fill_slot(d, slot, block);
     }
     demote(store, plan.demoted);
     let in_dram = plan.dram_present || plan.dram_slot.is_some();
@@ -213,6 +214,15 @@ fn execute_put(
         other => other,
     };
     (in_dram, step, None)
+}
+
+/// Copies a block into a DRAM slot that `DramTier::put` handed out, and publishes it.
+fn fill_slot(d: &Mutex<DramTier>, slot: u32, bytes: &[u8]) {
+    let dst = lock(d).slot_ptr(slot);
+    // SAFETY: the slot is pinned for us (no one else writes or reuses it) and holds
+    // exactly block_bytes == bytes.len() bytes (checked by the store).
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) };
+    lock(d).filled(slot);
 }
 
 /// Where DRAM should copy the blocks it evicts: only a write-back store with an SSD tier
@@ -406,10 +416,7 @@ fn plan_gets(store: &KvStore, keys: &[&[u8]]) -> Vec<GetPlan> {
                 lock(ssd).touch(fp);
                 let mut demoted = Vec::new();
                 let promote = match inner.dram.is_some() {
-                    true => match dram_put(store, fp, key, &mut demoted) {
-                        DramPut::Admitted { slot } => Some(slot),
-                        DramPut::Present | DramPut::Declined => None,
-                    },
+                    true => dram_put(store, fp, key, &mut demoted).slot(),
                     false => None,
                 };
                 GetPlan::Ssd {
@@ -460,10 +467,7 @@ fn fetch_one(store: &KvStore, plan: GetPlan, key: &[u8], buf: &mut [u8]) -> Fetc
             let read = read_from_ssd(store, fp, key, loc, &*file, buf);
             if let (Some(slot), Some(d)) = (promote, &inner.dram) {
                 if read {
-                    let dst = lock(d).slot_ptr(slot);
-                    // SAFETY: the new slot is pinned for us and holds block_bytes == buf.len().
-                    unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), dst, buf.len()) };
-                    lock(d).filled(slot);
+                    fill_slot(d, slot, buf);
                 } else {
                     lock(d).abandon(fp, slot);
                 }

@@ -246,24 +246,27 @@ impl KvStore {
         self.expire_leases();
         self.inner.counters.lookups.fetch_add(1, Ordering::Relaxed);
         if lease {
-            let mut n = 0;
-            while n < keys.len() && self.take_lease(self.fingerprint(keys[n]), keys[n]) {
-                n += 1;
-            }
-            return Ok(n);
+            return Ok(self.lease_prefix(keys));
         }
         // Without leases: hash first, then hold each tier's lock once for the whole chain.
         let fps: Vec<Fingerprint> = keys.iter().map(|k| self.fingerprint(k)).collect();
-        let dram = self.inner.dram.as_ref().map(lock);
-        let ssd = self.inner.ssd.as_ref().map(lock);
-        let n = fps
-            .iter()
-            .take_while(|fp| {
-                dram.as_ref().is_some_and(|d| d.contains(**fp))
-                    || ssd.as_ref().is_some_and(|s| s.contains(**fp))
-            })
-            .count();
-        Ok(n)
+        let tiers = self.residency();
+        Ok(fps.iter().take_while(|fp| tiers.contains(**fp)).count())
+    }
+
+    /// Leases `keys` from the first until one is found in no tier; returns how many.
+    fn lease_prefix(&self, keys: &[&[u8]]) -> usize {
+        keys.iter()
+            .take_while(|k| self.take_lease(self.fingerprint(k), k))
+            .count()
+    }
+
+    /// Both tiers' indexes, locked (DRAM first) for a run of residency checks.
+    pub(crate) fn residency(&self) -> Residency<'_> {
+        Residency {
+            dram: self.inner.dram.as_ref().map(lock),
+            ssd: self.inner.ssd.as_ref().map(lock),
+        }
     }
 
     /// Like [`KvStore::lookup`], but only the prefix that loads sooner than the engine
@@ -284,10 +287,11 @@ impl KvStore {
         self.inner.counters.lookups.fetch_add(1, Ordering::Relaxed);
         let load = *lock(&self.inner.load_model);
         let recompute_block_s = model.block_tokens as f64 / model.tokens_per_s;
+        let fps: Vec<Fingerprint> = keys.iter().map(|k| self.fingerprint(k)).collect();
         let (mut load_s, mut best) = (0.0, 0);
-        for (i, key) in keys.iter().enumerate() {
-            let fp = self.fingerprint(key);
-            load_s += match self.tier_of(fp) {
+        let tiers = self.residency();
+        for (i, fp) in fps.iter().enumerate() {
+            load_s += match tiers.tier_of(*fp) {
                 Some(Tier::Dram) => load.dram_block_s,
                 Some(Tier::Ssd) => load.ssd_block_s,
                 None => break,
@@ -296,36 +300,16 @@ impl KvStore {
                 best = i + 1;
             }
         }
-        if !lease {
-            return Ok(best);
-        }
-        let mut n = 0;
-        while n < best && self.take_lease(self.fingerprint(keys[n]), keys[n]) {
-            n += 1;
-        }
-        Ok(n)
-    }
-
-    fn tier_of(&self, fp: Fingerprint) -> Option<Tier> {
-        let inner = &self.inner;
-        if inner.dram.as_ref().is_some_and(|d| lock(d).contains(fp)) {
-            return Some(Tier::Dram);
-        }
-        if inner.ssd.as_ref().is_some_and(|s| lock(s).contains(fp)) {
-            return Some(Tier::Ssd);
-        }
-        None
+        drop(tiers);
+        Ok(match lease {
+            true => self.lease_prefix(&keys[..best]),
+            false => best,
+        })
     }
 
     /// A get batch's timing, for the load model.
     pub(crate) fn record_load(&self, tiers: &GetTiers, elapsed: Duration) {
         lock(&self.inner.load_model).record(tiers, elapsed);
-    }
-
-    pub(crate) fn resident(&self, fp: Fingerprint) -> bool {
-        let inner = &self.inner;
-        inner.dram.as_ref().is_some_and(|d| lock(d).contains(fp))
-            || inner.ssd.as_ref().is_some_and(|s| lock(s).contains(fp))
     }
 
     fn take_lease(&self, fp: Fingerprint, key: &[u8]) -> bool {
@@ -396,14 +380,8 @@ impl KvStore {
     /// Stores blocks. `true` for a key means the block is in the store now (written, or
     /// already there); `false` that no tier took it (the policy declined, or I/O failed).
     pub fn put_batch(&self, keys: &[&[u8]], blocks: &[&[u8]]) -> Result<Vec<bool>, KvError> {
-        self.check_open()?;
-        self.check_keys(keys)?;
-        self.expire_leases();
-        let lens: Vec<usize> = blocks.iter().map(|b| b.len()).collect();
-        self.check_buffers(keys.len(), &lens)?;
-        let out = io_path::put_batch(self, keys, blocks);
-        self.wake_reclaimer();
-        Ok(out)
+        self.check_batch(keys, blocks.iter().map(|b| b.len()))?;
+        Ok(self.run_put(keys, blocks))
     }
 
     /// Loads blocks into `bufs`. `true` for key `i` means `bufs[i]` holds exactly the bytes
@@ -414,12 +392,36 @@ impl KvStore {
         keys: &[&[u8]],
         bufs: &mut [&mut [u8]],
     ) -> Result<Vec<bool>, KvError> {
+        self.check_batch(keys, bufs.iter().map(|b| b.len()))?;
+        Ok(self.run_get(keys, bufs))
+    }
+
+    /// What every batch call checks before it runs: the store is open, the keys and the
+    /// buffers (one per key, each a block long) are valid.
+    fn check_batch(
+        &self,
+        keys: &[&[u8]],
+        lens: impl Iterator<Item = usize>,
+    ) -> Result<(), KvError> {
         self.check_open()?;
         self.check_keys(keys)?;
+        let lens: Vec<usize> = lens.collect();
+        self.check_buffers(keys.len(), &lens)
+    }
+
+    /// A put of a checked batch (blocking, or a job's: `close` waits for queued jobs, so
+    /// they run even once the store is closing).
+    fn run_put(&self, keys: &[&[u8]], blocks: &[&[u8]]) -> Vec<bool> {
         self.expire_leases();
-        let lens: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
-        self.check_buffers(keys.len(), &lens)?;
-        Ok(io_path::get_batch(self, keys, bufs).0)
+        let out = io_path::put_batch(self, keys, blocks);
+        self.wake_reclaimer();
+        out
+    }
+
+    /// A get of a checked batch.
+    fn run_get(&self, keys: &[&[u8]], bufs: &mut [&mut [u8]]) -> Vec<bool> {
+        self.expire_leases();
+        io_path::get_batch(self, keys, bufs).0
     }
 
     /// Queues a put batch and returns at once; see [`crate::jobs`]. Keys and buffers are
@@ -449,11 +451,8 @@ impl KvStore {
         keys: Vec<Vec<u8>>,
         bufs: Vec<Box<dyn JobBuffer>>,
     ) -> Result<KvJob, KvError> {
-        self.check_open()?;
         let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
-        self.check_keys(&refs)?;
-        let lens: Vec<usize> = bufs.iter().map(|b| b.bytes().len()).collect();
-        self.check_buffers(keys.len(), &lens)?;
+        self.check_batch(&refs, bufs.iter().map(|b| b.bytes().len()))?;
         let store = self.clone();
         let n = keys.len();
         let work: crate::jobs::JobWork = Box::new(move |mut bufs| {
@@ -461,35 +460,20 @@ impl KvStore {
             let ok = match kind {
                 JobKind::Put => {
                     let blocks: Vec<&[u8]> = bufs.iter().map(|b| b.bytes()).collect();
-                    store.put_batch(&refs, &blocks)
+                    store.run_put(&refs, &blocks)
                 }
                 JobKind::Get => {
                     let mut slices: Vec<&mut [u8]> =
                         bufs.iter_mut().map(|b| b.bytes_mut()).collect();
-                    store.get_batch_unchecked(&refs, &mut slices)
+                    store.run_get(&refs, &mut slices)
                 }
             };
-            let ok = ok.unwrap_or_else(|e| {
-                tracing::warn!("kv {} job failed: {e}", kind.name());
-                vec![false; refs.len()]
-            });
             (ok, bufs)
         });
         self.inner
             .jobs
             .submit(kind, n, bufs, work)
             .ok_or(KvError::Closed)
-    }
-
-    /// A get whose arguments were checked at submit (the store may be closing meanwhile:
-    /// `close` waits for queued jobs, so they still run).
-    fn get_batch_unchecked(
-        &self,
-        keys: &[&[u8]],
-        bufs: &mut [&mut [u8]],
-    ) -> Result<Vec<bool>, KvError> {
-        self.expire_leases();
-        Ok(io_path::get_batch(self, keys, bufs).0)
     }
 
     /// Finished jobs not reported yet (by an earlier `poll` or a `wait`), each once.
@@ -590,6 +574,28 @@ pub(crate) fn add(c: &AtomicU64, n: u64) {
 enum Tier {
     Dram,
     Ssd,
+}
+
+/// Both tiers' locks, held for a run of residency checks (see [`KvStore::residency`]).
+pub(crate) struct Residency<'a> {
+    dram: Option<MutexGuard<'a, DramTier>>,
+    ssd: Option<MutexGuard<'a, SsdTier>>,
+}
+
+impl Residency<'_> {
+    fn tier_of(&self, fp: Fingerprint) -> Option<Tier> {
+        if self.dram.as_ref().is_some_and(|d| d.contains(fp)) {
+            return Some(Tier::Dram);
+        }
+        if self.ssd.as_ref().is_some_and(|s| s.contains(fp)) {
+            return Some(Tier::Ssd);
+        }
+        None
+    }
+
+    pub(crate) fn contains(&self, fp: Fingerprint) -> bool {
+        self.tier_of(fp).is_some()
+    }
 }
 
 /// Whether a put goes to SSD right away.

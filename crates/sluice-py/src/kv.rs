@@ -178,6 +178,16 @@ pub struct PyKvJob {
     job: KvJob,
 }
 
+/// Refuses get buffers that share memory: two blocks would be written into one place.
+fn check_no_overlap(buffers: &[(usize, usize)]) -> PyResult<()> {
+    match first_overlap(buffers) {
+        Some(i) => Err(config_error(format!(
+            "buffer {i}: overlaps another buffer (the same memory is passed twice)"
+        ))),
+        None => Ok(()),
+    }
+}
+
 #[pymethods]
 impl PyKvJob {
     #[getter]
@@ -259,11 +269,7 @@ impl PyKvStore {
         buffers: Vec<(usize, usize)>,
         owners: Vec<Py<PyAny>>,
     ) -> PyResult<PyKvJob> {
-        if let Some(i) = first_overlap(&buffers) {
-            return Err(config_error(format!(
-                "buffer {i}: overlaps another buffer (the same memory is passed twice)"
-            )));
-        }
+        check_no_overlap(&buffers)?;
         let bufs = job_buffers(buffers, owners)?;
         let job = self.store.submit_get(keys, bufs).map_err(kv_to_py)?;
         Ok(PyKvJob { job })
@@ -300,11 +306,7 @@ impl PyKvStore {
         buffers: Vec<(usize, usize)>,
     ) -> PyResult<Vec<bool>> {
         let refs = key_refs(&keys);
-        if let Some(i) = first_overlap(&buffers) {
-            return Err(config_error(format!(
-                "buffer {i}: overlaps another buffer (the same memory is passed twice)"
-            )));
-        }
+        check_no_overlap(&buffers)?;
         // SAFETY: as in put_batch; every buffer was checked writable, and no two overlap.
         let mut bufs: Vec<&mut [u8]> = buffers
             .iter()

@@ -97,17 +97,10 @@ pub fn simulate_tiers(trace: &Trace, tiers: &[TierSpec]) -> Result<TieredStats, 
         ..TieredStats::default()
     };
     let mut evicted = Vec::new();
-    let n = trace.records.len();
-    let mut starts: Vec<usize> = if trace.request_starts.is_empty() {
-        (0..n).collect()
-    } else {
-        trace.request_starts.clone()
-    };
-    starts.push(n);
-    for w in starts.windows(2) {
+    for range in trace.request_ranges() {
         stats.requests += 1;
         let mut in_prefix = true;
-        for record in &trace.records[w[0]..w[1]] {
+        for record in &trace.records[range] {
             stats.blocks += 1;
             let req = Request::new(record.id, 1);
             let mut hit_at = None;

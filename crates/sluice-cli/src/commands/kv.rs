@@ -185,13 +185,10 @@ fn check_block(pool: &[u8], id: u64, got: &[u8], scratch: &mut [u8]) -> bool {
 }
 
 fn random_pool(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
+    let mut rng = sluice_policy::rng::Rng::new(seed);
     let mut out = Vec::with_capacity(len + 8);
     while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
+        out.extend_from_slice(&rng.next_u64().to_le_bytes());
     }
     out.truncate(len);
     out
@@ -341,17 +338,6 @@ fn truncate_requests(trace: &mut Trace, limit: u64) {
     }
 }
 
-/// The requests of a trace as record ranges (one per record without request structure).
-fn requests(trace: &Trace) -> Vec<(usize, usize)> {
-    let n = trace.records.len();
-    if trace.request_starts.is_empty() {
-        return (0..n).map(|i| (i, i + 1)).collect();
-    }
-    let mut starts = trace.request_starts.clone();
-    starts.push(n);
-    starts.windows(2).map(|w| (w[0], w[1])).collect()
-}
-
 fn replay(
     args: &KvBenchArgs,
     store: &KvStore,
@@ -364,15 +350,15 @@ fn replay(
     let mut scratch = vec![0u8; bb];
     let mut bufs: Vec<AlignedBuf> = Vec::new();
     let mut staged: Vec<Vec<u8>> = Vec::new();
-    let reqs = requests(trace);
+    let reqs = trace.request_ranges();
     let window = args.window.unwrap_or((reqs.len() as u64 / 50).max(1));
     let bar = progress(args, reqs.len() as u64);
     let block_tokens = args.block_tokens as f64;
     let mut r = Replay::default();
     let mut w = Window::default();
     let mut last = store.stats();
-    for (i, &(a, b)) in reqs.iter().enumerate() {
-        let ids: Vec<u64> = trace.records[a..b].iter().map(|x| x.id).collect();
+    for (i, range) in reqs.iter().enumerate() {
+        let ids: Vec<u64> = trace.records[range.clone()].iter().map(|x| x.id).collect();
         let keys: Vec<[u8; 8]> = ids.iter().map(|id| id.to_le_bytes()).collect();
         let key_refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
         while bufs.len() < keys.len() {

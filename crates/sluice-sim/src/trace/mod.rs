@@ -62,6 +62,21 @@ pub enum NextAccess {
 }
 
 impl Trace {
+    /// Each request's records as a range: from `request_starts`, or one request per
+    /// record for traces without request structure.
+    pub fn request_ranges(&self) -> Vec<std::ops::Range<usize>> {
+        let n = self.records.len();
+        if self.request_starts.is_empty() {
+            return (0..n).map(|i| i..i + 1).collect();
+        }
+        let ends = self.request_starts.iter().skip(1).copied().chain([n]);
+        self.request_starts
+            .iter()
+            .zip(ends)
+            .map(|(a, b)| *a..b)
+            .collect()
+    }
+
     pub fn len(&self) -> usize {
         self.records.len()
     }
