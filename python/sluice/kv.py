@@ -146,7 +146,12 @@ class KvStore:
         with ``recompute_tokens_per_s``), only the prefix that loads sooner than the
         engine would recompute it, estimated from each block's tier and the load times
         measured on that tier."""
-        return int(self._native.lookup(_keys(keys), lease, worth_loading))
+        try:
+            # A list of bytes goes to the native call as it is (PyO3 borrows each key): the
+            # per-key Python check below costs as much as the lookup itself.
+            return int(self._native.lookup(keys, lease, worth_loading))
+        except TypeError:
+            return int(self._native.lookup(_keys(keys), lease, worth_loading))
 
     def put_batch(self, keys: Sequence[bytes], blocks: Sequence[Any]) -> list[bool]:
         """Stores blocks (each exactly ``block_bytes``). ``True``: the block is in the

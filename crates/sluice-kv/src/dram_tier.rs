@@ -10,13 +10,11 @@
 //! a pinned block its index entry goes at once (no new reader finds it) but the slot only
 //! returns to the free list when the last pin drops.
 
-use std::collections::HashMap;
-
 use sluice_engine::Mapping;
 use sluice_policy::{Access, Evicted, Policy, PolicyConfig, Request};
 
 use crate::error::KvError;
-use crate::namespace::Fingerprint;
+use crate::namespace::{fp_map, Fingerprint, FpMap};
 
 /// A block resident in DRAM.
 struct Slot {
@@ -48,7 +46,7 @@ pub struct DramTier {
     block_bytes: usize,
     slots: Vec<Option<Slot>>,
     free: Vec<u32>,
-    index: HashMap<Fingerprint, u32>,
+    index: FpMap<u32>,
     policy: Box<dyn Policy + Send>,
     evicted: Vec<Evicted>,
 }
@@ -106,7 +104,7 @@ impl DramTier {
             block_bytes: block_bytes as usize,
             slots: (0..slots).map(|_| None).collect(),
             free: (0..slots as u32).rev().collect(),
-            index: HashMap::with_capacity(slots as usize),
+            index: fp_map(slots as usize),
             policy,
             evicted: Vec::new(),
         })

@@ -6,7 +6,6 @@
 //! them is published, so an acknowledged put is durable (in batch durability) and a
 //! lookup never sees a block whose bytes are not on disk.
 
-use std::collections::HashMap;
 use std::io::IoSliceMut;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,7 +16,7 @@ use sluice_formats::kv::{payload_checksum, RecordHeader, KV_ALIGN, RECORD_HEADER
 
 use crate::config::Durability;
 use crate::dram_tier::{Demoted, DramPut, DramTier};
-use crate::namespace::Fingerprint;
+use crate::namespace::{fp_map, Fingerprint, FpMap};
 use crate::segment_io::SegmentFile;
 use crate::ssd_tier::{sync_written, Reservation, SsdLoc, SsdPut};
 use crate::store::{add, lock, writes_through, KvStore};
@@ -134,7 +133,7 @@ pub(crate) fn put_batch(store: &KvStore, keys: &[&[u8]], blocks: &[&[u8]]) -> Ve
 /// SSD, one key after the other.
 fn plan_puts(store: &KvStore, keys: &[&[u8]]) -> Vec<PutPlan> {
     let inner = &store.inner;
-    let mut seen: HashMap<Fingerprint, usize> = HashMap::with_capacity(keys.len());
+    let mut seen: FpMap<usize> = fp_map(keys.len());
     let mut plans = Vec::with_capacity(keys.len());
     for (i, key) in keys.iter().enumerate() {
         let fp = store.fingerprint(key);
@@ -277,10 +276,13 @@ fn demote(store: &KvStore, demoted: Vec<Arc<Demoted>>) {
     }
 }
 
-/// Stages header and block in a pooled aligned buffer and writes the slot in one call.
+/// Writes one record into its reserved slot: the header from a pooled aligned buffer, the
+/// block straight from the caller's memory in the same `pwritev` when the file takes it
+/// as it is (buffered I/O, or a 4 KiB-aligned block under O_DIRECT). Otherwise header and
+/// block are staged together in one pooled aligned buffer.
 fn write_record(store: &KvStore, r: &Reservation, key: &[u8], block: &[u8]) -> std::io::Result<()> {
     let slot_bytes = store.inner.config.slot_bytes() as usize;
-    let mut buf = staging(store, slot_bytes)?;
+    let at = r.loc.slot as u64 * slot_bytes as u64;
     let header = RecordHeader {
         namespace_id: store.inner.namespace_id,
         seq: r.seq,
@@ -288,15 +290,32 @@ fn write_record(store: &KvStore, r: &Reservation, key: &[u8], block: &[u8]) -> s
         payload_checksum: payload_checksum(block),
         key: key.to_vec(),
     };
+    let encode = |into: &mut [u8]| {
+        header
+            .encode_into(&mut into[..RECORD_HEADER_BYTES])
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))
+    };
+    if !r.file.is_direct() || is_aligned(block) {
+        let mut head = staging(store, RECORD_HEADER_BYTES)?;
+        encode(head.as_mut_slice())?;
+        let head = &head.as_slice()[..RECORD_HEADER_BYTES];
+        // Padding to the slot's end is never read (reads stop at the payload's end), so
+        // the slot's tail is left as the file has it.
+        return r.file.write_vectored_at(&[head, block], at);
+    }
+    add(&store.inner.counters.staged_writes, 1);
+    let mut buf = staging(store, slot_bytes)?;
     let bytes = &mut buf.as_mut_slice()[..slot_bytes];
-    header
-        .encode_into(&mut bytes[..RECORD_HEADER_BYTES])
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+    encode(bytes)?;
     let (payload, padding) = bytes[RECORD_HEADER_BYTES..].split_at_mut(block.len());
     payload.copy_from_slice(block);
     padding.fill(0); // a reused buffer must not carry another block's bytes to disk
-    r.file
-        .write_all_at(bytes, r.loc.slot as u64 * slot_bytes as u64)
+    r.file.write_all_at(bytes, at)
+}
+
+/// Whether O_DIRECT can take `bytes` as they are: 4 KiB-aligned start and length.
+fn is_aligned(bytes: &[u8]) -> bool {
+    bytes.as_ptr() as usize % KV_ALIGN == 0 && bytes.len() % KV_ALIGN == 0
 }
 
 /// An aligned buffer from the store's staging pool (reused, so no mapping or page faults
@@ -551,8 +570,7 @@ fn read_record(
     let at = loc.slot as u64 * slot_bytes;
     let want = RECORD_HEADER_BYTES + buf.len();
     let short = |n: usize| ReadFailure::Corrupt(format!("short read: {n} of {want} bytes"));
-    let direct_ok =
-        !file.is_direct() || (buf.as_ptr() as usize % KV_ALIGN == 0 && buf.len() % KV_ALIGN == 0);
+    let direct_ok = !file.is_direct() || is_aligned(buf);
     if direct_ok {
         let mut head = staging(store, RECORD_HEADER_BYTES).map_err(ReadFailure::Io)?;
         let head = &mut head.as_mut_slice()[..RECORD_HEADER_BYTES];

@@ -14,7 +14,7 @@
 //! docs/design/kv.md explains the design and docs/FORMATS.md the bytes.
 //!
 //! Imports point one way: `error`, `namespace`, `config`, `segment_io` ← `dram_tier`,
-//! `ssd_tier` ← `recovery` ← `store` ← `io_path`, `jobs`, `stats`, `fsck`.
+//! `ssd_tier` ← `recovery`, `reclaimer` ← `store` ← `io_path`, `jobs`, `stats`, `fsck`.
 
 pub mod config;
 pub mod dram_tier;
@@ -24,6 +24,7 @@ mod io_path;
 pub mod jobs;
 pub mod manifest;
 pub mod namespace;
+mod reclaimer;
 mod recovery;
 pub mod segment_io;
 pub mod ssd_tier;

@@ -21,8 +21,13 @@ use crate::config::DirectIo;
 /// One segment file. Offsets and lengths handed in by the store are multiples of 4 KiB and
 /// buffers are page-aligned, so an O_DIRECT implementation can take them as they are.
 pub trait SegmentFile: Send + Sync {
+    /// Writes all of `bufs`, in order, from `offset`, or fails. With O_DIRECT every slice
+    /// must be 4 KiB-aligned in address and length (the store stages what is not).
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()>;
     /// Writes all of `buf` at `offset`, or fails.
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.write_vectored_at(&[buf], offset)
+    }
     /// Reads into `bufs` in order from `offset`; returns the bytes read, short only at the
     /// end of the file.
     fn read_vectored_at(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> io::Result<usize>;
@@ -163,8 +168,19 @@ struct FsSegment {
 }
 
 impl SegmentFile for FsSegment {
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.file.write_all_at(buf, offset)
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        if let [one] = bufs {
+            return self.file.write_all_at(one, offset);
+        }
+        let wanted: usize = bufs.iter().map(|b| b.len()).sum();
+        let mut done = 0usize;
+        while done < wanted {
+            match pwritev_from(&self.file, bufs, done, offset + done as u64)? {
+                0 => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+                n => done += n,
+            }
+        }
+        Ok(())
     }
 
     fn read_vectored_at(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> io::Result<usize> {
@@ -189,37 +205,29 @@ impl SegmentFile for FsSegment {
     }
 }
 
-/// One `preadv` of `bufs` starting `skip` bytes into them, retried on EINTR.
-fn preadv_from(
-    file: &File,
-    bufs: &mut [IoSliceMut<'_>],
-    skip: usize,
-    at: u64,
-) -> io::Result<usize> {
-    let mut iov: Vec<libc::iovec> = Vec::with_capacity(bufs.len());
+/// The iovecs of `bufs` (start, length) less their first `skip` bytes.
+fn iovecs_from(bufs: impl Iterator<Item = (*mut u8, usize)>, skip: usize) -> Vec<libc::iovec> {
+    let mut iov = Vec::new();
     let mut skip = skip;
-    for b in bufs.iter_mut() {
-        if skip >= b.len() {
-            skip -= b.len();
+    for (ptr, len) in bufs {
+        if skip >= len {
+            skip -= len;
             continue;
         }
         iov.push(libc::iovec {
-            // SAFETY: `skip < b.len()`, so the pointer stays inside the slice.
-            iov_base: unsafe { b.as_mut_ptr().add(skip) }.cast(),
-            iov_len: b.len() - skip,
+            // SAFETY: `skip < len`, so the pointer stays inside the buffer.
+            iov_base: unsafe { ptr.add(skip) }.cast(),
+            iov_len: len - skip,
         });
         skip = 0;
     }
+    iov
+}
+
+/// Runs one vectored call, retried on EINTR.
+fn retry_eintr(mut call: impl FnMut() -> isize) -> io::Result<usize> {
     loop {
-        // SAFETY: every iovec points into a live, exclusively borrowed buffer.
-        let n = unsafe {
-            libc::preadv(
-                file.as_raw_fd(),
-                iov.as_ptr(),
-                iov.len() as libc::c_int,
-                at as libc::off_t,
-            )
-        };
+        let n = call();
         if n >= 0 {
             return Ok(n as usize);
         }
@@ -228,6 +236,40 @@ fn preadv_from(
             return Err(err);
         }
     }
+}
+
+/// One `preadv` of `bufs` starting `skip` bytes into them.
+fn preadv_from(
+    file: &File,
+    bufs: &mut [IoSliceMut<'_>],
+    skip: usize,
+    at: u64,
+) -> io::Result<usize> {
+    let iov = iovecs_from(bufs.iter_mut().map(|b| (b.as_mut_ptr(), b.len())), skip);
+    // SAFETY: every iovec points into a live, exclusively borrowed buffer.
+    retry_eintr(|| unsafe {
+        libc::preadv(
+            file.as_raw_fd(),
+            iov.as_ptr(),
+            iov.len() as libc::c_int,
+            at as libc::off_t,
+        )
+    })
+}
+
+/// One `pwritev` of `bufs` starting `skip` bytes into them.
+fn pwritev_from(file: &File, bufs: &[&[u8]], skip: usize, at: u64) -> io::Result<usize> {
+    // The kernel only reads through these pointers; the cast to `*mut` is what iovec wants.
+    let iov = iovecs_from(bufs.iter().map(|b| (b.as_ptr().cast_mut(), b.len())), skip);
+    // SAFETY: every iovec points into a live, borrowed buffer the kernel only reads.
+    retry_eintr(|| unsafe {
+        libc::pwritev(
+            file.as_raw_fd(),
+            iov.as_ptr(),
+            iov.len() as libc::c_int,
+            at as libc::off_t,
+        )
+    })
 }
 
 /// A fault [`FaultyDir`] injects. Counters are per kind and count from 1 over the life of
@@ -253,6 +295,8 @@ pub enum KvFault {
     NoSpaceAfter { bytes: u64 },
     /// Every write takes `millis` longer (a slow or stalled disk).
     SlowWrite { millis: u64 },
+    /// Removing a segment takes `millis` longer (a slow file system under reclamation).
+    SlowRemove { millis: u64 },
 }
 
 #[derive(Default)]
@@ -330,6 +374,13 @@ impl SegmentDir for FaultyDir {
     }
 
     fn remove(&self, id: u64) -> io::Result<()> {
+        let slow = lock(&self.state).faults.iter().find_map(|f| match f {
+            KvFault::SlowRemove { millis } => Some(*millis),
+            _ => None,
+        });
+        if let Some(ms) = slow {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
         self.inner.remove(id)
     }
 
@@ -348,24 +399,27 @@ struct FaultySegment {
 }
 
 impl SegmentFile for FaultySegment {
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
         let (n, faults, written) = {
             let mut st = lock(&self.state);
             st.writes += 1;
             (st.writes, st.faults.clone(), st.written_bytes)
         };
+        let len: usize = bufs.iter().map(|b| b.len()).sum();
         for f in &faults {
             match *f {
                 KvFault::FailWrite { nth } if nth == n => return Err(eio("write failed")),
                 KvFault::TornWrite { nth, keep } if nth == n => {
                     self.inner
-                        .write_all_at(&buf[..keep.min(buf.len())], offset)?;
+                        .write_vectored_at(&first_bytes(bufs, keep), offset)?;
                     return Err(eio("torn write"));
                 }
                 KvFault::SilentTornWrite { nth, keep } if nth == n => {
-                    return self.inner.write_all_at(&buf[..keep.min(buf.len())], offset);
+                    return self
+                        .inner
+                        .write_vectored_at(&first_bytes(bufs, keep), offset);
                 }
-                KvFault::NoSpaceAfter { bytes } if written + buf.len() as u64 > bytes => {
+                KvFault::NoSpaceAfter { bytes } if written + len as u64 > bytes => {
                     return Err(no_space());
                 }
                 KvFault::SlowWrite { millis } => {
@@ -374,8 +428,8 @@ impl SegmentFile for FaultySegment {
                 _ => {}
             }
         }
-        self.inner.write_all_at(buf, offset)?;
-        lock(&self.state).written_bytes += buf.len() as u64;
+        self.inner.write_vectored_at(bufs, offset)?;
+        lock(&self.state).written_bytes += len as u64;
         Ok(())
     }
 
@@ -415,6 +469,20 @@ impl SegmentFile for FaultySegment {
     fn is_direct(&self) -> bool {
         self.inner.is_direct()
     }
+}
+
+/// The first `keep` bytes of `bufs` (a torn write's part that reaches the disk).
+fn first_bytes<'a>(bufs: &[&'a [u8]], mut keep: usize) -> Vec<&'a [u8]> {
+    let mut out = Vec::new();
+    for b in bufs {
+        let n = keep.min(b.len());
+        if n == 0 {
+            break;
+        }
+        out.push(&b[..n]);
+        keep -= n;
+    }
+    out
 }
 
 fn flip(bufs: &mut [IoSliceMut<'_>], mut at: usize) {

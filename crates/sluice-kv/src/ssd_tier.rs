@@ -35,7 +35,7 @@ use sluice_policy::{Access, Evicted, Policy, PolicyConfig, Request};
 
 use crate::config::KvConfig;
 use crate::error::KvError;
-use crate::namespace::Fingerprint;
+use crate::namespace::{fp_map, Fingerprint, FpMap};
 use crate::segment_io::{SegmentDir, SegmentFile};
 
 /// Where a block's record lives.
@@ -101,7 +101,7 @@ pub struct SsdTier {
     active: Option<u32>,
     next_segment: u32,
     next_seq: u64,
-    index: HashMap<Fingerprint, SsdLoc>,
+    index: FpMap<SsdLoc>,
     policy: Box<dyn Policy + Send>,
     evicted: Vec<Evicted>,
     pub counters: SsdCounters,
@@ -142,7 +142,7 @@ impl SsdTier {
             active: None,
             next_segment: 1,
             next_seq: 1,
-            index: HashMap::with_capacity(max_blocks),
+            index: fp_map(max_blocks),
             policy,
             evicted: Vec::new(),
             counters: SsdCounters::default(),
@@ -649,15 +649,14 @@ fn copy_record(
         loc.slot as u64 * slot_bytes,
     )?;
     let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "record does not verify");
-    if n != slot_bytes as usize {
-        return Err(bad());
-    }
-    let header = RecordHeader::decode(buf.as_slice()).map_err(|_| bad())?;
+    // A slot's padding past its payload may be missing at the end of a file that could
+    // not be preallocated: only header and payload have to be there. What was not read
+    // is zeroed, so no bytes of an earlier record travel with this one.
+    buf.as_mut_slice()[n..].fill(0);
+    let read = &buf.as_slice()[..n];
+    let header = RecordHeader::decode(read).map_err(|_| bad())?;
     let end = RECORD_HEADER_BYTES + header.payload_len as usize;
-    let payload = buf
-        .as_slice()
-        .get(RECORD_HEADER_BYTES..end)
-        .ok_or_else(bad)?;
+    let payload = read.get(RECORD_HEADER_BYTES..end).ok_or_else(bad)?;
     if payload_checksum(payload) != header.payload_checksum {
         return Err(bad());
     }

@@ -18,6 +18,7 @@ pub(crate) struct Counters {
     pub misses: AtomicU64,
     pub put_hits_dram: AtomicU64,
     pub put_hits_ssd: AtomicU64,
+    pub staged_writes: AtomicU64,
 }
 
 /// One tier's occupancy.
@@ -54,6 +55,10 @@ pub struct KvStats {
     pub corrupt_blocks: u64,
     pub read_errors: u64,
     pub write_errors: u64,
+    /// SSD records written through a staging copy because their block was not 4 KiB-aligned
+    /// under O_DIRECT. Aligned blocks go to disk from the caller's memory; a count that
+    /// grows with every put means the engine's buffers cost a copy each.
+    pub staged_writes: u64,
     /// Blocks found in the segment files at open.
     pub recovered_blocks: u64,
     /// Slots skipped at open: torn or unfinished writes.
@@ -110,6 +115,7 @@ impl KvStats {
             corrupt_blocks: counters.corrupt_blocks,
             read_errors: counters.read_errors,
             write_errors: counters.write_errors,
+            staged_writes: get(&c.staged_writes),
             recovered_blocks: counters.recovered_blocks,
             torn_slots_skipped: counters.torn_slots_skipped,
             segments,

@@ -12,10 +12,9 @@
 //! Locks are held for bookkeeping only; copies and I/O run outside them. A background
 //! thread reclaims SSD space between the watermarks, so puts rarely wait for it.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use sluice_engine::{BufferPool, BufferPoolConfig};
@@ -27,7 +26,8 @@ use crate::error::KvError;
 use crate::io_path::{self, GetTiers};
 use crate::jobs::{JobBuffer, JobKind, JobQueue, KvJob};
 use crate::manifest::{self, StoreLock};
-use crate::namespace::Fingerprint;
+use crate::namespace::{fp_map, Fingerprint, FpMap};
+use crate::reclaimer::Reclaimer;
 use crate::segment_io::{FsSegmentDir, SegmentDir};
 use crate::ssd_tier::{SsdLoc, SsdTier};
 use crate::stats::{Counters, KvStats};
@@ -45,18 +45,19 @@ pub(crate) struct Inner {
     pub namespace_id: [u8; 16],
     pub root: PathBuf,
     pub dram: Option<Mutex<DramTier>>,
-    pub ssd: Option<Mutex<SsdTier>>,
-    pub leases: Mutex<HashMap<Fingerprint, Lease>>,
+    /// Shared with the reclaim thread (which holds nothing else of the store).
+    pub ssd: Option<Arc<Mutex<SsdTier>>>,
+    pub leases: Mutex<FpMap<Lease>>,
     /// Write-back: blocks DRAM evicted whose SSD copy is not published yet. Entered under
     /// the DRAM lock in the same step as the eviction, left after the SSD publish, so a
     /// get that checks DRAM, then this, then SSD always finds such a block.
-    pub demoting: Mutex<HashMap<Fingerprint, Arc<crate::dram_tier::Demoted>>>,
+    pub demoting: Mutex<FpMap<Arc<crate::dram_tier::Demoted>>>,
     pub counters: Counters,
     /// Aligned staging for SSD records (writes, unaligned reads, record headers): one slot
     /// per I/O thread, reused, so the data path maps no memory per block.
     pub staging: BufferPool,
     pub closed: AtomicBool,
-    reclaim_wake: Arc<(Mutex<bool>, Condvar)>,
+    reclaimer: Option<Reclaimer>,
     owner_lock: Mutex<Option<StoreLock>>,
     pub jobs: Arc<JobQueue>,
     /// Measured seconds per block served from each tier, for `lookup_worth_loading`.
@@ -138,36 +139,34 @@ impl KvStore {
         };
         let ssd = match config.ssd_bytes {
             0 => None,
-            _ => Some(Mutex::new(SsdTier::open(dir, seg_root, store_id, &config)?)),
+            _ => Some(Arc::new(Mutex::new(SsdTier::open(
+                dir, seg_root, store_id, &config,
+            )?))),
         };
         let load_model = LoadModel::new(config.block_bytes);
         let staging = BufferPool::new(BufferPoolConfig::bounded(
             config.io_threads as u64 * config.slot_bytes(),
         ));
+        let reclaimer = match &ssd {
+            Some(s) => Some(Reclaimer::start(Arc::clone(s)).map_err(KvError::io(root))?),
+            None => None,
+        };
         let inner = Arc::new(Inner {
             namespace_id: config.namespace.id(),
             config,
             root: root.to_path_buf(),
             dram,
             ssd,
-            leases: Mutex::new(HashMap::new()),
-            demoting: Mutex::new(HashMap::new()),
+            leases: Mutex::new(fp_map(0)),
+            demoting: Mutex::new(fp_map(0)),
             counters: Counters::default(),
             staging,
             closed: AtomicBool::new(false),
-            reclaim_wake: Arc::new((Mutex::new(false), Condvar::new())),
+            reclaimer,
             owner_lock: Mutex::new(Some(owner)),
             jobs: Arc::new(JobQueue::default()),
             load_model: Mutex::new(load_model),
         });
-        if inner.ssd.is_some() {
-            let weak = Arc::downgrade(&inner);
-            let wake = Arc::clone(&inner.reclaim_wake);
-            std::thread::Builder::new()
-                .name("sluice-kv-reclaim".into())
-                .spawn(move || reclaim_loop(weak, wake))
-                .map_err(KvError::io(root))?;
-        }
         Ok(KvStore { inner })
     }
 
@@ -254,18 +253,51 @@ impl KvStore {
         Ok(fps.iter().take_while(|fp| tiers.contains(**fp)).count())
     }
 
-    /// Leases `keys` from the first until one is found in no tier; returns how many.
+    /// Leases `keys` from the first until one is found in no tier; returns how many. The
+    /// chain is hashed first, then the lease table and each tier are locked once for all
+    /// of it (in the store's lock order: leases, DRAM, SSD).
     fn lease_prefix(&self, keys: &[&[u8]]) -> usize {
-        keys.iter()
-            .take_while(|k| self.take_lease(self.fingerprint(k), k))
-            .count()
+        let inner = &self.inner;
+        let fps: Vec<Fingerprint> = keys.iter().map(|k| self.fingerprint(k)).collect();
+        let expires = Instant::now() + Duration::from_millis(inner.config.lease_timeout_ms);
+        let mut leases = lock(&inner.leases);
+        let mut dram = inner.dram.as_ref().map(lock);
+        let ssd = inner.ssd.as_deref().map(lock);
+        let mut n = 0;
+        for (fp, key) in fps.into_iter().zip(keys) {
+            if let Some(l) = leases.get_mut(&fp) {
+                l.count += 1;
+                l.expires = expires;
+                n += 1;
+                continue;
+            }
+            let dram_slot = dram
+                .as_mut()
+                .and_then(|d| d.pin(fp, &inner.namespace_id, key));
+            let ssd = match dram_slot {
+                Some(_) => None,
+                None => ssd.as_ref().and_then(|s| s.locate(fp)),
+            };
+            if dram_slot.is_none() && ssd.is_none() {
+                break;
+            }
+            let lease = Lease {
+                dram_slot,
+                ssd,
+                count: 1,
+                expires,
+            };
+            leases.insert(fp, lease);
+            n += 1;
+        }
+        n
     }
 
     /// Both tiers' indexes, locked (DRAM first) for a run of residency checks.
     pub(crate) fn residency(&self) -> Residency<'_> {
         Residency {
             dram: self.inner.dram.as_ref().map(lock),
-            ssd: self.inner.ssd.as_ref().map(lock),
+            ssd: self.inner.ssd.as_deref().map(lock),
         }
     }
 
@@ -310,38 +342,6 @@ impl KvStore {
     /// A get batch's timing, for the load model.
     pub(crate) fn record_load(&self, tiers: &GetTiers, elapsed: Duration) {
         lock(&self.inner.load_model).record(tiers, elapsed);
-    }
-
-    fn take_lease(&self, fp: Fingerprint, key: &[u8]) -> bool {
-        let inner = &self.inner;
-        let expires = Instant::now() + Duration::from_millis(inner.config.lease_timeout_ms);
-        let mut leases = lock(&inner.leases);
-        if let Some(l) = leases.get_mut(&fp) {
-            l.count += 1;
-            l.expires = expires;
-            return true;
-        }
-        let dram_slot = inner
-            .dram
-            .as_ref()
-            .and_then(|d| lock(d).pin(fp, &inner.namespace_id, key));
-        let ssd = match dram_slot {
-            Some(_) => None,
-            None => inner.ssd.as_ref().and_then(|s| lock(s).locate(fp)),
-        };
-        if dram_slot.is_none() && ssd.is_none() {
-            return false;
-        }
-        leases.insert(
-            fp,
-            Lease {
-                dram_slot,
-                ssd,
-                count: 1,
-                expires,
-            },
-        );
-        true
     }
 
     /// Releases one lease count of `fp` (after its get).
@@ -503,7 +503,10 @@ impl KvStore {
         if self.inner.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
-        self.wake_reclaimer();
+        // No reclaim pass may run once the lock is released to the next owner.
+        if let Some(r) = &self.inner.reclaimer {
+            r.stop();
+        }
         let synced = match &self.inner.ssd {
             Some(s) => lock(s)
                 .sync_all()
@@ -515,15 +518,16 @@ impl KvStore {
     }
 
     fn wake_reclaimer(&self) {
-        let needs = self
+        let Some(r) = &self.inner.reclaimer else {
+            return;
+        };
+        if self
             .inner
             .ssd
             .as_ref()
-            .is_some_and(|s| lock(s).needs_reclaim());
-        if needs || self.inner.closed.load(Ordering::Acquire) {
-            let (m, cv) = &*self.inner.reclaim_wake;
-            *lock(m) = true;
-            cv.notify_one();
+            .is_some_and(|s| lock(s).needs_reclaim())
+        {
+            r.wake();
         }
     }
 }
@@ -531,37 +535,12 @@ impl KvStore {
 impl Drop for Inner {
     fn drop(&mut self) {
         self.jobs.shutdown();
+        if let Some(r) = &self.reclaimer {
+            r.stop();
+        }
         if let Some(s) = &self.ssd {
             let _ = lock(s).sync_all();
         }
-    }
-}
-
-/// Reclaims SSD space whenever a put leaves segment files above the high watermark. Holds
-/// only a weak reference, so a dropped store ends the thread.
-fn reclaim_loop(weak: std::sync::Weak<Inner>, wake: Arc<(Mutex<bool>, Condvar)>) {
-    loop {
-        {
-            let Some(inner) = weak.upgrade() else { return };
-            if inner.closed.load(Ordering::Acquire) {
-                return;
-            }
-            if let Some(s) = &inner.ssd {
-                let mut ssd = lock(s);
-                if ssd.needs_reclaim() {
-                    ssd.reclaim_to_low_watermark();
-                }
-            }
-        }
-        let (m, cv) = &*wake;
-        let mut woken = lock(m);
-        if !*woken {
-            woken = cv
-                .wait_timeout(woken, Duration::from_millis(200))
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
-        }
-        *woken = false;
     }
 }
 

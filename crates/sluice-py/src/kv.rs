@@ -6,6 +6,7 @@
 //! call. Here the pairs become slices and the GIL is released for the whole batch.
 
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
 use std::time::Duration;
 
 use sluice_kv::{
@@ -109,8 +110,10 @@ pub fn kv_open(
     Ok(PyKvStore { store })
 }
 
-fn key_refs(keys: &[Vec<u8>]) -> Vec<&[u8]> {
-    keys.iter().map(|k| k.as_slice()).collect()
+/// The keys as slices. Keys arrive as `PyBackedBytes`: a `bytes` key is borrowed where it
+/// lies (no copy), so a 1,000-key lookup does not pay for converting its chain.
+fn key_refs(keys: &[PyBackedBytes]) -> Vec<&[u8]> {
+    keys.iter().map(|k| &**k).collect()
 }
 
 /// The index of a buffer whose (address, length) range overlaps another's, if any.
@@ -238,7 +241,7 @@ impl PyKvStore {
     fn lookup(
         &self,
         py: Python<'_>,
-        keys: Vec<Vec<u8>>,
+        keys: Vec<PyBackedBytes>,
         lease: bool,
         worth_loading: bool,
     ) -> PyResult<usize> {
@@ -284,7 +287,7 @@ impl PyKvStore {
     fn put_batch(
         &self,
         py: Python<'_>,
-        keys: Vec<Vec<u8>>,
+        keys: Vec<PyBackedBytes>,
         buffers: Vec<(usize, usize)>,
     ) -> PyResult<Vec<bool>> {
         let refs = key_refs(&keys);
@@ -302,7 +305,7 @@ impl PyKvStore {
     fn get_batch_into(
         &self,
         py: Python<'_>,
-        keys: Vec<Vec<u8>>,
+        keys: Vec<PyBackedBytes>,
         buffers: Vec<(usize, usize)>,
     ) -> PyResult<Vec<bool>> {
         let refs = key_refs(&keys);

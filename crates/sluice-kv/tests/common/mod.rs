@@ -89,3 +89,20 @@ pub fn open_faulty(root: &Path, cfg: KvConfig, faults: Vec<KvFault>) -> (KvStore
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir_in("/var/tmp").unwrap()
 }
+
+/// Like [`put`], but from page-aligned buffers, the way an engine's KV pages arrive: O_DIRECT
+/// can then write them without a staging copy.
+pub fn put_aligned(store: &KvStore, ids: &[u64]) -> Vec<bool> {
+    let keys: Vec<Vec<u8>> = ids.iter().map(|i| key(*i)).collect();
+    let blocks: Vec<sluice_engine::AlignedBuf> = keys
+        .iter()
+        .map(|k| {
+            let mut b = sluice_engine::AlignedBuf::new(BLOCK as usize).unwrap();
+            b.as_mut_slice().copy_from_slice(&block_for(k));
+            b
+        })
+        .collect();
+    let kr: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+    let br: Vec<&[u8]> = blocks.iter().map(|b| b.as_slice()).collect();
+    store.put_batch(&kr, &br).unwrap()
+}
