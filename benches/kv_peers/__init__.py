@@ -30,6 +30,14 @@ SYSTEMS = {
             "sluice", "Sluice kv (SSD tier)", "sluice_kv", "SluiceSsd", "ssd", is_sluice=True
         ),
         SystemSpec(
+            "sluice-sidecar",
+            "Sluice kv (SSD tier) via `sluice kv serve`",
+            "sluice_kv",
+            "SluiceSidecar",
+            "ssd",
+            is_sluice=True,
+        ),
+        SystemSpec(
             "file-buffered",
             "file per block, buffered (vLLM FS tier)",
             "file_per_block",

@@ -106,3 +106,47 @@ class SluiceDram(SluiceSsd):
     def extra(self) -> dict[str, Any]:
         stats = self.store_.stats()
         return {"stats": stats}
+
+
+class SluiceSidecar(SluiceSsd):
+    """The same SSD tier, owned by a `sluice kv serve` child and reached through
+    `sluice.kv.connect`: what TP ranks or engines sharing one store pay. Blocks cross
+    through each connection's shared memory (one copy in, or out, per block); keys and
+    flags go over the Unix socket. One connection per request stream."""
+
+    durability = 'durability="batch" in the server: fdatasync per segment before a put returns'
+
+    def open(self, root: Path, workload: Workload, inflight_blocks: int) -> None:
+        import os
+        import shutil
+        import subprocess
+
+        import sluice.kv
+
+        self.workload = workload
+        repo = Path(__file__).resolve().parents[2]
+        binary = os.environ.get("SLUICE_BIN") or str(repo / "target" / "release" / "sluice")
+        if not Path(binary).is_file():
+            binary = shutil.which("sluice") or binary
+        socket = root / "kv.sock"
+        ssd = self._open_args(workload)["ssd"]
+        args = [binary, "kv", "serve", str(root / "store"), "--socket", str(socket)]
+        args += ["--block-bytes", str(workload.block_bytes), "--ssd", str(ssd), "--dram", "0"]
+        self.proc = subprocess.Popen(args, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while not socket.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"sluice kv serve did not start ({args})")
+            time.sleep(0.02)
+        # A region per connection large enough for a whole request (capped at 256 MiB).
+        per_request = max(1, inflight_blocks // 4) * workload.block_bytes
+        self.store_ = sluice.kv.connect(
+            socket, shm=min(per_request, 256 << 20), connections=4, timeout_ms=600_000
+        )
+
+    def close(self) -> None:
+        import signal
+
+        self.store_.close()
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=120)

@@ -171,7 +171,8 @@ def warm_trigger(
     """Sends an explicit access to a running runtime (GIL released)."""
 
 class KvStore:
-    """An open KV block store (``sluice.kv.open`` wraps it)."""
+    """An open KV block store (``sluice.kv.open``), or a connection to a
+    ``sluice kv serve`` sidecar (``sluice.kv.connect``)."""
 
     block_bytes: int
     def lookup(self, keys: list[bytes], lease: bool = True, worth_loading: bool = False) -> int: ...
@@ -216,6 +217,17 @@ def kv_open(
     recompute: tuple[float, int] | None = None,
 ) -> KvStore:
     """Opens or creates a KV store (GIL released while its segments are scanned)."""
+
+def kv_connect(
+    socket: str,
+    namespace: tuple[str, str, int, int, int, str, str],
+    shm_bytes: int | str,
+    connections: int,
+    retry_ms: int,
+    timeout_ms: int,
+    recompute: tuple[float, int] | None = None,
+) -> KvStore:
+    """Connects to a ``sluice kv serve`` sidecar on ``socket``."""
 
 def kv_fsck(path: str, repair: bool = False) -> str:
     """Verifies every block of a closed store; the report as JSON (GIL released)."""

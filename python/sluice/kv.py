@@ -11,6 +11,10 @@
     job = store.submit_get(keys[:n], out)      # non-blocking; job.wait() -> list[bool]
     for job in store.poll(): ...               # finished jobs, each reported once
 
+    # Several processes (TP ranks, engines) share one store through a sidecar that owns it
+    # (`sluice kv serve /nvme/kv --socket /run/sluice-kv.sock --block-bytes 2MiB ...`):
+    store = sluice.kv.connect("/run/sluice-kv.sock", model="llama-3.1-8b", tp_rank=0)
+
 A block that is missing, unreadable or fails its checksum is a miss (``False``), never
 wrong bytes; after the first miss every later key of a batch is a miss too (prefix
 semantics), as engines expect. The GIL is released for every batch.
@@ -30,7 +34,7 @@ from . import _sluice
 PathLike = Union[str, "os.PathLike[str]"]
 ByteSize = Union[int, str]
 
-__all__ = ["KvJob", "KvStore", "fsck", "open", "plot_bench"]
+__all__ = ["KvJob", "KvStore", "connect", "fsck", "open", "plot_bench"]
 
 
 def _address(buf: Any, index: int, writable: bool) -> tuple[int, int]:
@@ -125,7 +129,8 @@ class KvJob:
 
 
 class KvStore:
-    """An open store; use :func:`open`. Also a context manager that closes it."""
+    """An open store (:func:`open`) or a connection to a sidecar that owns one
+    (:func:`connect`): the same calls either way. Also a context manager that closes it."""
 
     def __init__(self, native: Any, path: str) -> None:
         self._native = native
@@ -201,7 +206,8 @@ class KvStore:
         return json.loads(self._native.stats_json())
 
     def close(self) -> None:
-        """Syncs and releases the store; later calls raise ``SluiceError``."""
+        """Syncs and releases the store (for a connection: waits for its jobs and hangs
+        up; the sidecar and its store go on); later calls raise ``SluiceError``."""
         self._native.close()
 
     def __enter__(self) -> KvStore:
@@ -249,16 +255,7 @@ def open(
     ``recompute_tokens_per_s`` (the engine's prefill rate) and ``block_tokens`` enable
     ``lookup(..., worth_loading=True)``.
     """
-    recompute = None
-    if recompute_tokens_per_s is not None or block_tokens is not None:
-        if recompute_tokens_per_s is None or block_tokens is None:
-            from .errors import ConfigError
-
-            raise ConfigError(
-                "kv: recompute_tokens_per_s and block_tokens go together "
-                f"(got {recompute_tokens_per_s!r} and {block_tokens!r})"
-            )
-        recompute = (float(recompute_tokens_per_s), int(block_tokens))
+    recompute = _recompute(recompute_tokens_per_s, block_tokens)
     native = _sluice.kv_open(
         os.fspath(path),
         block_bytes,
@@ -277,6 +274,60 @@ def open(
         recompute,
     )
     return KvStore(native, os.fspath(path))
+
+
+def _recompute(
+    tokens_per_s: Optional[float], block_tokens: Optional[int]
+) -> Optional[tuple[float, int]]:
+    if tokens_per_s is None and block_tokens is None:
+        return None
+    if tokens_per_s is None or block_tokens is None:
+        from .errors import ConfigError
+
+        raise ConfigError(
+            "kv: recompute_tokens_per_s and block_tokens go together "
+            f"(got {tokens_per_s!r} and {block_tokens!r})"
+        )
+    return (float(tokens_per_s), int(block_tokens))
+
+
+def connect(
+    socket: PathLike,
+    *,
+    model: str = "",
+    dtype: str = "",
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    pp_stage: int = 0,
+    kv_format: str = "",
+    salt: str = "",
+    shm: ByteSize = "64MiB",
+    connections: int = 4,
+    retry_ms: int = 1000,
+    timeout_ms: int = 60_000,
+    recompute_tokens_per_s: Optional[float] = None,
+    block_tokens: Optional[int] = None,
+) -> KvStore:
+    """Connects to the store a ``sluice kv serve`` sidecar owns on ``socket``, so several
+    processes (TP ranks, engines) share one store: its budgets, policies and blocks.
+
+    The namespace arguments are those of :func:`open`; the block size is the server's.
+    Blocks cross through ``shm`` bytes of shared memory per connection (a larger batch goes
+    in parts); ``connections`` requests can run at once. The first connection must
+    succeed (a missing socket or a refused namespace raises here). After that the client
+    fails open: while the server is unreachable, ``lookup`` answers 0 and puts and gets
+    ``False``, and it reconnects after ``retry_ms``; ``stats()["client"]`` counts this.
+    """
+    native = _sluice.kv_connect(
+        os.fspath(socket),
+        (model, dtype, tp_rank, tp_size, pp_stage, kv_format, salt),
+        shm,
+        connections,
+        retry_ms,
+        timeout_ms,
+        _recompute(recompute_tokens_per_s, block_tokens),
+    )
+    return KvStore(native, os.fspath(socket))
 
 
 def fsck(path: PathLike, *, repair: bool = False) -> dict[str, Any]:

@@ -334,3 +334,42 @@ def test_bad_config_raises_typed_errors_naming_the_value(tmp_path):
     bad = unwritable_dir(tmp_path)
     with pytest.raises(SluicePermissionError, match=re.escape(str(bad))):
         make_tier(bad)
+
+
+def test_tiers_of_two_engines_share_one_sidecar_store(tmp_path, sluice_bin):
+    """With ``socket`` set, each tier connects to a ``sluice kv serve`` sidecar instead of
+    opening its own directory: a row one engine stored is loaded by the other."""
+    from kv_server import Server
+
+    server = Server(sluice_bin, tmp_path / "store", tmp_path / "kv.sock", block_bytes=ROW)
+    try:
+        cfg = {"type": "SluiceTier", "module_path": "sluice.integrations.vllm"}
+        cfg.update({"socket": str(server.socket)})
+        a_view, b_view = primary_view(), primary_view()
+        a = SecondaryTierFactory.create_secondary_tier(cfg, a_view, Spec())
+        b = SecondaryTierFactory.create_secondary_tier(cfg, b_view, Spec())
+        try:
+            keys = keys_for(40, 41)
+            fill(a_view, 0, seed=7)
+            fill(a_view, 1, seed=8)
+            store(a, 1, keys, [0, 1])
+            assert finished(a)[1].success
+            _, settled = lookup_cycle(b, keys)
+            assert settled == [LookupResult.HIT] * 2
+            load(b, 2, keys, [5, 6])
+            assert finished(b)[2].success
+            assert (row(b_view, 5) == row(a_view, 0)).all()
+            assert (row(b_view, 6) == row(a_view, 1)).all()
+        finally:
+            a.shutdown()
+            b.shutdown()
+        # A sidecar with another block size is refused by name.
+        other = Server(sluice_bin, tmp_path / "s2", tmp_path / "kv2.sock", block_bytes="4KiB")
+        try:
+            bad = {**cfg, "socket": str(other.socket)}
+            with pytest.raises(ConfigError, match="4096-byte blocks"):
+                SecondaryTierFactory.create_secondary_tier(bad, primary_view(), Spec())
+        finally:
+            other.close()
+    finally:
+        server.close()

@@ -82,6 +82,59 @@ pub enum KvCommand {
     Stats(KvStatsArgs),
     /// Verify every block's checksum; with --repair drop the bad ones. Exit 1 if any is bad.
     Fsck(KvFsckArgs),
+    /// Own a store and serve it to engine processes on a Unix socket (`sluice.kv.connect`),
+    /// until SIGINT or SIGTERM.
+    Serve(Box<KvServeArgs>),
+}
+
+/// The tier flags `kv bench` and `kv serve` share.
+#[derive(Args, Debug)]
+pub struct KvTierArgs {
+    /// DRAM tier budget (0: none).
+    #[arg(long, default_value = "0")]
+    pub dram: String,
+    /// SSD tier budget.
+    #[arg(long, default_value = "8GiB")]
+    pub ssd: String,
+    /// Eviction policy of both tiers, by `sluice sim` name.
+    #[arg(long, default_value = "lru")]
+    pub policy: String,
+    #[arg(long)]
+    pub dram_policy: Option<String>,
+    #[arg(long)]
+    pub ssd_policy: Option<String>,
+    /// O_DIRECT for segment I/O: auto, on, off.
+    #[arg(long, default_value = "auto")]
+    pub direct: String,
+    /// I/O threads of the store (default: the store's).
+    #[arg(long)]
+    pub io_threads: Option<usize>,
+}
+
+#[derive(Args, Debug)]
+pub struct KvServeArgs {
+    /// The store directory (created if absent).
+    pub path: PathBuf,
+    /// The Unix socket to listen on. A socket file left by a server that died is replaced.
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// Block bytes ("2MiB"); an existing store's own size when left out.
+    #[arg(long)]
+    pub block_bytes: Option<String>,
+    #[command(flatten)]
+    pub tiers: KvTierArgs,
+    /// write-through or write-back (DRAM evictions go to SSD).
+    #[arg(long, default_value = "write-through")]
+    pub write_mode: String,
+    /// batch (a put returns once its blocks are fdatasynced) or none (`sync` does it).
+    #[arg(long, default_value = "batch")]
+    pub durability: String,
+    /// Clients connected at once; one more is told the server is busy.
+    #[arg(long, default_value_t = 64)]
+    pub max_clients: usize,
+    /// Permissions of the socket file, octal (600: only this user; 660: its group too).
+    #[arg(long, default_value = "600")]
+    pub socket_mode: String,
 }
 
 #[derive(Args, Debug)]
@@ -104,25 +157,8 @@ pub struct KvBenchArgs {
     /// Block bytes, overriding --model's sizing ("2MiB").
     #[arg(long)]
     pub block_bytes: Option<String>,
-    /// DRAM tier budget (0: none).
-    #[arg(long, default_value = "0")]
-    pub dram: String,
-    /// SSD tier budget.
-    #[arg(long, default_value = "8GiB")]
-    pub ssd: String,
-    /// Eviction policy of both tiers, by `sluice sim` name.
-    #[arg(long, default_value = "lru")]
-    pub policy: String,
-    #[arg(long)]
-    pub dram_policy: Option<String>,
-    #[arg(long)]
-    pub ssd_policy: Option<String>,
-    /// O_DIRECT for segment I/O: auto, on, off.
-    #[arg(long, default_value = "auto")]
-    pub direct: String,
-    /// I/O threads of the store (default: the store's).
-    #[arg(long)]
-    pub io_threads: Option<usize>,
+    #[command(flatten)]
+    pub tiers: KvTierArgs,
     /// The store directory: must be empty or absent (default OUT/store); removed after the
     /// run unless --keep-store.
     #[arg(long)]
@@ -566,6 +602,9 @@ pub fn run(cli: Cli) -> i32 {
         Command::Kv(KvCommand::Bench(args)) => report(commands::kv::bench(&args), kv_exit_code),
         Command::Kv(KvCommand::Stats(args)) => report(commands::kv::stats(&args), kv_exit_code),
         Command::Kv(KvCommand::Fsck(args)) => report(commands::kv::fsck(&args), kv_exit_code),
+        Command::Kv(KvCommand::Serve(args)) => {
+            report(commands::kv_serve::serve(&args), kv_exit_code)
+        }
         Command::Warm(command) => {
             let launcher = matches!(command, WarmCommand::Run(_) | WarmCommand::Record(_));
             match commands::warm::run(command) {

@@ -12,7 +12,8 @@
 //! - [`cgroup`]: memory cgroups, the limit that applies and a watermark.
 //! - [`numa`]: accelerator → NUMA node, binding threads to nodes.
 //! - [`atomic_write`]: replace a file, whole or not at all.
-//! - [`Mapping`]: the one owner of every memory mapping.
+//! - [`Mapping`]: the one owner of every memory mapping; [`SharedMemory`]:
+//!   sealed memfds shared with another process over a Unix socket.
 //!
 //! Every OS-facing call fails with an [`OsError`] naming the file, process
 //! or value at fault. [`select_engine`] probes the platform and picks a
@@ -33,6 +34,7 @@ mod os_error;
 pub mod page_cache;
 mod pread;
 mod regular_file;
+mod shared_memory;
 mod source_file;
 mod sync_engine;
 mod thread_engine;
@@ -49,8 +51,9 @@ pub use faulty_engine::{Fault, FaultyEngine};
 pub use file_mapping::FileMapping;
 pub use io_engine::{EngineKind, IoEngine, Next, OpSource, ReadOp, Sink};
 pub use mapping::Mapping;
-pub use os_error::OsError;
+pub use os_error::{retry_eintr, OsError};
 pub use regular_file::{is_not_regular, open_regular, open_regular_rw};
+pub use shared_memory::{recv_with_fd, send_with_fd, SharedMemory};
 pub use source_file::{DirectMode, SourceFile};
 pub use sync_engine::SyncEngine;
 pub use thread_engine::ThreadEngine;

@@ -1,6 +1,6 @@
 //! [`Mapping`]: the one owner of every `mmap` the engine makes.
 //!
-//! Three kinds of mapping serve the planes, all unmapped on drop:
+//! Four kinds of mapping serve the planes, all unmapped on drop:
 //! - [`Mapping::anonymous`]: zeroed private memory, page-aligned, returned
 //!   to the system on drop instead of lingering in a malloc arena: the
 //!   backing of [`crate::AlignedBuf`], the destination of O_DIRECT reads.
@@ -9,6 +9,8 @@
 //! - [`Mapping::file_shared_read`]: a read-only view of the page cache
 //!   itself, for residency (`mincore`), `MADV_POPULATE_READ` and
 //!   `MADV_PAGEOUT`, which must see the pages every reader shares.
+//! - [`Mapping::file_shared_rw`]: a memfd two processes map alike, for
+//!   [`crate::SharedMemory`].
 //!
 //! File mappings start at a page boundary; [`Mapping::file_range`] widens a
 //! byte range to whole pages and says where the range starts inside it.
@@ -51,6 +53,13 @@ impl Mapping {
     pub fn file_private(fd: RawFd, offset: u64, len: usize) -> io::Result<Mapping> {
         let prot = libc::PROT_READ | libc::PROT_WRITE;
         Mapping::new(len.max(1), prot, libc::MAP_PRIVATE, fd, offset)
+    }
+
+    /// All `len` bytes of `fd` (a memfd), shared and writable: memory two
+    /// processes see alike ([`crate::SharedMemory`]).
+    pub fn file_shared_rw(fd: RawFd, len: usize) -> io::Result<Mapping> {
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
+        Mapping::new(len.max(1), prot, libc::MAP_SHARED, fd, 0)
     }
 
     /// `len` bytes (at least one) of `fd` from page-aligned `offset`,

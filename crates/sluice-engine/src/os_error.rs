@@ -42,3 +42,18 @@ impl OsError {
         OsError::io(path)(std::io::Error::last_os_error())
     }
 }
+
+/// Runs a system call that returns a count or -1 with `errno`, again while it is
+/// interrupted by a signal (EINTR); the count, or the error.
+pub fn retry_eintr(mut call: impl FnMut() -> isize) -> std::io::Result<usize> {
+    loop {
+        let n = call();
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}

@@ -243,7 +243,7 @@ fn dram_put(
     let d = inner.dram.as_ref().expect("callers check the DRAM tier");
     let mut out = Vec::new();
     let mut g = lock(d);
-    let decision = g.put(fp, &inner.namespace_id, key, demote_into(store, &mut out));
+    let decision = g.put(fp, &store.namespace_id, key, demote_into(store, &mut out));
     if !out.is_empty() {
         let mut map = lock(&inner.demoting);
         for e in out {
@@ -284,7 +284,7 @@ fn write_record(store: &KvStore, r: &Reservation, key: &[u8], block: &[u8]) -> s
     let slot_bytes = store.inner.config.slot_bytes() as usize;
     let at = r.loc.slot as u64 * slot_bytes as u64;
     let header = RecordHeader {
-        namespace_id: store.inner.namespace_id,
+        namespace_id: store.namespace_id,
         seq: r.seq,
         payload_len: block.len() as u64,
         payload_checksum: payload_checksum(block),
@@ -503,12 +503,12 @@ fn fetch_one(store: &KvStore, plan: GetPlan, key: &[u8], buf: &mut [u8]) -> Fetc
 fn find(store: &KvStore, fp: Fingerprint, key: &[u8]) -> Option<Source> {
     let inner = &store.inner;
     if let Some(d) = &inner.dram {
-        if let Some(slot) = lock(d).pin(fp, &inner.namespace_id, key) {
+        if let Some(slot) = lock(d).pin(fp, &store.namespace_id, key) {
             return Some(Source::Dram(slot));
         }
     }
     let demoting = lock(&inner.demoting).get(&fp).cloned();
-    if let Some(d) = demoting.filter(|d| &*d.key == key && d.namespace_id == inner.namespace_id) {
+    if let Some(d) = demoting.filter(|d| &*d.key == key && d.namespace_id == store.namespace_id) {
         return Some(Source::Demoting(d));
     }
     if let Some(s) = &inner.ssd {
@@ -599,7 +599,7 @@ fn read_record(
 /// Checks a record's header against the key asked for and its payload against the hash.
 fn verify(store: &KvStore, key: &[u8], head: &[u8], payload: &[u8]) -> Result<(), ReadFailure> {
     let h = RecordHeader::decode(head).map_err(|e| ReadFailure::Corrupt(e.to_string()))?;
-    if h.key != key || h.namespace_id != store.inner.namespace_id {
+    if h.key != key || h.namespace_id != store.namespace_id {
         return Err(ReadFailure::Corrupt("the record holds another key".into()));
     }
     if h.payload_len != payload.len() as u64 {

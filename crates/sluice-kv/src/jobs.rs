@@ -71,6 +71,31 @@ impl JobKind {
 pub(crate) type JobWork =
     Box<dyn FnOnce(Vec<Box<dyn JobBuffer>>) -> (Vec<bool>, Vec<Box<dyn JobBuffer>>) + Send>;
 
+/// What runs a job's batch, already checked at submit: the store itself, or a sidecar
+/// client.
+pub(crate) trait BatchRunner: Send + 'static {
+    fn run_put(&self, keys: &[&[u8]], blocks: &[&[u8]]) -> Vec<bool>;
+    fn run_get(&self, keys: &[&[u8]], bufs: &mut [&mut [u8]]) -> Vec<bool>;
+}
+
+/// A job that runs a `kind` batch of `keys` over its buffers with `runner`.
+pub(crate) fn batch_work(runner: impl BatchRunner, kind: JobKind, keys: Vec<Vec<u8>>) -> JobWork {
+    Box::new(move |mut bufs| {
+        let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+        let ok = match kind {
+            JobKind::Put => {
+                let blocks: Vec<&[u8]> = bufs.iter().map(|b| b.bytes()).collect();
+                runner.run_put(&refs, &blocks)
+            }
+            JobKind::Get => {
+                let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.bytes_mut()).collect();
+                runner.run_get(&refs, &mut slices)
+            }
+        };
+        (ok, bufs)
+    })
+}
+
 struct JobState {
     id: u64,
     kind: JobKind,

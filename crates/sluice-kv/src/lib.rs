@@ -16,6 +16,7 @@
 //! Imports point one way: `error`, `namespace`, `config`, `segment_io` ← `dram_tier`,
 //! `ssd_tier` ← `recovery`, `reclaimer` ← `store` ← `io_path`, `jobs`, `stats`, `fsck`.
 
+pub mod block_store;
 pub mod config;
 pub mod dram_tier;
 pub mod error;
@@ -27,14 +28,17 @@ pub mod namespace;
 mod reclaimer;
 mod recovery;
 pub mod segment_io;
+pub mod serve;
 pub mod ssd_tier;
 pub mod stats;
 pub mod store;
 
+pub use block_store::BlockStore;
 pub use config::{DirectIo, Durability, KvConfig, RecomputeModel, WriteMode};
 pub use error::KvError;
 pub use jobs::{JobBuffer, JobKind, KvJob};
 pub use namespace::{Fingerprint, Namespace};
 pub use segment_io::{FaultyDir, FsSegmentDir, KvFault, SegmentDir, SegmentFile};
+pub use serve::{KvClient, KvClientConfig, KvServer, KvServerConfig};
 pub use stats::{KvStats, TierStats};
 pub use store::{KvStore, LoadModel};

@@ -14,7 +14,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use sluice_engine::open_regular_rw;
+use sluice_engine::{open_regular_rw, retry_eintr};
 
 use crate::config::DirectIo;
 
@@ -222,20 +222,6 @@ fn iovecs_from(bufs: impl Iterator<Item = (*mut u8, usize)>, skip: usize) -> Vec
         skip = 0;
     }
     iov
-}
-
-/// Runs one vectored call, retried on EINTR.
-fn retry_eintr(mut call: impl FnMut() -> isize) -> io::Result<usize> {
-    loop {
-        let n = call();
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(err);
-        }
-    }
 }
 
 /// One `preadv` of `bufs` starting `skip` bytes into them.

@@ -20,13 +20,13 @@ use std::time::{Duration, Instant};
 use sluice_engine::{BufferPool, BufferPoolConfig};
 use sluice_formats::kv::MAX_KEY_BYTES;
 
-use crate::config::{KvConfig, WriteMode};
+use crate::config::{KvConfig, RecomputeModel, WriteMode};
 use crate::dram_tier::DramTier;
 use crate::error::KvError;
 use crate::io_path::{self, GetTiers};
 use crate::jobs::{JobBuffer, JobKind, JobQueue, KvJob};
 use crate::manifest::{self, StoreLock};
-use crate::namespace::{fp_map, Fingerprint, FpMap};
+use crate::namespace::{fp_map, Fingerprint, FpMap, Namespace};
 use crate::reclaimer::Reclaimer;
 use crate::segment_io::{FsSegmentDir, SegmentDir};
 use crate::ssd_tier::{SsdLoc, SsdTier};
@@ -42,7 +42,6 @@ pub(crate) struct Lease {
 
 pub(crate) struct Inner {
     pub config: KvConfig,
-    pub namespace_id: [u8; 16],
     pub root: PathBuf,
     pub dram: Option<Mutex<DramTier>>,
     /// Shared with the reclaim thread (which holds nothing else of the store).
@@ -98,10 +97,17 @@ impl LoadModel {
     }
 }
 
-/// An open KV block store. Cheap to clone; every clone is the same store.
+/// An open KV block store, seen through one namespace. Cheap to clone; every clone is
+/// the same store. [`KvStore::with_namespace`] gives a handle on the same tiers for another
+/// namespace (a sidecar serves every client's namespace from one store).
 #[derive(Clone)]
 pub struct KvStore {
     pub(crate) inner: Arc<Inner>,
+    /// The digest of this handle's namespace: in every fingerprint and record it writes,
+    /// compared on every read.
+    pub(crate) namespace_id: [u8; 16],
+    /// The engine's prefill model, for [`KvStore::lookup_worth_loading`].
+    recompute: Option<RecomputeModel>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -152,7 +158,6 @@ impl KvStore {
             None => None,
         };
         let inner = Arc::new(Inner {
-            namespace_id: config.namespace.id(),
             config,
             root: root.to_path_buf(),
             dram,
@@ -167,7 +172,28 @@ impl KvStore {
             jobs: Arc::new(JobQueue::default()),
             load_model: Mutex::new(load_model),
         });
-        Ok(KvStore { inner })
+        let namespace_id = inner.config.namespace.id();
+        let recompute = inner.config.recompute;
+        Ok(KvStore {
+            inner,
+            namespace_id,
+            recompute,
+        })
+    }
+
+    /// A handle on the same store and tiers for `namespace`, with the engine's prefill
+    /// model for [`KvStore::lookup_worth_loading`]. Blocks of different namespaces never
+    /// see each other; budgets and policies are shared.
+    pub fn with_namespace(
+        &self,
+        namespace: &Namespace,
+        recompute: Option<RecomputeModel>,
+    ) -> KvStore {
+        KvStore {
+            inner: Arc::clone(&self.inner),
+            namespace_id: namespace.id(),
+            recompute,
+        }
     }
 
     pub fn config(&self) -> &KvConfig {
@@ -187,53 +213,15 @@ impl KvStore {
 
     /// Checks every key of a batch against the store's rules.
     fn check_keys(&self, keys: &[&[u8]]) -> Result<(), KvError> {
-        for (i, k) in keys.iter().enumerate() {
-            self.check_key(i, k)?;
-        }
-        Ok(())
-    }
-
-    fn check_key(&self, i: usize, key: &[u8]) -> Result<(), KvError> {
-        let what = || format!("key {i}");
-        if key.is_empty() || key.len() > MAX_KEY_BYTES {
-            return Err(KvError::arg(
-                what(),
-                format!(
-                    "{} bytes, but keys are 1 to {MAX_KEY_BYTES} bytes",
-                    key.len()
-                ),
-            ));
-        }
-        if let Some(k) = self.inner.config.key_bytes {
-            if key.len() != k {
-                return Err(KvError::arg(
-                    what(),
-                    format!("{} bytes, but this store's keys are {k} bytes", key.len()),
-                ));
-            }
-        }
-        Ok(())
+        check_keys(keys, self.inner.config.key_bytes)
     }
 
     fn check_buffers(&self, keys: usize, lens: &[usize]) -> Result<(), KvError> {
-        if keys != lens.len() {
-            return Err(KvError::arg(
-                "batch",
-                format!("{keys} keys but {} buffers", lens.len()),
-            ));
-        }
-        let want = self.inner.config.block_bytes as usize;
-        if let Some((i, len)) = lens.iter().enumerate().find(|(_, l)| **l != want) {
-            return Err(KvError::arg(
-                format!("buffer {i}"),
-                format!("{len} bytes, but this store's blocks are {want} bytes"),
-            ));
-        }
-        Ok(())
+        check_buffers(keys, lens, self.inner.config.block_bytes)
     }
 
     pub(crate) fn fingerprint(&self, key: &[u8]) -> Fingerprint {
-        Fingerprint::of(&self.inner.namespace_id, key)
+        Fingerprint::of(&self.namespace_id, key)
     }
 
     /// The number of keys, from the first, resident in some tier. No I/O. With `lease`,
@@ -273,7 +261,7 @@ impl KvStore {
             }
             let dram_slot = dram
                 .as_mut()
-                .and_then(|d| d.pin(fp, &inner.namespace_id, key));
+                .and_then(|d| d.pin(fp, &self.namespace_id, key));
             let ssd = match dram_slot {
                 Some(_) => None,
                 None => ssd.as_ref().and_then(|s| s.locate(fp)),
@@ -302,14 +290,14 @@ impl KvStore {
     }
 
     /// Like [`KvStore::lookup`], but only the prefix that loads sooner than the engine
-    /// would recompute it (`config.recompute`): the load is estimated per block from the
+    /// would recompute it (the handle's recompute model): the load is estimated per block from the
     /// tier each block is in and the seconds per block gets measured on that tier, the
     /// recompute from the prefill rate. The answer is the longest such prefix, so a hit
     /// slower than recomputing is reported as a miss. Only that prefix is leased.
     pub fn lookup_worth_loading(&self, keys: &[&[u8]], lease: bool) -> Result<usize, KvError> {
         self.check_open()?;
         self.check_keys(keys)?;
-        let Some(model) = self.inner.config.recompute else {
+        let Some(model) = self.recompute else {
             return Err(KvError::arg(
                 "lookup_worth_loading",
                 "the store was opened without a recompute model (recompute_tokens_per_s)",
@@ -411,7 +399,7 @@ impl KvStore {
 
     /// A put of a checked batch (blocking, or a job's: `close` waits for queued jobs, so
     /// they run even once the store is closing).
-    fn run_put(&self, keys: &[&[u8]], blocks: &[&[u8]]) -> Vec<bool> {
+    pub(crate) fn run_put(&self, keys: &[&[u8]], blocks: &[&[u8]]) -> Vec<bool> {
         self.expire_leases();
         let out = io_path::put_batch(self, keys, blocks);
         self.wake_reclaimer();
@@ -419,7 +407,7 @@ impl KvStore {
     }
 
     /// A get of a checked batch.
-    fn run_get(&self, keys: &[&[u8]], bufs: &mut [&mut [u8]]) -> Vec<bool> {
+    pub(crate) fn run_get(&self, keys: &[&[u8]], bufs: &mut [&mut [u8]]) -> Vec<bool> {
         self.expire_leases();
         io_path::get_batch(self, keys, bufs).0
     }
@@ -453,23 +441,8 @@ impl KvStore {
     ) -> Result<KvJob, KvError> {
         let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
         self.check_batch(&refs, bufs.iter().map(|b| b.bytes().len()))?;
-        let store = self.clone();
         let n = keys.len();
-        let work: crate::jobs::JobWork = Box::new(move |mut bufs| {
-            let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
-            let ok = match kind {
-                JobKind::Put => {
-                    let blocks: Vec<&[u8]> = bufs.iter().map(|b| b.bytes()).collect();
-                    store.run_put(&refs, &blocks)
-                }
-                JobKind::Get => {
-                    let mut slices: Vec<&mut [u8]> =
-                        bufs.iter_mut().map(|b| b.bytes_mut()).collect();
-                    store.run_get(&refs, &mut slices)
-                }
-            };
-            (ok, bufs)
-        });
+        let work = crate::jobs::batch_work(self.clone(), kind, keys);
         self.inner
             .jobs
             .submit(kind, n, bufs, work)
@@ -541,6 +514,57 @@ impl Drop for Inner {
         if let Some(s) = &self.ssd {
             let _ = lock(s).sync_all();
         }
+    }
+}
+
+/// Checks every key of a batch: 1 to `MAX_KEY_BYTES` bytes, and exactly `key_bytes` when
+/// the store fixes it. Shared by the store and its sidecar clients.
+pub(crate) fn check_keys(keys: &[&[u8]], key_bytes: Option<usize>) -> Result<(), KvError> {
+    for (i, key) in keys.iter().enumerate() {
+        let what = || format!("key {i}");
+        if key.is_empty() || key.len() > MAX_KEY_BYTES {
+            return Err(KvError::arg(
+                what(),
+                format!(
+                    "{} bytes, but keys are 1 to {MAX_KEY_BYTES} bytes",
+                    key.len()
+                ),
+            ));
+        }
+        if let Some(k) = key_bytes.filter(|k| key.len() != *k) {
+            return Err(KvError::arg(
+                what(),
+                format!("{} bytes, but this store's keys are {k} bytes", key.len()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a batch's buffers: one per key, each exactly a block long.
+pub(crate) fn check_buffers(keys: usize, lens: &[usize], block_bytes: u64) -> Result<(), KvError> {
+    if keys != lens.len() {
+        return Err(KvError::arg(
+            "batch",
+            format!("{keys} keys but {} buffers", lens.len()),
+        ));
+    }
+    let want = block_bytes as usize;
+    if let Some((i, len)) = lens.iter().enumerate().find(|(_, l)| **l != want) {
+        return Err(KvError::arg(
+            format!("buffer {i}"),
+            format!("{len} bytes, but this store's blocks are {want} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+impl crate::jobs::BatchRunner for KvStore {
+    fn run_put(&self, keys: &[&[u8]], blocks: &[&[u8]]) -> Vec<bool> {
+        KvStore::run_put(self, keys, blocks)
+    }
+    fn run_get(&self, keys: &[&[u8]], bufs: &mut [&mut [u8]]) -> Vec<bool> {
+        KvStore::run_get(self, keys, bufs)
     }
 }
 

@@ -7,21 +7,23 @@
 
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_kv::{
-    DirectIo, Durability, JobBuffer, KvConfig, KvError, KvJob, KvStore, Namespace, RecomputeModel,
-    WriteMode,
+    BlockStore, DirectIo, Durability, JobBuffer, KvClient, KvClientConfig, KvConfig, KvError,
+    KvJob, KvStore, Namespace, RecomputeModel, WriteMode,
 };
 use sluice_policy::PolicyConfig;
 
 use crate::config::byte_size;
 use crate::errors::config_error;
 
-/// An open store (`sluice.kv.open` returns the Python wrapper around it).
+/// An open store (`sluice.kv.open`), or a connection to a `sluice kv serve` sidecar
+/// (`sluice.kv.connect`): the Python wrapper is the same for both.
 #[pyclass(name = "KvStore", module = "sluice._sluice")]
 pub struct PyKvStore {
-    store: KvStore,
+    store: Arc<dyn BlockStore>,
 }
 
 fn kv_to_py(err: KvError) -> PyErr {
@@ -75,17 +77,7 @@ pub fn kv_open(
     } else {
         Some(byte_size("segment_bytes", segment_bytes)?)
     };
-    let (model, dtype, tp_rank, tp_size, pp_stage, kv_format, salt) = namespace;
-    let ns = Namespace {
-        model,
-        dtype,
-        tp_rank,
-        tp_size,
-        pp_stage,
-        kv_format,
-        salt,
-    };
-    let mut config = KvConfig::new(block_bytes, ns);
+    let mut config = KvConfig::new(block_bytes, namespace_of(namespace));
     config.dram_bytes = dram_bytes;
     config.ssd_bytes = ssd_bytes;
     config.dram_policy = policy("dram_policy", dram_policy)?;
@@ -94,10 +86,7 @@ pub fn kv_open(
         parse::<WriteMode>("write_mode", write_mode, &["write-through", "write-back"])?;
     config.durability = parse::<Durability>("durability", durability, &["batch", "none"])?;
     config.direct = parse::<DirectIo>("direct", direct, &["auto", "on", "off"])?;
-    config.recompute = recompute.map(|(tokens_per_s, block_tokens)| RecomputeModel {
-        tokens_per_s,
-        block_tokens,
-    });
+    config.recompute = recompute.map(recompute_model);
     config.io_threads = io_threads;
     config.lease_timeout_ms = lease_timeout_ms;
     config.key_bytes = key_bytes;
@@ -107,7 +96,60 @@ pub fn kv_open(
     let store = py
         .detach(|| KvStore::open(&path, config))
         .map_err(kv_to_py)?;
-    Ok(PyKvStore { store })
+    Ok(PyKvStore {
+        store: Arc::new(store),
+    })
+}
+
+/// The namespace fields as Python passes them.
+type NamespaceFields = (String, String, u32, u32, u32, String, String);
+
+fn namespace_of(fields: NamespaceFields) -> Namespace {
+    let (model, dtype, tp_rank, tp_size, pp_stage, kv_format, salt) = fields;
+    Namespace {
+        model,
+        dtype,
+        tp_rank,
+        tp_size,
+        pp_stage,
+        kv_format,
+        salt,
+    }
+}
+
+fn recompute_model((tokens_per_s, block_tokens): (f64, u64)) -> RecomputeModel {
+    RecomputeModel {
+        tokens_per_s,
+        block_tokens,
+    }
+}
+
+/// Connects to a `sluice kv serve` sidecar (`sluice.kv.connect` wraps it).
+#[pyfunction]
+#[pyo3(signature = (socket, namespace, shm_bytes, connections, retry_ms, timeout_ms, recompute=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn kv_connect(
+    py: Python<'_>,
+    socket: std::path::PathBuf,
+    namespace: NamespaceFields,
+    shm_bytes: &Bound<'_, PyAny>,
+    connections: usize,
+    retry_ms: u64,
+    timeout_ms: u64,
+    recompute: Option<(f64, u64)>,
+) -> PyResult<PyKvStore> {
+    let mut config = KvClientConfig::new(namespace_of(namespace));
+    config.shm_bytes = byte_size("shm", shm_bytes)?;
+    config.connections = connections;
+    config.retry_ms = retry_ms;
+    config.timeout_ms = timeout_ms;
+    config.recompute = recompute.map(recompute_model);
+    let client = py
+        .detach(|| KvClient::connect(&socket, config))
+        .map_err(kv_to_py)?;
+    Ok(PyKvStore {
+        store: Arc::new(client),
+    })
 }
 
 /// The keys as slices. Keys arrive as `PyBackedBytes`: a `bytes` key is borrowed where it
@@ -325,8 +367,9 @@ impl PyKvStore {
     }
 
     /// The counters, as JSON text.
-    fn stats_json(&self) -> String {
-        serde_json::to_string(&self.store.stats()).unwrap_or_else(|_| "{}".into())
+    fn stats_json(&self, py: Python<'_>) -> PyResult<String> {
+        let v = py.detach(|| self.store.stats_json()).map_err(kv_to_py)?;
+        Ok(v.to_string())
     }
 
     fn close(&self, py: Python<'_>) -> PyResult<()> {
@@ -335,7 +378,7 @@ impl PyKvStore {
 
     #[getter]
     fn block_bytes(&self) -> u64 {
-        self.store.config().block_bytes
+        self.store.block_bytes()
     }
 }
 

@@ -37,6 +37,7 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kv::PyKvStore>()?;
     m.add_class::<kv::PyKvJob>()?;
     m.add_function(wrap_pyfunction!(kv::kv_open, m)?)?;
+    m.add_function(wrap_pyfunction!(kv::kv_connect, m)?)?;
     m.add_function(wrap_pyfunction!(kv::kv_fsck, m)?)?;
     Ok(())
 }

@@ -23,6 +23,11 @@ class StoreOptions:
     deployments cannot be configured into reading each other's blocks."""
 
     path: str = ""
+    # A `sluice kv serve` socket. When set, every process of the engine (TP ranks, DP
+    # replicas, other engines) shares the sidecar's store through `sluice.kv.connect`
+    # instead of opening its own directory; `path` and the tier options are then the
+    # server's. Their namespaces still keep their blocks apart.
+    socket: str = ""
     # 0: no DRAM tier. Engines keep their own host tier in front of us (vLLM's primary,
     # SGLang's host pool, LMCache's L1), so a second DRAM copy is opt-in.
     dram: ByteSize = 0
@@ -53,12 +58,18 @@ class StoreOptions:
                 allowed = ", ".join(sorted(known | set(extra)))
                 raise ConfigError(f"{engine}: unknown config key {key!r} (known: {allowed})")
         options = cls(**ours)
-        if not options.path:
-            raise ConfigError(f"{engine}: config key 'path' (the store directory) is required")
+        if not options.path and not options.socket:
+            raise ConfigError(
+                f"{engine}: config key 'path' (the store directory) or 'socket' (a "
+                "`sluice kv serve` sidecar) is required"
+            )
         return options, rest
 
     def open(self, path: str, block_bytes: int, **namespace: Any) -> sluice.kv.KvStore:
-        """Opens the store at ``path`` (a per-process subdirectory of ``self.path``)."""
+        """Opens the store at ``path`` (a per-process subdirectory of ``self.path``), or
+        connects to the sidecar on ``self.socket``."""
+        if self.socket:
+            return self._connect(block_bytes, **namespace)
         ensure_writable_dir(path)
         return sluice.kv.open(
             path,
@@ -73,6 +84,17 @@ class StoreOptions:
             lease_timeout_ms=self.lease_timeout_ms,
             **namespace,
         )
+
+    def _connect(self, block_bytes: int, **namespace: Any) -> sluice.kv.KvStore:
+        store = sluice.kv.connect(self.socket, salt=self.salt, **namespace)
+        if store.block_bytes != block_bytes:
+            store.close()
+            raise ConfigError(
+                f"the kv server on {self.socket!r} stores {store.block_bytes}-byte blocks; "
+                f"this engine's blocks are {block_bytes} bytes (start the server with "
+                f"--block-bytes {block_bytes})"
+            )
+        return store
 
 
 def ensure_writable_dir(path: str) -> None:

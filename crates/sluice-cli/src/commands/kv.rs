@@ -22,7 +22,7 @@ use sluice_sim::source::TraceOptions;
 use sluice_sim::tiered::{simulate_tiers, TierSpec, TieredStats};
 use sluice_sim::{SimError, Trace};
 
-use crate::{KvBenchArgs, KvFsckArgs, KvStatsArgs};
+use crate::{KvBenchArgs, KvFsckArgs, KvStatsArgs, KvTierArgs};
 
 /// Why a `sluice kv` command failed.
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +49,7 @@ pub enum KvCliError {
     Damaged(String),
 }
 
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> KvCliError + '_ {
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> KvCliError + '_ {
     move |source| KvCliError::Io {
         path: path.to_path_buf(),
         source,
@@ -194,12 +194,38 @@ fn random_pool(len: usize, seed: u64) -> Vec<u8> {
     out
 }
 
-fn parse_size(flag: &str, v: &str) -> Result<u64, KvCliError> {
+pub(crate) fn parse_size(flag: &str, v: &str) -> Result<u64, KvCliError> {
     sluice_load::parse_bytes(v).map_err(|e| KvCliError::Usage(format!("--{flag} {v:?}: {e}")))
 }
 
 fn policy(flag: &str, spec: &str) -> Result<PolicyConfig, KvCliError> {
     PolicyConfig::parse(spec).map_err(|e| KvCliError::Usage(format!("--{flag} {spec:?}: {e}")))
+}
+
+/// `--direct`'s value.
+fn direct_io(v: &str) -> Result<DirectIo, KvCliError> {
+    match v {
+        "auto" => Ok(DirectIo::Auto),
+        "on" => Ok(DirectIo::On),
+        "off" => Ok(DirectIo::Off),
+        other => Err(KvCliError::Usage(format!(
+            "--direct {other:?}: use one of auto, on, off"
+        ))),
+    }
+}
+
+/// The tier flags into a store config.
+pub(crate) fn apply_tiers(c: &mut KvConfig, t: &KvTierArgs) -> Result<(), KvCliError> {
+    c.dram_bytes = parse_size("dram", &t.dram)?;
+    c.ssd_bytes = parse_size("ssd", &t.ssd)?;
+    let shared = t.policy.as_str();
+    c.dram_policy = policy("dram-policy", t.dram_policy.as_deref().unwrap_or(shared))?;
+    c.ssd_policy = policy("ssd-policy", t.ssd_policy.as_deref().unwrap_or(shared))?;
+    c.direct = direct_io(&t.direct)?;
+    if let Some(n) = t.io_threads {
+        c.io_threads = n;
+    }
+    Ok(())
 }
 
 /// The store configuration the flags describe.
@@ -211,24 +237,7 @@ fn store_config(args: &KvBenchArgs, block_bytes: u64, model: &str) -> Result<KvC
         ..Namespace::default()
     };
     let mut c = KvConfig::new(block_bytes, ns);
-    c.dram_bytes = parse_size("dram", &args.dram)?;
-    c.ssd_bytes = parse_size("ssd", &args.ssd)?;
-    let shared = args.policy.as_str();
-    c.dram_policy = policy("dram-policy", args.dram_policy.as_deref().unwrap_or(shared))?;
-    c.ssd_policy = policy("ssd-policy", args.ssd_policy.as_deref().unwrap_or(shared))?;
-    c.direct = match args.direct.as_str() {
-        "auto" => DirectIo::Auto,
-        "on" => DirectIo::On,
-        "off" => DirectIo::Off,
-        other => {
-            return Err(KvCliError::Usage(format!(
-                "--direct {other:?}: use one of auto, on, off"
-            )))
-        }
-    };
-    if let Some(t) = args.io_threads {
-        c.io_threads = t;
-    }
+    apply_tiers(&mut c, &args.tiers)?;
     c.validate()?;
     Ok(c)
 }
@@ -291,8 +300,8 @@ pub fn bench(args: &KvBenchArgs) -> Result<(), KvCliError> {
         trace.records.len(),
         block_bytes,
         store_dir.display(),
-        args.dram,
-        args.ssd
+        args.tiers.dram,
+        args.tiers.ssd
     );
     let store = KvStore::open(&store_dir, config.clone())?;
     let outcome = replay(args, &store, &trace, block_bytes);

@@ -49,46 +49,6 @@ extern "C" fn on_signal(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut
     STOP.request(signal, from_terminal);
 }
 
-/// Catches SIGINT, SIGTERM and SIGHUP, except those the runtime was
-/// started with ignored (`nohup`, a script's background job), and returns
-/// what they were, for [`restore_signal_handlers`].
-fn install_signal_handlers() -> Vec<(libc::c_int, libc::sigaction)> {
-    let handler = on_signal as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
-        as libc::sighandler_t;
-    let mut saved = Vec::new();
-    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: zeroed sigactions are valid; sigaction only reads `action`
-        // and writes `previous`. The handler only touches atomics, which is
-        // async-signal-safe; SA_RESTART keeps the runtime's reads and waits
-        // from failing with EINTR.
-        unsafe {
-            let mut previous: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(signal, std::ptr::null(), &mut previous) != 0
-                || previous.sa_sigaction == libc::SIG_IGN
-            {
-                continue;
-            }
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = handler;
-            action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-            libc::sigemptyset(&mut action.sa_mask);
-            if libc::sigaction(signal, &action, std::ptr::null_mut()) == 0 {
-                saved.push((signal, previous));
-            }
-        }
-    }
-    saved
-}
-
-/// Puts back what [`install_signal_handlers`] replaced (the console script
-/// runs the CLI inside Python, which goes on after it).
-fn restore_signal_handlers(saved: Vec<(libc::c_int, libc::sigaction)>) {
-    for (signal, previous) in saved {
-        // SAFETY: `previous` is what sigaction returned for this signal.
-        unsafe { libc::sigaction(signal, &previous, std::ptr::null_mut()) };
-    }
-}
-
 pub fn run(command: WarmCommand) -> Result<i32, WarmError> {
     let env = WarmEnv::from_env();
     let pid = std::process::id() as i32;
@@ -150,7 +110,7 @@ fn execute(
     config: RunConfig,
     env: &WarmEnv,
 ) -> Result<i32, WarmError> {
-    let handlers = install_signal_handlers();
+    let handlers = super::signals::install(on_signal);
     let live = !common.no_progress && !common.json && std::io::stderr().is_terminal();
     let run_dir = env.run_dir();
     let pid = std::process::id() as i32;
@@ -188,7 +148,7 @@ fn execute(
         }
     };
     let outcome = runtime::run(&config, &STOP, &mut on_status);
-    restore_signal_handlers(handlers);
+    handlers.restore();
     warm_status::retract(&run_dir, pid);
     if live {
         eprint!("\r\x1b[2K");

@@ -4,7 +4,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use sluice_kv::{FaultyDir, FsSegmentDir, KvConfig, KvFault, KvStore, Namespace, SegmentDir};
+use sluice_kv::{
+    BlockStore, FaultyDir, FsSegmentDir, KvConfig, KvFault, KvStore, Namespace, SegmentDir,
+};
 
 pub const BLOCK: u64 = 8192;
 
@@ -45,7 +47,8 @@ pub fn key(i: u64) -> Vec<u8> {
     format!("block-{i:08}").into_bytes()
 }
 
-pub fn put(store: &KvStore, ids: &[u64]) -> Vec<bool> {
+/// Puts `ids` into a store or a sidecar client.
+pub fn put(store: &dyn BlockStore, ids: &[u64]) -> Vec<bool> {
     let keys: Vec<Vec<u8>> = ids.iter().map(|i| key(*i)).collect();
     let blocks: Vec<Vec<u8>> = keys.iter().map(|k| block_for(k)).collect();
     let kr: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
@@ -54,7 +57,7 @@ pub fn put(store: &KvStore, ids: &[u64]) -> Vec<bool> {
 }
 
 /// Gets `ids`; asserts every block returned holds exactly its bytes; returns the flags.
-pub fn get(store: &KvStore, ids: &[u64]) -> Vec<bool> {
+pub fn get(store: &dyn BlockStore, ids: &[u64]) -> Vec<bool> {
     let keys: Vec<Vec<u8>> = ids.iter().map(|i| key(*i)).collect();
     let kr: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
     let mut bufs: Vec<Vec<u8>> = ids.iter().map(|_| vec![0u8; BLOCK as usize]).collect();
@@ -72,7 +75,7 @@ pub fn get(store: &KvStore, ids: &[u64]) -> Vec<bool> {
     ok
 }
 
-pub fn lookup(store: &KvStore, ids: &[u64]) -> usize {
+pub fn lookup(store: &dyn BlockStore, ids: &[u64]) -> usize {
     let keys: Vec<Vec<u8>> = ids.iter().map(|i| key(*i)).collect();
     let kr: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
     store.lookup(&kr, false).unwrap()
