@@ -103,6 +103,21 @@ def to_device(device: Union[str, int, torch.device]) -> torch.device:
         raise ConfigError(f"device {device!r} is not a device torch knows: {e}") from None
 
 
+def usable_device(device: Union[str, int, torch.device]) -> torch.device:
+    """:func:`to_device`, checked to exist here: a CUDA device on a machine without CUDA,
+    or past the last GPU, is a :class:`sluice.ConfigError` before anything is read (torch
+    would otherwise fail at the first copy, mid-load, with an error naming no device)."""
+    dev = to_device(device)
+    if dev.type != "cuda":
+        return dev
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device {str(dev)!r}: CUDA is not available on this machine")
+    count = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= count:
+        raise ConfigError(f"device {str(dev)!r}: this machine has {count} CUDA device(s)")
+    return dev
+
+
 def load_file(
     filename: PathLike,
     device: Union[str, int, torch.device] = "cpu",
@@ -130,7 +145,7 @@ def load_file(
     missing is an error unless ``allow_partial=True``, which loads the rest
     and lists the absent files in ``last_load_stats()["missing_shards"]``.
     """
-    dev = to_device(device)
+    dev = usable_device(device)
     on_cpu = dev.type == "cpu"
     windows = _core.iter_windows(
         filename,
@@ -179,7 +194,7 @@ def stream(
     ``memory_limit`` of yielded tensors raises :class:`sluice.MemoryLimitError`
     instead of waiting forever. Closing the generator early stops the reads.
     """
-    dev = to_device(device)
+    dev = usable_device(device)
     windows = _core.iter_windows(
         filename,
         names,
@@ -235,7 +250,7 @@ class safe_open:
         if framework not in ("pt", "torch", "pytorch"):
             raise ConfigError(f"sluice.torch.safe_open supports framework='pt', not {framework!r}")
         self._path = filename
-        self._device = to_device(device)
+        self._device = usable_device(device)
         self._options = options
         self._ckpt: Any = _sluice.open_checkpoint(os.fspath(filename), allow_partial=allow_partial)
 

@@ -212,13 +212,31 @@ def test_safe_open_puts_tensors_on_its_device(mixed_file) -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
-def test_safe_open_on_cuda_without_a_gpu_fails_instead_of_returning_cpu_tensors(
-    mixed_file,
-) -> None:
+@pytest.mark.parametrize("device", [0, "cuda", "cuda:0", torch.device("cuda", 1)])
+def test_cuda_without_a_gpu_is_a_config_error_before_any_read(mixed_file, device: Any) -> None:
     path, _ = mixed_file
-    f = sluice.safe_open(path, device=0)
-    with pytest.raises((RuntimeError, AssertionError)):
-        f.get_tensor("embed")
+    for call in (
+        lambda: sluice.safe_open(path, device=device),
+        lambda: sluice.load_file(path, device=device),
+        lambda: next(iter(sluice.stream(path, device=device))),
+    ):
+        with pytest.raises(ConfigError, match="CUDA is not available"):
+            call()
+
+
+def test_a_gpu_past_the_last_one_is_a_config_error_naming_the_count(
+    mixed_file, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a one-GPU machine (as the H200 check found), cuda:7 used to fail mid-load in
+    torch, naming no device."""
+    path, _ = mixed_file
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for device in (7, "cuda:7"):
+        with pytest.raises(ConfigError, match="has 1 CUDA device"):
+            sluice.safe_open(path, device=device)
+        with pytest.raises(ConfigError, match="'cuda:7'"):
+            sluice.load_file(path, device=device)
 
 
 @pytest.fixture
