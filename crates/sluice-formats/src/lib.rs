@@ -32,6 +32,7 @@ mod tensor_entry;
 mod tensor_info;
 
 pub mod kv;
+pub mod kv_summary;
 pub mod kv_wire;
 pub mod template;
 

@@ -64,6 +64,7 @@ pub fn fsck(root: &Path, repair: bool) -> Result<FsckReport, KvError> {
             if repair {
                 drop(file);
                 dir.remove(id).map_err(KvError::io(&path))?;
+                let _ = std::fs::remove_file(crate::ssd_tier::summary_path(&path));
             }
             continue;
         }
@@ -154,6 +155,9 @@ fn bad(
         detail,
     });
     if repair {
+        // The segment's summary would still list this record: without it, the next open
+        // scans the segment and finds the slot empty.
+        let _ = std::fs::remove_file(crate::ssd_tier::summary_path(path));
         let zeros = AlignedBuf::new(RECORD_HEADER_BYTES).map_err(KvError::io(path))?;
         file.write_all_at(zeros.as_slice(), s * slot)
             .and_then(|()| file.sync())

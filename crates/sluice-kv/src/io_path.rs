@@ -167,7 +167,7 @@ fn plan_puts(store: &KvStore, keys: &[&[u8]]) -> Vec<PutPlan> {
             && (writes_through(&inner.config, inner.dram.is_some()) || !in_dram);
         if to_ssd {
             let ssd = inner.ssd.as_ref().expect("checked above");
-            let decision = lock(ssd).put(fp);
+            let decision = lock(ssd).put(fp, &store.namespace_id, key);
             plan.ssd = match decision {
                 SsdPut::Present => {
                     add(&inner.counters.put_hits_ssd, 1);
@@ -262,7 +262,7 @@ fn demote(store: &KvStore, demoted: Vec<Arc<Demoted>>) {
     let inner = &store.inner;
     let Some(ssd) = &inner.ssd else { return };
     for d in demoted {
-        let decision = lock(ssd).put(d.fp);
+        let decision = lock(ssd).put(d.fp, &d.namespace_id, &d.key);
         if let SsdPut::Reserved(r) = decision {
             let ok = write_record(store, &r, &d.key, &d.bytes)
                 .and_then(|()| r.file.sync())

@@ -9,6 +9,12 @@
 //! while the process died) each payload's checksum is verified as well, so a torn tail is
 //! discarded here instead of being found by a read. Blocks are then offered to the policy
 //! in write order (sequence numbers), newest last, as if they had just been put.
+//!
+//! A sealed segment with a summary (`seg-<id>.summary`, written at seal) is not scanned:
+//! its record list comes from the summary in one read. A segment that had to be scanned
+//! gets a summary (and, if it was left unsealed, is synced and sealed) so the next open
+//! reads that instead. Every later read still verifies its record, so a wrong summary
+//! costs a miss, never bytes.
 
 use std::io::IoSliceMut;
 use std::sync::Arc;
@@ -17,16 +23,17 @@ use sluice_engine::AlignedBuf;
 use sluice_formats::kv::{
     payload_checksum, RecordHeader, SegmentHeader, KV_ALIGN, RECORD_HEADER_BYTES,
 };
+use sluice_formats::kv_summary::{SegmentSummary, SummaryEntry};
 
 use crate::error::KvError;
 use crate::namespace::Fingerprint;
 use crate::segment_io::SegmentFile;
-use crate::ssd_tier::{sealed_marker, SsdLoc, SsdTier};
+use crate::ssd_tier::{sealed_marker, summary_path, write_summary, SsdLoc, SsdTier};
 
+/// A record found in a segment.
 struct Found {
-    seq: u64,
-    fp: Fingerprint,
     loc: SsdLoc,
+    entry: SummaryEntry,
 }
 
 pub(crate) fn recover(tier: &mut SsdTier) -> Result<(), KvError> {
@@ -60,12 +67,25 @@ pub(crate) fn recover(tier: &mut SsdTier) -> Result<(), KvError> {
             }
         }
         let sealed = sealed_marker(&path).exists();
-        let used = scan_segment(tier, &*file, id32, len, sealed, &mut found)?;
+        let used = match sealed.then(|| read_summary(tier, &path, id)).flatten() {
+            Some(summary) => {
+                tier.counters.summaries_read += 1;
+                from_summary(summary, id32, &mut found)
+            }
+            None => {
+                let mut here = Vec::new();
+                let used = scan_segment(tier, &*file, id32, len, sealed, &mut here)?;
+                summarize_scanned(tier, &*file, &path, id, sealed, &here);
+                found.extend(here);
+                used
+            }
+        };
         tier.add_recovered_segment(id32, file, used);
     }
-    found.sort_unstable_by_key(|f| f.seq);
+    found.sort_unstable_by_key(|f| f.entry.seq);
     for f in found {
-        tier.add_recovered_block(f.fp, f.loc, f.seq);
+        let fp = Fingerprint::of(&f.entry.namespace_id, &f.entry.key);
+        tier.add_recovered_block(fp, f.loc, f.entry.seq);
     }
     if tier.counters.torn_slots_skipped > 0 {
         tracing::warn!(
@@ -149,12 +169,89 @@ fn scan_segment(
             continue;
         }
         found.push(Found {
-            seq: h.seq,
-            fp: Fingerprint::of(&h.namespace_id, &h.key),
             loc: SsdLoc { segment: id, slot },
+            entry: SummaryEntry {
+                slot,
+                seq: h.seq,
+                namespace_id: h.namespace_id,
+                key: h.key,
+            },
         });
     }
     Ok(used)
+}
+
+/// The summary of segment `id` at `path`, if it is there and describes this segment.
+fn read_summary(tier: &SsdTier, path: &std::path::Path, id: u64) -> Option<SegmentSummary> {
+    let file = summary_path(path);
+    let bytes = std::fs::read(&file).ok()?;
+    match SegmentSummary::decode(&bytes) {
+        Ok(s)
+            if s.store_id == tier.store_id()
+                && s.segment_id == id
+                && s.block_bytes == tier.block_bytes()
+                && s.entries
+                    .iter()
+                    .all(|e| e.slot >= 1 && e.slot < tier.slots_per_segment()) =>
+        {
+            Some(s)
+        }
+        Ok(_) => {
+            tracing::warn!(
+                "{}: describes another segment; scanning instead",
+                file.display()
+            );
+            None
+        }
+        Err(e) => {
+            tracing::warn!("{}: {e}; scanning the segment instead", file.display());
+            None
+        }
+    }
+}
+
+/// A summary's records; the slots in use (header included).
+fn from_summary(summary: SegmentSummary, id: u32, found: &mut Vec<Found>) -> u32 {
+    let mut used = 1;
+    for entry in summary.entries {
+        used = used.max(entry.slot + 1);
+        found.push(Found {
+            loc: SsdLoc {
+                segment: id,
+                slot: entry.slot,
+            },
+            entry,
+        });
+    }
+    used
+}
+
+/// After a scan, writes the segment's summary; a segment left unsealed by a crash is
+/// synced and sealed first (nothing appends to a recovered segment).
+fn summarize_scanned(
+    tier: &SsdTier,
+    file: &dyn SegmentFile,
+    path: &std::path::Path,
+    id: u64,
+    sealed: bool,
+    found: &[Found],
+) {
+    if !sealed {
+        if let Err(e) = file.sync() {
+            tracing::debug!("{}: cannot sync a recovered segment: {e}", path.display());
+            return;
+        }
+    }
+    let summary = SegmentSummary {
+        store_id: tier.store_id(),
+        segment_id: id,
+        block_bytes: tier.block_bytes(),
+        entries: found.iter().map(|f| f.entry.clone()).collect(),
+    };
+    write_summary(path, &summary);
+    if !sealed {
+        let _ = std::fs::write(sealed_marker(path), b"");
+    }
 }
 
 fn payload_ok(slot: &[u8], h: &RecordHeader) -> bool {

@@ -31,6 +31,7 @@ use sluice_engine::AlignedBuf;
 use sluice_formats::kv::{
     payload_checksum, RecordHeader, SegmentHeader, KV_ALIGN, RECORD_HEADER_BYTES,
 };
+use sluice_formats::kv_summary::{SegmentSummary, SummaryEntry};
 use sluice_policy::{Access, Evicted, Policy, PolicyConfig, Request};
 
 use crate::config::KvConfig;
@@ -55,6 +56,8 @@ pub struct Segment {
     /// Index entries pointing here.
     live: u32,
     sealed: bool,
+    /// Records written here so far (until sealed): the segment's summary.
+    records: Vec<SummaryEntry>,
 }
 
 /// A reserved slot: write the record, then [`SsdTier::publish`] or [`SsdTier::abandon`].
@@ -63,6 +66,9 @@ pub struct Reservation {
     pub loc: SsdLoc,
     pub file: Arc<dyn SegmentFile>,
     pub seq: u64,
+    /// The block's namespace and key, for the segment's summary.
+    pub namespace_id: [u8; 16],
+    pub key: Vec<u8>,
 }
 
 /// What a put into the SSD tier decided.
@@ -85,6 +91,8 @@ pub struct SsdCounters {
     pub segments_dropped: u64,
     pub segments_compacted: u64,
     pub blocks_moved: u64,
+    /// Sealed segments recovered from their summary, without reading their slots.
+    pub summaries_read: u64,
 }
 
 pub struct SsdTier {
@@ -177,6 +185,7 @@ impl SsdTier {
                 pending: 0,
                 live: 0,
                 sealed: true,
+                records: Vec::new(),
             },
         );
         self.next_segment = self.next_segment.max(id + 1);
@@ -235,7 +244,7 @@ impl SsdTier {
     }
 
     /// Offers a new block to the policy and reserves a slot for it when admitted.
-    pub fn put(&mut self, fp: Fingerprint) -> SsdPut {
+    pub fn put(&mut self, fp: Fingerprint, namespace_id: &[u8; 16], key: &[u8]) -> SsdPut {
         if self.index.contains_key(&fp) {
             self.touch(fp);
             return SsdPut::Present;
@@ -246,7 +255,11 @@ impl SsdTier {
             return SsdPut::Declined;
         }
         match self.reserve(fp) {
-            Some(r) => SsdPut::Reserved(r),
+            Some(mut r) => {
+                r.namespace_id = *namespace_id;
+                r.key = key.to_vec();
+                SsdPut::Reserved(r)
+            }
             None => SsdPut::Full,
         }
     }
@@ -259,7 +272,8 @@ impl SsdTier {
         Some(self.take_slot(id, fp))
     }
 
-    /// Takes the next slot of segment `id` for `fp`.
+    /// Takes the next slot of segment `id` for `fp` (namespace and key filled by the
+    /// caller).
     fn take_slot(&mut self, id: u32, fp: Fingerprint) -> Reservation {
         let seg = self
             .segments
@@ -275,6 +289,8 @@ impl SsdTier {
             loc: SsdLoc { segment: id, slot },
             file: Arc::clone(&seg.file),
             seq,
+            namespace_id: [0; 16],
+            key: Vec::new(),
         }
     }
 
@@ -331,6 +347,7 @@ impl SsdTier {
             pending: 0,
             live: 0,
             sealed: false,
+            records: Vec::new(),
         };
         self.segments.insert(id, seg);
         self.active = Some(id);
@@ -368,6 +385,14 @@ impl SsdTier {
         for (r, ok) in done {
             if let Some(seg) = self.segments.get_mut(&r.loc.segment) {
                 seg.pending = seg.pending.saturating_sub(1);
+                if ok {
+                    seg.records.push(SummaryEntry {
+                        slot: r.loc.slot,
+                        seq: r.seq,
+                        namespace_id: r.namespace_id,
+                        key: r.key.clone(),
+                    });
+                }
             }
             let live = ok && self.policy.contains(r.fp.0);
             visible.push(live);
@@ -431,7 +456,15 @@ impl SsdTier {
             return;
         }
         seg.sealed = true;
-        let marker = sealed_marker(&self.dir.path_of(id.into()));
+        let summary = SegmentSummary {
+            store_id: self.store_id,
+            segment_id: id.into(),
+            block_bytes: self.block_bytes,
+            entries: std::mem::take(&mut seg.records),
+        };
+        let path = self.dir.path_of(id.into());
+        write_summary(&path, &summary);
+        let marker = sealed_marker(&path);
         if let Err(e) = std::fs::write(&marker, b"") {
             tracing::debug!("{}: cannot write seal marker: {e}", marker.display());
         }
@@ -494,11 +527,16 @@ impl SsdTier {
         let mut moved = Vec::with_capacity(moving.len());
         let mut complete = true;
         for (fp, loc) in moving {
-            let Some(r) = self.reserve_for_compaction(fp) else {
+            let Some(mut r) = self.reserve_for_compaction(fp) else {
                 complete = false;
                 break;
             };
-            let ok = copy_record(&*src, loc, &r, &mut buf).is_ok();
+            let copied = copy_record(&*src, loc, &r, &mut buf);
+            let ok = copied.is_ok();
+            if let Ok(h) = copied {
+                r.namespace_id = h.namespace_id;
+                r.key = h.key;
+            }
             if !ok {
                 self.index.remove(&fp);
                 self.dec_live(loc);
@@ -553,6 +591,7 @@ impl SsdTier {
             tracing::warn!("{}: cannot remove segment: {e}", path.display());
         }
         let _ = std::fs::remove_file(sealed_marker(&path));
+        let _ = std::fs::remove_file(summary_path(&path));
         self.counters.segments_dropped += 1;
     }
 
@@ -628,6 +667,20 @@ pub(crate) fn sealed_marker(segment_path: &std::path::Path) -> PathBuf {
     segment_path.with_extension("sealed")
 }
 
+/// Where a sealed segment's summary lives (`seg-<id>.summary`).
+pub(crate) fn summary_path(segment_path: &std::path::Path) -> PathBuf {
+    segment_path.with_extension("summary")
+}
+
+/// Writes a segment's summary whole or not at all. Failing costs only speed: without a
+/// summary the segment is scanned slot by slot at the next open.
+pub(crate) fn write_summary(segment_path: &std::path::Path, summary: &SegmentSummary) {
+    let path = summary_path(segment_path);
+    if let Err(e) = sluice_engine::atomic_write(&path, &summary.encode()) {
+        tracing::debug!("{}: cannot write the segment summary: {e}", path.display());
+    }
+}
+
 fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -636,13 +689,13 @@ fn unix_now() -> u64 {
 }
 
 /// Copies one record to a reserved slot through `buf` (one slot long), verifying it on
-/// the way (compaction). The caller syncs the destination.
+/// the way (compaction); returns its header. The caller syncs the destination.
 fn copy_record(
     src: &dyn SegmentFile,
     loc: SsdLoc,
     dst: &Reservation,
     buf: &mut AlignedBuf,
-) -> std::io::Result<()> {
+) -> std::io::Result<RecordHeader> {
     let slot_bytes = buf.len() as u64;
     let n = src.read_vectored_at(
         &mut [IoSliceMut::new(buf.as_mut_slice())],
@@ -668,5 +721,6 @@ fn copy_record(
         .encode_into(&mut buf.as_mut_slice()[..RECORD_HEADER_BYTES])
         .map_err(|_| bad())?;
     dst.file
-        .write_all_at(buf.as_slice(), dst.loc.slot as u64 * slot_bytes)
+        .write_all_at(buf.as_slice(), dst.loc.slot as u64 * slot_bytes)?;
+    Ok(moved)
 }

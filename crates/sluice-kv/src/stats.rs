@@ -63,6 +63,8 @@ pub struct KvStats {
     pub recovered_blocks: u64,
     /// Slots skipped at open: torn or unfinished writes.
     pub torn_slots_skipped: u64,
+    /// Segments recovered at open from their summaries (one read each, not one per slot).
+    pub summaries_read: u64,
     pub segments: u64,
     pub segments_dropped: u64,
     pub segments_compacted: u64,
@@ -118,6 +120,7 @@ impl KvStats {
             staged_writes: get(&c.staged_writes),
             recovered_blocks: counters.recovered_blocks,
             torn_slots_skipped: counters.torn_slots_skipped,
+            summaries_read: counters.summaries_read,
             segments,
             segments_dropped: counters.segments_dropped,
             segments_compacted: counters.segments_compacted,
