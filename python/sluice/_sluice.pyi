@@ -215,6 +215,7 @@ def kv_open(
     key_bytes: int | None,
     segment_bytes: int | str | None,
     recompute: tuple[float, int] | None = None,
+    shared: tuple[str, int | str, str, int] | None = None,
 ) -> KvStore:
     """Opens or creates a KV store (GIL released while its segments are scanned)."""
 

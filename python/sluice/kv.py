@@ -242,6 +242,10 @@ def open(
     segment_bytes: Optional[ByteSize] = None,
     recompute_tokens_per_s: Optional[float] = None,
     block_tokens: Optional[int] = None,
+    shared_dir: Optional[PathLike] = None,
+    shared: ByteSize = 0,
+    shared_policy: str = "fifo",
+    shared_refresh_ms: int = 2000,
 ) -> KvStore:
     """Opens or creates the store at ``path``.
 
@@ -254,8 +258,18 @@ def open(
     ``batch`` (a put batch is acknowledged after fdatasync) or ``none``.
     ``recompute_tokens_per_s`` (the engine's prefill rate) and ``block_tokens`` enable
     ``lookup(..., worth_loading=True)``.
+
+    ``shared_dir`` adds the shared tier: a directory other nodes mount too (NFS, Lustre).
+    The store writes its own segments there (``shared`` bytes of them, ``shared_policy``
+    deciding which) and reads the segments other stores sealed there, found every
+    ``shared_refresh_ms``. A block read from there is copied into this node's tiers.
+    ``shared=0`` only reads.
     """
     recompute = _recompute(recompute_tokens_per_s, block_tokens)
+    if shared_dir is None and shared not in (0, "0"):
+        from .errors import ConfigError
+
+        raise ConfigError(f"kv: shared = {shared!r} needs a shared_dir to write into")
     native = _sluice.kv_open(
         os.fspath(path),
         block_bytes,
@@ -272,6 +286,9 @@ def open(
         key_bytes,
         segment_bytes,
         recompute,
+        None
+        if shared_dir is None
+        else (os.fspath(shared_dir), shared, shared_policy, shared_refresh_ms),
     )
     return KvStore(native, os.fspath(path))
 

@@ -256,3 +256,30 @@ def test_kv_bench_draws_its_plots_through_python(sluice_bin, tmp_path):
     for png in ("latency_cdf.png", "hit_ratio_over_time.png"):
         data = (tmp_path / "out" / png).read_bytes()
         assert data.startswith(b"\x89PNG"), png
+
+
+def test_two_stores_share_a_directory(tmp_path):
+    """Two nodes' stores over one shared directory: what one stored, the other reads
+    byte for byte once the segment is sealed and found (shared_refresh_ms)."""
+    import time
+
+    shared = tmp_path / "nfs"
+    keys = keys_for(3)
+    data = blocks_for(keys)
+    common = dict(shared_dir=shared, shared_refresh_ms=30, dram=0)
+    with open_store(tmp_path / "a", shared="4MiB", **common) as a:
+        assert a.put_batch(keys, data) == [True] * 3
+        with open_store(tmp_path / "b", **common) as b:
+            deadline = time.monotonic() + 10
+            while b.lookup(keys) < 3:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            out = [np.zeros(BLOCK, np.uint8) for _ in keys]
+            assert b.get_batch_into(keys, out) == [True] * 3
+            assert all((o == d).all() for o, d in zip(out, data))
+            stats = b.stats()
+            assert stats["hits_shared"] == 3 and stats["foreign"]["stores"] == 1
+    with pytest.raises(ConfigError, match="shared_dir"):
+        open_store(tmp_path / "c", shared="1GiB")
+    with pytest.raises(ConfigError, match="shared"):
+        open_store(tmp_path / "c", shared_dir=shared, shared="lots")

@@ -109,6 +109,16 @@ pub struct KvTierArgs {
     /// I/O threads of the store (default: the store's).
     #[arg(long)]
     pub io_threads: Option<usize>,
+    /// A directory other nodes mount too (NFS, Lustre): the shared tier. The store writes
+    /// its own segments there and reads those other stores sealed.
+    #[arg(long)]
+    pub shared_dir: Option<PathBuf>,
+    /// Budget of this store's own segments in --shared-dir (0: only read others').
+    #[arg(long, default_value = "0")]
+    pub shared: String,
+    /// Eviction policy of this store's shared segments.
+    #[arg(long, default_value = "fifo")]
+    pub shared_policy: String,
 }
 
 #[derive(Args, Debug)]

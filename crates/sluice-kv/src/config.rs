@@ -1,5 +1,7 @@
 //! `KvConfig`: what a store is opened with, every default with its reason.
 
+use std::path::PathBuf;
+
 use serde::{Deserialize, Serialize};
 use sluice_formats::kv::{slot_bytes, MAX_KEY_BYTES};
 use sluice_policy::PolicyConfig;
@@ -100,6 +102,20 @@ pub struct KvConfig {
     /// Reclamation stops at this fraction. 0.8: a gap of a tenth of the budget keeps the
     /// reclaimer from running after every put.
     pub low_watermark: f64,
+    /// A directory on a file system other nodes mount too (NFS, Lustre): the shared tier.
+    /// This store appends its own segments under `<shared_dir>/<store id>/` and reads the
+    /// sealed segments other stores wrote beside them. `None`: no shared tier.
+    pub shared_dir: Option<PathBuf>,
+    /// Budget of this store's own segments in `shared_dir` (0: only read other stores').
+    pub shared_bytes: u64,
+    /// Eviction and admission of this store's shared segments. FIFO by default: other
+    /// nodes read them and cannot report their hits, so recency here means nothing.
+    pub shared_policy: PolicyConfig,
+    /// How often other stores' newly sealed segments are looked for, and how old this
+    /// store's open shared segment may get before it is sealed so that others see its
+    /// blocks: 2,000 ms, well under an engine's request time scale, and a directory
+    /// listing per stride is cheap even on NFS.
+    pub shared_refresh_ms: u64,
 }
 
 impl KvConfig {
@@ -122,6 +138,10 @@ impl KvConfig {
             high_watermark: 0.9,
             low_watermark: 0.8,
             recompute: None,
+            shared_dir: None,
+            shared_bytes: 0,
+            shared_policy: PolicyConfig::parse("fifo").expect("fifo is a built-in policy"),
+            shared_refresh_ms: 2_000,
         }
     }
 
@@ -135,11 +155,32 @@ impl KvConfig {
             ));
         }
         let slot = self.slot_bytes();
-        if self.dram_bytes == 0 && self.ssd_bytes == 0 {
+        if self.dram_bytes == 0 && self.ssd_bytes == 0 && self.shared_dir.is_none() {
             return Err(KvError::config(
                 "dram_bytes/ssd_bytes",
                 0,
-                "at least one tier needs a budget",
+                "at least one tier needs a budget (or a shared_dir to read)",
+            ));
+        }
+        if self.shared_bytes != 0 && self.shared_dir.is_none() {
+            return Err(KvError::config(
+                "shared_bytes",
+                self.shared_bytes,
+                "needs a shared_dir to write into",
+            ));
+        }
+        if self.shared_bytes != 0 && self.shared_bytes < 8 * slot {
+            return Err(KvError::config(
+                "shared_bytes",
+                self.shared_bytes,
+                format!("must hold at least 8 slots of {slot} bytes, or be 0"),
+            ));
+        }
+        if self.shared_refresh_ms == 0 {
+            return Err(KvError::config(
+                "shared_refresh_ms",
+                0,
+                "must be at least 1 ms",
             ));
         }
         if self.dram_bytes != 0 && self.dram_bytes < self.block_bytes {
@@ -206,6 +247,16 @@ impl KvConfig {
     /// for blocks evicted while pinned (see `dram_tier::policy_slots`).
     pub fn dram_policy_blocks(&self) -> u64 {
         crate::dram_tier::policy_slots(self.dram_bytes / self.block_bytes.max(1))
+    }
+
+    /// The configuration of this store's own segments in the shared directory: a segment
+    /// store like the SSD tier's, with the shared budget and policy.
+    pub(crate) fn shared_tier_config(&self) -> KvConfig {
+        KvConfig {
+            ssd_bytes: self.shared_bytes,
+            ssd_policy: self.shared_policy.clone(),
+            ..self.clone()
+        }
     }
 
     /// Bytes of one segment slot (record header plus padded block).

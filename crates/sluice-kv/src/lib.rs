@@ -20,9 +20,11 @@ pub mod block_store;
 pub mod config;
 pub mod dram_tier;
 pub mod error;
+pub mod foreign;
 pub mod fsck;
 mod io_path;
 pub mod jobs;
+mod lower;
 pub mod manifest;
 pub mod namespace;
 mod reclaimer;
@@ -38,7 +40,9 @@ pub use config::{DirectIo, Durability, KvConfig, RecomputeModel, WriteMode};
 pub use error::KvError;
 pub use jobs::{JobBuffer, JobKind, KvJob};
 pub use namespace::{Fingerprint, Namespace};
-pub use segment_io::{FaultyDir, FsSegmentDir, KvFault, SegmentDir, SegmentFile};
+pub use segment_io::{
+    open_foreign_segment, FaultyDir, FsSegmentDir, KvFault, SegmentDir, SegmentFile,
+};
 pub use serve::{KvClient, KvClientConfig, KvServer, KvServerConfig};
 pub use stats::{KvStats, TierStats};
 pub use store::{KvStore, LoadModel};

@@ -1,7 +1,9 @@
-//! [`Reclaimer`]: the background thread that keeps SSD segment files under the budget's
-//! high watermark, so puts rarely wait for space.
+//! [`Reclaimer`]: the background thread that keeps segment files under each tier's high
+//! watermark, so puts rarely wait for space, and keeps the shared tier current: it seals
+//! this store's open shared segment once it is `shared_refresh_ms` old (other stores only
+//! see sealed segments) and looks for segments other stores sealed.
 //!
-//! The thread holds the SSD tier and nothing else of the store. That matters for the
+//! The thread holds the segment tiers and nothing else of the store. That matters for the
 //! store's lock: the store's last handle dropping must release the directory lock at once,
 //! and it can only do that if no background thread keeps the store alive. Stopping joins
 //! the thread, so once [`Reclaimer::stop`] returns no reclaim pass is running or can start,
@@ -9,8 +11,9 @@
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use crate::foreign::{self, ForeignIndex};
 use crate::ssd_tier::SsdTier;
 use crate::store::lock;
 
@@ -24,6 +27,17 @@ struct Signal {
     stopping: bool,
 }
 
+/// The tiers the thread looks after.
+pub(crate) struct Tended {
+    /// Segment tiers to keep under their watermarks (local SSD, own shared segments).
+    pub tiers: Vec<Arc<Mutex<SsdTier>>>,
+    /// This store's own shared segments, sealed when old.
+    pub shared: Option<Arc<Mutex<SsdTier>>>,
+    /// Other stores' segments, refreshed.
+    pub foreign: Option<Arc<Mutex<ForeignIndex>>>,
+    pub refresh: Duration,
+}
+
 /// The reclaim thread of one store.
 pub(crate) struct Reclaimer {
     signal: Arc<(Mutex<Signal>, Condvar)>,
@@ -31,13 +45,13 @@ pub(crate) struct Reclaimer {
 }
 
 impl Reclaimer {
-    /// Starts the thread over `ssd`.
-    pub(crate) fn start(ssd: Arc<Mutex<SsdTier>>) -> std::io::Result<Reclaimer> {
+    /// Starts the thread.
+    pub(crate) fn start(tended: Tended) -> std::io::Result<Reclaimer> {
         let signal: Arc<(Mutex<Signal>, Condvar)> = Arc::default();
         let theirs = Arc::clone(&signal);
         let thread = std::thread::Builder::new()
             .name("sluice-kv-reclaim".into())
-            .spawn(move || run(&ssd, &theirs))?;
+            .spawn(move || run(&tended, &theirs))?;
         Ok(Reclaimer {
             signal,
             thread: Mutex::new(Some(thread)),
@@ -72,14 +86,15 @@ impl Drop for Reclaimer {
     }
 }
 
-fn run(ssd: &Mutex<SsdTier>, signal: &(Mutex<Signal>, Condvar)) {
+fn run(tended: &Tended, signal: &(Mutex<Signal>, Condvar)) {
     let (m, cv) = signal;
+    let mut refreshed = Instant::now();
     loop {
         {
             let mut s = lock(m);
             if !s.woken && !s.stopping {
                 s = cv
-                    .wait_timeout(s, IDLE_CHECK)
+                    .wait_timeout(s, IDLE_CHECK.min(tended.refresh))
                     .map(|(g, _)| g)
                     .unwrap_or_else(|p| p.into_inner().0);
             }
@@ -88,9 +103,20 @@ fn run(ssd: &Mutex<SsdTier>, signal: &(Mutex<Signal>, Condvar)) {
             }
             s.woken = false;
         }
-        let mut tier = lock(ssd);
-        if tier.needs_reclaim() {
-            tier.reclaim_to_low_watermark();
+        for t in &tended.tiers {
+            let mut tier = lock(t);
+            if tier.needs_reclaim() {
+                tier.reclaim_to_low_watermark();
+            }
+        }
+        if refreshed.elapsed() >= tended.refresh {
+            refreshed = Instant::now();
+            if let Some(s) = &tended.shared {
+                lock(s).seal_active_if_older(tended.refresh);
+            }
+            if let Some(f) = &tended.foreign {
+                foreign::refresh(f);
+            }
         }
     }
 }

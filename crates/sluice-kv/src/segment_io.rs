@@ -14,7 +14,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use sluice_engine::{open_regular_rw, retry_eintr};
+use sluice_engine::{open_regular, open_regular_rw, retry_eintr};
 
 use crate::config::DirectIo;
 
@@ -100,6 +100,23 @@ impl FsSegmentDir {
             self.direct == DirectIo::On || (self.direct == DirectIo::Auto && has_o_direct(&file));
         Ok(FsSegment { file, direct })
     }
+}
+
+/// Opens another store's segment, read-only (the shared tier reads what other nodes
+/// wrote; it may not write their files). O_DIRECT as `direct` says, falling back to
+/// buffered reads where the file system refuses it.
+pub fn open_foreign_segment(path: &Path, direct: DirectIo) -> io::Result<Arc<dyn SegmentFile>> {
+    let file = match direct {
+        DirectIo::Off => open_regular(path, 0)?,
+        DirectIo::On => open_regular(path, libc::O_DIRECT)?,
+        DirectIo::Auto => match open_regular(path, libc::O_DIRECT) {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => open_regular(path, 0)?,
+            Err(e) => return Err(e),
+        },
+    };
+    let direct = has_o_direct(&file);
+    Ok(Arc::new(FsSegment { file, direct }))
 }
 
 fn has_o_direct(file: &File) -> bool {

@@ -58,6 +58,9 @@ pub struct Segment {
     sealed: bool,
     /// Records written here so far (until sealed): the segment's summary.
     records: Vec<SummaryEntry>,
+    /// When the segment was created (an open shared segment is sealed after a while, so
+    /// that other stores see its blocks).
+    opened: std::time::Instant,
 }
 
 /// A reserved slot: write the record, then [`SsdTier::publish`] or [`SsdTier::abandon`].
@@ -186,6 +189,7 @@ impl SsdTier {
                 live: 0,
                 sealed: true,
                 records: Vec::new(),
+                opened: std::time::Instant::now(),
             },
         );
         self.next_segment = self.next_segment.max(id + 1);
@@ -348,6 +352,7 @@ impl SsdTier {
             live: 0,
             sealed: false,
             records: Vec::new(),
+            opened: std::time::Instant::now(),
         };
         self.segments.insert(id, seg);
         self.active = Some(id);
@@ -410,6 +415,17 @@ impl SsdTier {
         }
         visible
     }
+    /// Gives back a reservation that will not be written (the block it was for could not be
+    /// read), without counting a write error.
+    pub fn abandon(&mut self, r: Reservation) {
+        if let Some(seg) = self.segments.get_mut(&r.loc.segment) {
+            seg.pending = seg.pending.saturating_sub(1);
+        }
+        if self.active != Some(r.loc.segment) {
+            self.seal_if_done(r.loc.segment);
+        }
+    }
+
     /// Drops a block that read back corrupt or unreadable.
     pub fn drop_block(&mut self, fp: Fingerprint, loc: SsdLoc, corrupt: bool) {
         if self.index.get(&fp) == Some(&loc) {
@@ -467,6 +483,19 @@ impl SsdTier {
         let marker = sealed_marker(&path);
         if let Err(e) = std::fs::write(&marker, b"") {
             tracing::debug!("{}: cannot write seal marker: {e}", marker.display());
+        }
+    }
+
+    /// Seals the segment being appended to if it holds records and is older than `age`
+    /// (the next put opens a new one). For the shared tier: other stores only see sealed
+    /// segments, so a slowly filled segment would hide its blocks. Its unused slots stay
+    /// allocated until the segment is dropped or compacted.
+    pub fn seal_active_if_older(&mut self, age: std::time::Duration) {
+        let Some(id) = self.active else { return };
+        let seg = &self.segments[&id];
+        if seg.next_slot > 1 && seg.opened.elapsed() >= age {
+            self.active = None;
+            self.seal_if_done(id);
         }
     }
 

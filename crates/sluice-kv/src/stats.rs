@@ -4,6 +4,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 
+use crate::foreign::ForeignCounters;
+use crate::ssd_tier::SsdTier;
 use crate::store::{lock, Inner};
 
 /// Live counters, bumped without locks.
@@ -15,6 +17,7 @@ pub(crate) struct Counters {
     pub gets: AtomicU64,
     pub hits_dram: AtomicU64,
     pub hits_ssd: AtomicU64,
+    pub hits_shared: AtomicU64,
     pub misses: AtomicU64,
     pub put_hits_dram: AtomicU64,
     pub put_hits_ssd: AtomicU64,
@@ -45,6 +48,8 @@ pub struct KvStats {
     pub gets: u64,
     pub hits_dram: u64,
     pub hits_ssd: u64,
+    /// Blocks read from the shared directory (ours there, or another store's).
+    pub hits_shared: u64,
     /// Gets that returned no bytes (absent, after a failed key, corrupt or unreadable).
     pub misses: u64,
     /// Puts of blocks DRAM already held (a hit for its policy; the put is a no-op).
@@ -70,8 +75,33 @@ pub struct KvStats {
     pub segments_compacted: u64,
     pub dram: Option<TierStats>,
     pub ssd: Option<TierStats>,
+    /// This store's own segments in the shared directory.
+    pub shared: Option<TierStats>,
+    /// Other stores' blocks found in the shared directory.
+    pub foreign: Option<ForeignStats>,
     /// Seconds per block a get spends on each tier (what `lookup_worth_loading` uses).
     pub load_model: crate::store::LoadModel,
+}
+
+/// What the shared directory holds from other stores.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ForeignStats {
+    pub blocks: u64,
+    pub index_bytes: u64,
+    #[serde(flatten)]
+    pub counters: ForeignCounters,
+}
+
+/// A segment tier's occupancy.
+fn segment_tier_stats(s: &SsdTier) -> TierStats {
+    TierStats {
+        policy: s.policy_name().into(),
+        blocks: s.len() as u64,
+        used_bytes: s.used_bytes(),
+        budget_bytes: s.budget_bytes(),
+        allocated_bytes: s.allocated_bytes(),
+        index_bytes: s.index_bytes() as u64,
+    }
 }
 
 impl KvStats {
@@ -92,18 +122,23 @@ impl KvStats {
         let (ssd, counters, segments) = match inner.ssd.as_ref() {
             Some(s) => {
                 let s = lock(s);
-                let t = TierStats {
-                    policy: s.policy_name().into(),
-                    blocks: s.len() as u64,
-                    used_bytes: s.used_bytes(),
-                    budget_bytes: s.budget_bytes(),
-                    allocated_bytes: s.allocated_bytes(),
-                    index_bytes: s.index_bytes() as u64,
-                };
-                (Some(t), s.counters, s.segment_count() as u64)
+                (
+                    Some(segment_tier_stats(&s)),
+                    s.counters,
+                    s.segment_count() as u64,
+                )
             }
             None => (None, Default::default(), 0),
         };
+        let shared = inner.shared.as_ref().map(|s| segment_tier_stats(&lock(s)));
+        let foreign = inner.foreign.as_ref().map(|f| {
+            let f = lock(f);
+            ForeignStats {
+                blocks: f.len() as u64,
+                index_bytes: f.index_bytes() as u64,
+                counters: f.counters,
+            }
+        });
         KvStats {
             lookups: get(&c.lookups),
             puts: get(&c.puts),
@@ -111,6 +146,7 @@ impl KvStats {
             gets: get(&c.gets),
             hits_dram: get(&c.hits_dram),
             hits_ssd: get(&c.hits_ssd),
+            hits_shared: get(&c.hits_shared),
             misses: get(&c.misses),
             put_hits_dram: get(&c.put_hits_dram),
             put_hits_ssd: get(&c.put_hits_ssd),
@@ -126,6 +162,8 @@ impl KvStats {
             segments_compacted: counters.segments_compacted,
             dram,
             ssd,
+            shared,
+            foreign,
             load_model: *lock(&inner.load_model),
         }
     }

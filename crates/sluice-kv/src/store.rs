@@ -23,11 +23,13 @@ use sluice_formats::kv::MAX_KEY_BYTES;
 use crate::config::{KvConfig, RecomputeModel, WriteMode};
 use crate::dram_tier::DramTier;
 use crate::error::KvError;
+use crate::foreign::ForeignIndex;
 use crate::io_path::{self, GetTiers};
 use crate::jobs::{JobBuffer, JobKind, JobQueue, KvJob};
+use crate::lower::{Lower, RecordLoc};
 use crate::manifest::{self, StoreLock};
 use crate::namespace::{fp_map, Fingerprint, FpMap, Namespace};
-use crate::reclaimer::Reclaimer;
+use crate::reclaimer::{Reclaimer, Tended};
 use crate::segment_io::{FsSegmentDir, SegmentDir};
 use crate::ssd_tier::{SsdLoc, SsdTier};
 use crate::stats::{Counters, KvStats};
@@ -35,7 +37,8 @@ use crate::stats::{Counters, KvStats};
 /// A lease taken by `lookup`: what the later get may read even if the block is evicted.
 pub(crate) struct Lease {
     pub dram_slot: Option<u32>,
-    pub ssd: Option<(SsdLoc, Arc<dyn crate::segment_io::SegmentFile>)>,
+    /// The record in a lower tier, when DRAM does not hold the block.
+    pub lower: Option<RecordLoc>,
     pub count: u32,
     pub expires: Instant,
 }
@@ -46,6 +49,10 @@ pub(crate) struct Inner {
     pub dram: Option<Mutex<DramTier>>,
     /// Shared with the reclaim thread (which holds nothing else of the store).
     pub ssd: Option<Arc<Mutex<SsdTier>>>,
+    /// This store's own segments in the shared directory.
+    pub shared: Option<Arc<Mutex<SsdTier>>>,
+    /// Other stores' segments in the shared directory.
+    pub foreign: Option<Arc<Mutex<ForeignIndex>>>,
     pub leases: Mutex<FpMap<Lease>>,
     /// Write-back: blocks DRAM evicted whose SSD copy is not published yet. Entered under
     /// the DRAM lock in the same step as the eviction, left after the SSD publish, so a
@@ -70,6 +77,7 @@ pub(crate) struct Inner {
 pub struct LoadModel {
     pub dram_block_s: f64,
     pub ssd_block_s: f64,
+    pub shared_block_s: f64,
 }
 
 impl LoadModel {
@@ -80,6 +88,8 @@ impl LoadModel {
         LoadModel {
             dram_block_s: block_bytes as f64 / 4e9,
             ssd_block_s: block_bytes as f64 / 0.5e9,
+            // A network file system, until measured.
+            shared_block_s: block_bytes as f64 / 0.1e9,
         }
     }
 
@@ -89,7 +99,9 @@ impl LoadModel {
     fn record(&mut self, tiers: &GetTiers, elapsed: Duration) {
         let t = elapsed.as_secs_f64();
         let ewma = |old: f64, new: f64| old + Self::ALPHA * (new - old);
-        if tiers.ssd > 0 {
+        if tiers.shared > 0 {
+            self.shared_block_s = ewma(self.shared_block_s, t / tiers.shared as f64);
+        } else if tiers.ssd > 0 {
             self.ssd_block_s = ewma(self.ssd_block_s, t / tiers.ssd as f64);
         } else if tiers.dram > 0 {
             self.dram_block_s = ewma(self.dram_block_s, t / tiers.dram as f64);
@@ -149,19 +161,28 @@ impl KvStore {
                 dir, seg_root, store_id, &config,
             )?))),
         };
+        let (shared, foreign) = crate::lower::open_shared(&config, store_id)?;
         let load_model = LoadModel::new(config.block_bytes);
         let staging = BufferPool::new(BufferPoolConfig::bounded(
             config.io_threads as u64 * config.slot_bytes(),
         ));
-        let reclaimer = match &ssd {
-            Some(s) => Some(Reclaimer::start(Arc::clone(s)).map_err(KvError::io(root))?),
-            None => None,
+        let tended = Tended {
+            tiers: ssd.iter().chain(shared.iter()).cloned().collect(),
+            shared: shared.clone(),
+            foreign: foreign.clone(),
+            refresh: Duration::from_millis(config.shared_refresh_ms),
+        };
+        let reclaimer = match tended.tiers.is_empty() && tended.foreign.is_none() {
+            true => None,
+            false => Some(Reclaimer::start(tended).map_err(KvError::io(root))?),
         };
         let inner = Arc::new(Inner {
             config,
             root: root.to_path_buf(),
             dram,
             ssd,
+            shared,
+            foreign,
             leases: Mutex::new(fp_map(0)),
             demoting: Mutex::new(fp_map(0)),
             counters: Counters::default(),
@@ -251,6 +272,8 @@ impl KvStore {
         let mut leases = lock(&inner.leases);
         let mut dram = inner.dram.as_ref().map(lock);
         let ssd = inner.ssd.as_deref().map(lock);
+        let shared = inner.shared.as_deref().map(lock);
+        let mut foreign = inner.foreign.as_deref().map(lock);
         let mut n = 0;
         for (fp, key) in fps.into_iter().zip(keys) {
             if let Some(l) = leases.get_mut(&fp) {
@@ -262,16 +285,26 @@ impl KvStore {
             let dram_slot = dram
                 .as_mut()
                 .and_then(|d| d.pin(fp, &self.namespace_id, key));
-            let ssd = match dram_slot {
+            let lower = match dram_slot {
                 Some(_) => None,
-                None => ssd.as_ref().and_then(|s| s.locate(fp)),
+                None => {
+                    let at = |tier, t: Option<(SsdLoc, _)>| {
+                        t.map(|(loc, file)| RecordLoc { tier, loc, file })
+                    };
+                    at(Lower::Ssd, ssd.as_ref().and_then(|s| s.locate(fp)))
+                        .or_else(|| at(Lower::Shared, shared.as_ref().and_then(|s| s.locate(fp))))
+                        .or_else(|| {
+                            let (slot, file) = foreign.as_mut()?.locate(fp)?;
+                            at(Lower::Foreign, Some((SsdLoc { segment: 0, slot }, file)))
+                        })
+                }
             };
-            if dram_slot.is_none() && ssd.is_none() {
+            if dram_slot.is_none() && lower.is_none() {
                 break;
             }
             let lease = Lease {
                 dram_slot,
-                ssd,
+                lower,
                 count: 1,
                 expires,
             };
@@ -281,11 +314,14 @@ impl KvStore {
         n
     }
 
-    /// Both tiers' indexes, locked (DRAM first) for a run of residency checks.
+    /// Every tier's index, locked (DRAM first) for a run of residency checks.
     pub(crate) fn residency(&self) -> Residency<'_> {
+        let inner = &self.inner;
         Residency {
-            dram: self.inner.dram.as_ref().map(lock),
-            ssd: self.inner.ssd.as_deref().map(lock),
+            dram: inner.dram.as_ref().map(lock),
+            ssd: inner.ssd.as_deref().map(lock),
+            shared: inner.shared.as_deref().map(lock),
+            foreign: inner.foreign.as_deref().map(lock),
         }
     }
 
@@ -314,6 +350,7 @@ impl KvStore {
             load_s += match tiers.tier_of(*fp) {
                 Some(Tier::Dram) => load.dram_block_s,
                 Some(Tier::Ssd) => load.ssd_block_s,
+                Some(Tier::Shared) => load.shared_block_s,
                 None => break,
             };
             if load_s < (i + 1) as f64 * recompute_block_s {
@@ -457,12 +494,7 @@ impl KvStore {
     /// Makes every acknowledged put durable (for `durability = none`).
     pub fn sync(&self) -> Result<(), KvError> {
         self.check_open()?;
-        if let Some(s) = &self.inner.ssd {
-            lock(s)
-                .sync_all()
-                .map_err(KvError::io(self.inner.root.join("segments")))?;
-        }
-        Ok(())
+        self.inner.sync_segments()
     }
 
     pub fn stats(&self) -> KvStats {
@@ -480,26 +512,18 @@ impl KvStore {
         if let Some(r) = &self.inner.reclaimer {
             r.stop();
         }
-        let synced = match &self.inner.ssd {
-            Some(s) => lock(s)
-                .sync_all()
-                .map_err(KvError::io(self.inner.root.join("segments"))),
-            None => Ok(()),
-        };
+        let synced = self.inner.sync_segments();
         lock(&self.inner.owner_lock).take();
         synced
     }
 
     fn wake_reclaimer(&self) {
-        let Some(r) = &self.inner.reclaimer else {
+        let inner = &self.inner;
+        let Some(r) = &inner.reclaimer else {
             return;
         };
-        if self
-            .inner
-            .ssd
-            .as_ref()
-            .is_some_and(|s| lock(s).needs_reclaim())
-        {
+        let mut tiers = inner.ssd.iter().chain(inner.shared.iter());
+        if tiers.any(|s| lock(s).needs_reclaim()) {
             r.wake();
         }
     }
@@ -511,9 +535,18 @@ impl Drop for Inner {
         if let Some(r) = &self.reclaimer {
             r.stop();
         }
-        if let Some(s) = &self.ssd {
-            let _ = lock(s).sync_all();
+        let _ = self.sync_segments();
+    }
+}
+
+impl Inner {
+    /// Syncs every segment tier's unsealed segments.
+    fn sync_segments(&self) -> Result<(), KvError> {
+        for t in self.ssd.iter().chain(self.shared.iter()) {
+            let t = lock(t);
+            t.sync_all().map_err(KvError::io(t.root()))?;
         }
+        Ok(())
     }
 }
 
@@ -577,12 +610,16 @@ pub(crate) fn add(c: &AtomicU64, n: u64) {
 enum Tier {
     Dram,
     Ssd,
+    /// The shared directory: our segments there, or another store's.
+    Shared,
 }
 
-/// Both tiers' locks, held for a run of residency checks (see [`KvStore::residency`]).
+/// Every tier's lock, held for a run of residency checks (see [`KvStore::residency`]).
 pub(crate) struct Residency<'a> {
     dram: Option<MutexGuard<'a, DramTier>>,
     ssd: Option<MutexGuard<'a, SsdTier>>,
+    shared: Option<MutexGuard<'a, SsdTier>>,
+    foreign: Option<MutexGuard<'a, ForeignIndex>>,
 }
 
 impl Residency<'_> {
@@ -592,6 +629,10 @@ impl Residency<'_> {
         }
         if self.ssd.as_ref().is_some_and(|s| s.contains(fp)) {
             return Some(Tier::Ssd);
+        }
+        let shared = self.shared.as_ref().is_some_and(|s| s.contains(fp));
+        if shared || self.foreign.as_ref().is_some_and(|f| f.contains(fp)) {
+            return Some(Tier::Shared);
         }
         None
     }

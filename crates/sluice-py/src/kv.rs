@@ -49,7 +49,7 @@ fn policy(field: &str, spec: &str) -> PyResult<PolicyConfig> {
 
 /// Opens (or creates) a store. Sizes are bytes; the Python wrapper parses "8GiB".
 #[pyfunction]
-#[pyo3(signature = (path, block_bytes, dram_bytes, ssd_bytes, namespace, dram_policy, ssd_policy, write_mode, durability, direct, io_threads, lease_timeout_ms, key_bytes, segment_bytes, recompute=None))]
+#[pyo3(signature = (path, block_bytes, dram_bytes, ssd_bytes, namespace, dram_policy, ssd_policy, write_mode, durability, direct, io_threads, lease_timeout_ms, key_bytes, segment_bytes, recompute=None, shared=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn kv_open(
     py: Python<'_>,
@@ -68,6 +68,7 @@ pub fn kv_open(
     key_bytes: Option<usize>,
     segment_bytes: &Bound<'_, PyAny>,
     recompute: Option<(f64, u64)>,
+    shared: Option<(std::path::PathBuf, Bound<'_, PyAny>, String, u64)>,
 ) -> PyResult<PyKvStore> {
     let block_bytes = byte_size("block_bytes", block_bytes)?;
     let dram_bytes = byte_size("dram", dram_bytes)?;
@@ -92,6 +93,12 @@ pub fn kv_open(
     config.key_bytes = key_bytes;
     if let Some(s) = segment_bytes {
         config.segment_bytes = s;
+    }
+    if let Some((dir, bytes, shared_policy, refresh_ms)) = shared {
+        config.shared_dir = Some(dir);
+        config.shared_bytes = byte_size("shared", &bytes)?;
+        config.shared_policy = policy("shared_policy", &shared_policy)?;
+        config.shared_refresh_ms = refresh_ms;
     }
     let store = py
         .detach(|| KvStore::open(&path, config))

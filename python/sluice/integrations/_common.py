@@ -40,6 +40,10 @@ class StoreOptions:
     salt: str = ""
     durability: str = "batch"
     direct: str = "auto"
+    # A directory other nodes mount too (NFS, Lustre): the shared tier. Each node writes
+    # `shared` bytes of segments there and reads those other nodes sealed.
+    shared_dir: str = ""
+    shared: ByteSize = 0
     io_threads: int = 8
     lease_timeout_ms: int = 10_000
 
@@ -82,6 +86,8 @@ class StoreOptions:
             direct=self.direct,
             io_threads=self.io_threads,
             lease_timeout_ms=self.lease_timeout_ms,
+            shared_dir=self.shared_dir or None,
+            shared=self.shared,
             **namespace,
         )
 

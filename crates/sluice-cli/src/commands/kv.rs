@@ -225,6 +225,9 @@ pub(crate) fn apply_tiers(c: &mut KvConfig, t: &KvTierArgs) -> Result<(), KvCliE
     if let Some(n) = t.io_threads {
         c.io_threads = n;
     }
+    c.shared_dir = t.shared_dir.clone();
+    c.shared_bytes = parse_size("shared", &t.shared)?;
+    c.shared_policy = policy("shared-policy", &t.shared_policy)?;
     Ok(())
 }
 

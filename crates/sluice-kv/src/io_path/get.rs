@@ -1,0 +1,337 @@
+//! A get batch: locations and policy hits in key order, reads (verified) and copies in
+//! parallel, then prefix semantics.
+
+use std::io::IoSliceMut;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use sluice_formats::kv::{payload_checksum, RecordHeader, RECORD_HEADER_BYTES};
+
+use crate::dram_tier::Demoted;
+use crate::lower::{Lower, RecordLoc};
+use crate::namespace::Fingerprint;
+use crate::segment_io::SegmentFile;
+use crate::ssd_tier::{Reservation, SsdPut};
+use crate::store::{add, lock, KvStore};
+
+use super::{demote, dram_put, fill_slot, is_aligned, parallel, staging, write_record};
+
+/// Gets a batch in three steps:
+/// 1. every key is located, **in key order**, and the policies see its hit then: DRAM, or
+///    SSD plus the DRAM policy's promotion decision. So a single stream of batches drives
+///    the policies exactly as a two-level cache model (and `sluice kv bench
+///    --compare-sim`) does. Planning stops at the first key found nowhere: prefix
+///    semantics make every later key a miss, so they cost no I/O;
+/// 2. copies out of DRAM, record reads (verified) and copies into promoted slots run in
+///    parallel, outside every lock;
+/// 3. prefix semantics: after the first key that failed, every later key is a miss.
+///
+/// Returns per key whether it was served, and how many keys each tier served.
+pub(crate) fn get_batch(
+    store: &KvStore,
+    keys: &[&[u8]],
+    bufs: &mut [&mut [u8]],
+) -> (Vec<bool>, GetTiers) {
+    let inner = &store.inner;
+    let started = Instant::now();
+    let plans = plan_gets(store, keys);
+    let planned = plans.len();
+    let cells: Vec<Mutex<Option<GetPlan>>> =
+        plans.into_iter().map(|p| Mutex::new(Some(p))).collect();
+    let bufs_cells: Vec<Mutex<&mut [u8]>> = bufs.iter_mut().map(|b| Mutex::new(&mut **b)).collect();
+    let fetched = parallel(planned, inner.config.io_threads, |i| {
+        let plan = lock(&cells[i]).take().expect("each plan runs once");
+        let mut buf = lock(&bufs_cells[i]);
+        fetch_one(store, plan, keys[i], &mut buf)
+    });
+    let mut ok = Vec::with_capacity(keys.len());
+    let mut tiers = GetTiers::default();
+    let mut prefix = true;
+    for got in fetched {
+        prefix &= got != Fetched::Miss;
+        ok.push(prefix);
+        match got {
+            Fetched::Dram if prefix => tiers.dram += 1,
+            Fetched::Ssd if prefix => tiers.ssd += 1,
+            Fetched::Shared if prefix => tiers.shared += 1,
+            _ => {}
+        }
+    }
+    ok.resize(keys.len(), false);
+    store.record_load(&tiers, started.elapsed());
+    add(&inner.counters.hits_dram, tiers.dram);
+    add(&inner.counters.hits_ssd, tiers.ssd);
+    add(&inner.counters.hits_shared, tiers.shared);
+    add(&inner.counters.gets, keys.len() as u64);
+    add(
+        &inner.counters.misses,
+        ok.iter().filter(|o| !**o).count() as u64,
+    );
+    (ok, tiers)
+}
+
+/// How many keys of a get batch each tier served.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct GetTiers {
+    pub dram: u64,
+    pub ssd: u64,
+    /// Our segments in the shared directory, or another store's.
+    pub shared: u64,
+}
+
+/// Where step 2 of a get took a key's bytes from (now in the caller's buffer), if anywhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fetched {
+    Dram,
+    Ssd,
+    Shared,
+    Miss,
+}
+
+/// Where step 1 of a get found a block, and what it decided for it.
+enum GetPlan {
+    /// A pinned DRAM slot.
+    Dram(Fingerprint, u32),
+    /// A write-back block on its way to SSD (its bytes are in memory).
+    Demoting(Fingerprint, Arc<Demoted>),
+    /// A record to read; with a DRAM slot to promote it into, what making room there
+    /// evicted for write-back, and (for a block from the shared directory) a slot in the
+    /// local SSD tier to copy it into.
+    Lower {
+        fp: Fingerprint,
+        at: RecordLoc,
+        promote: Option<u32>,
+        demoted: Vec<Arc<Demoted>>,
+        to_ssd: Option<Reservation>,
+    },
+}
+
+/// Step 1 of a get: each key located and its hit counted with its tier's policy, in key
+/// order, up to the first key found nowhere.
+fn plan_gets(store: &KvStore, keys: &[&[u8]]) -> Vec<GetPlan> {
+    let inner = &store.inner;
+    let mut plans = Vec::with_capacity(keys.len());
+    for key in keys {
+        let fp = store.fingerprint(key);
+        let Some(source) = find(store, fp, key) else {
+            store.release_lease(fp);
+            break;
+        };
+        let plan = match source {
+            Source::Dram(slot) => {
+                let d = inner.dram.as_ref().expect("a DRAM source implies the tier");
+                lock(d).touch(fp);
+                GetPlan::Dram(fp, slot)
+            }
+            Source::Demoting(d) => GetPlan::Demoting(fp, d),
+            Source::Lower(at) => {
+                store.touch_lower(fp, at.tier);
+                let mut demoted = Vec::new();
+                let promote = match inner.dram.is_some() {
+                    true => dram_put(store, fp, key, &mut demoted).slot(),
+                    false => None,
+                };
+                let to_ssd = match (at.tier, &inner.ssd) {
+                    (Lower::Shared | Lower::Foreign, Some(ssd)) => {
+                        match lock(ssd).put(fp, &store.namespace_id, key) {
+                            SsdPut::Reserved(r) => Some(r),
+                            _ => None,
+                        }
+                    }
+                    _ => None,
+                };
+                GetPlan::Lower {
+                    fp,
+                    at,
+                    promote,
+                    demoted,
+                    to_ssd,
+                }
+            }
+        };
+        plans.push(plan);
+    }
+    plans
+}
+
+/// Where a block was found.
+enum Source {
+    Dram(u32),
+    Demoting(Arc<Demoted>),
+    Lower(RecordLoc),
+}
+
+/// Step 2 of a get for one key: copy or read its bytes into `buf`, fill its promotion
+/// slot, end its lease.
+fn fetch_one(store: &KvStore, plan: GetPlan, key: &[u8], buf: &mut [u8]) -> Fetched {
+    let inner = &store.inner;
+    let (fp, got) = match plan {
+        GetPlan::Dram(fp, slot) => {
+            let d = inner.dram.as_ref().expect("a DRAM plan implies the tier");
+            let src = lock(d).slot_ptr(slot);
+            // SAFETY: step 1 pinned the slot, so nobody writes or reuses it during the copy.
+            unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) };
+            lock(d).unpin(slot);
+            (fp, Fetched::Dram)
+        }
+        GetPlan::Demoting(fp, d) => {
+            buf.copy_from_slice(&d.bytes);
+            (fp, Fetched::Dram)
+        }
+        GetPlan::Lower {
+            fp,
+            at,
+            promote,
+            demoted,
+            to_ssd,
+        } => {
+            let read = read_from_lower(store, fp, key, &at, buf);
+            if let (Some(slot), Some(d)) = (promote, &inner.dram) {
+                if read {
+                    fill_slot(d, slot, buf);
+                } else {
+                    lock(d).abandon(fp, slot);
+                }
+            }
+            if let Some(r) = to_ssd {
+                copy_to_ssd(store, r, key, buf, read);
+            }
+            demote(store, demoted);
+            let got = match (read, at.tier) {
+                (false, _) => Fetched::Miss,
+                (true, Lower::Ssd) => Fetched::Ssd,
+                (true, _) => Fetched::Shared,
+            };
+            (fp, got)
+        }
+    };
+    store.release_lease(fp);
+    got
+}
+
+/// Locates `fp`: DRAM (pinned), then SSD, then a lease taken by an earlier lookup.
+fn find(store: &KvStore, fp: Fingerprint, key: &[u8]) -> Option<Source> {
+    let inner = &store.inner;
+    if let Some(d) = &inner.dram {
+        if let Some(slot) = lock(d).pin(fp, &store.namespace_id, key) {
+            return Some(Source::Dram(slot));
+        }
+    }
+    let demoting = lock(&inner.demoting).get(&fp).cloned();
+    if let Some(d) = demoting.filter(|d| &*d.key == key && d.namespace_id == store.namespace_id) {
+        return Some(Source::Demoting(d));
+    }
+    if let Some(at) = store.locate_lower(fp) {
+        return Some(Source::Lower(at));
+    }
+    let leases = lock(&inner.leases);
+    let lease = leases.get(&fp)?;
+    if let (Some(slot), Some(d)) = (lease.dram_slot, &inner.dram) {
+        lock(d).pin_slot(slot);
+        return Some(Source::Dram(slot));
+    }
+    lease.lower.clone().map(Source::Lower)
+}
+
+/// A block read from the shared directory goes into the local SSD tier too (its policy
+/// admitted it at planning), written and synced before it is published: the next get of
+/// it is local.
+fn copy_to_ssd(store: &KvStore, r: Reservation, key: &[u8], bytes: &[u8], read: bool) {
+    let Some(ssd) = &store.inner.ssd else { return };
+    if !read {
+        lock(ssd).abandon(r);
+        return;
+    }
+    let ok = write_record(store, &r, key, bytes)
+        .and_then(|()| r.file.sync())
+        .is_ok();
+    let _ = lock(ssd).publish(vec![(r, ok)]);
+}
+
+/// Reads one record into `buf`; a record that fails verification or cannot be read is
+/// dropped from the index that pointed to it and counted, and the key is a miss.
+fn read_from_lower(
+    store: &KvStore,
+    fp: Fingerprint,
+    key: &[u8],
+    at: &RecordLoc,
+    buf: &mut [u8],
+) -> bool {
+    let (why, corrupt) = match read_record(store, key, at.loc.slot, &*at.file, buf) {
+        Ok(()) => return true,
+        Err(ReadFailure::Corrupt(why)) => (why, true),
+        Err(ReadFailure::Io(e)) => (format!("read failed: {e}"), false),
+    };
+    tracing::warn!(
+        "kv {:?} segment {} slot {}: {why}; dropped, served as a miss",
+        at.tier,
+        at.loc.segment,
+        at.loc.slot
+    );
+    store.drop_lower(fp, at, corrupt);
+    false
+}
+
+enum ReadFailure {
+    Corrupt(String),
+    Io(std::io::Error),
+}
+
+/// Reads and verifies one record into `buf`: O_DIRECT straight into `buf` when it is
+/// aligned, else through a pooled aligned bounce buffer (copied out once verified).
+fn read_record(
+    store: &KvStore,
+    key: &[u8],
+    slot: u32,
+    file: &dyn SegmentFile,
+    buf: &mut [u8],
+) -> Result<(), ReadFailure> {
+    let slot_bytes = store.inner.config.slot_bytes();
+    let at = slot as u64 * slot_bytes;
+    let want = RECORD_HEADER_BYTES + buf.len();
+    let short = |n: usize| ReadFailure::Corrupt(format!("short read: {n} of {want} bytes"));
+    let direct_ok = !file.is_direct() || is_aligned(buf);
+    if direct_ok {
+        let mut head = staging(store, RECORD_HEADER_BYTES).map_err(ReadFailure::Io)?;
+        let head = &mut head.as_mut_slice()[..RECORD_HEADER_BYTES];
+        let n = file
+            .read_vectored_at(&mut [IoSliceMut::new(head), IoSliceMut::new(buf)], at)
+            .map_err(ReadFailure::Io)?;
+        if n < want {
+            return Err(short(n));
+        }
+        return verify(store, key, head, buf);
+    }
+    let mut bounce = staging(store, slot_bytes as usize).map_err(ReadFailure::Io)?;
+    let bounce = &mut bounce.as_mut_slice()[..slot_bytes as usize];
+    let n = file
+        .read_vectored_at(&mut [IoSliceMut::new(bounce)], at)
+        .map_err(ReadFailure::Io)?;
+    if n < want {
+        return Err(short(n));
+    }
+    let (head, payload) = bounce[..want].split_at(RECORD_HEADER_BYTES);
+    verify(store, key, head, payload)?;
+    buf.copy_from_slice(payload);
+    Ok(())
+}
+
+/// Checks a record's header against the key asked for and its payload against the hash.
+fn verify(store: &KvStore, key: &[u8], head: &[u8], payload: &[u8]) -> Result<(), ReadFailure> {
+    let h = RecordHeader::decode(head).map_err(|e| ReadFailure::Corrupt(e.to_string()))?;
+    if h.key != key || h.namespace_id != store.namespace_id {
+        return Err(ReadFailure::Corrupt("the record holds another key".into()));
+    }
+    if h.payload_len != payload.len() as u64 {
+        return Err(ReadFailure::Corrupt(format!(
+            "payload is {} bytes",
+            h.payload_len
+        )));
+    }
+    if payload_checksum(payload) != h.payload_checksum {
+        return Err(ReadFailure::Corrupt(
+            "payload checksum does not match".into(),
+        ));
+    }
+    Ok(())
+}
