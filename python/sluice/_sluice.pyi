@@ -216,6 +216,7 @@ def kv_open(
     segment_bytes: int | str | None,
     recompute: tuple[float, int] | None = None,
     shared: tuple[str, int | str, str, int] | None = None,
+    engine: str = "auto",
 ) -> KvStore:
     """Opens or creates a KV store (GIL released while its segments are scanned)."""
 

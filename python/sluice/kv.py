@@ -246,6 +246,7 @@ def open(
     shared: ByteSize = 0,
     shared_policy: str = "fifo",
     shared_refresh_ms: int = 2000,
+    engine: str = "auto",
 ) -> KvStore:
     """Opens or creates the store at ``path``.
 
@@ -264,6 +265,10 @@ def open(
     deciding which) and reads the segments other stores sealed there, found every
     ``shared_refresh_ms``. A block read from there is copied into this node's tiers.
     ``shared=0`` only reads.
+
+    ``engine`` is how O_DIRECT record reads run: ``auto`` streams each through io_uring
+    in pieces, hashing what has landed while the rest is read (a preadv each where
+    io_uring is unavailable, logged); ``io_uring`` requires it; ``threads`` never uses it.
     """
     recompute = _recompute(recompute_tokens_per_s, block_tokens)
     if shared_dir is None and shared not in (0, "0"):
@@ -289,6 +294,7 @@ def open(
         None
         if shared_dir is None
         else (os.fspath(shared_dir), shared, shared_policy, shared_refresh_ms),
+        engine,
     )
     return KvStore(native, os.fspath(path))
 

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+use sluice_engine::EngineChoice;
 use sluice_formats::kv::{slot_bytes, MAX_KEY_BYTES};
 use sluice_policy::PolicyConfig;
 
@@ -80,6 +81,10 @@ pub struct KvConfig {
     pub write_mode: WriteMode,
     pub durability: Durability,
     pub direct: DirectIo,
+    /// How O_DIRECT record reads run: `Auto` streams them through io_uring in pieces (the
+    /// checksum then runs while the rest of the block is read) where the probe passes, else
+    /// one `preadv` each, with a log line; `IoUring` requires it; `Threads` never uses it.
+    pub engine: EngineChoice,
     /// Threads running block reads and writes. 8: a queue depth that keeps an NVMe or
     /// virtio disk busy with MiB-sized blocks, while the copies into and out of DRAM slots
     /// are spread over cores.
@@ -131,6 +136,7 @@ impl KvConfig {
             write_mode: WriteMode::WriteThrough,
             durability: Durability::Batch,
             direct: DirectIo::Auto,
+            engine: EngineChoice::Auto,
             io_threads: 8,
             lease_timeout_ms: 10_000,
             key_bytes: None,
@@ -247,6 +253,24 @@ impl KvConfig {
     /// for blocks evicted while pinned (see `dram_tier::policy_slots`).
     pub fn dram_policy_blocks(&self) -> u64 {
         crate::dram_tier::policy_slots(self.dram_bytes / self.block_bytes.max(1))
+    }
+
+    /// Whether record reads go through io_uring: `Err` when it is required and missing.
+    pub(crate) fn use_io_uring(&self) -> Result<bool, KvError> {
+        let probe = sluice_engine::probe_io_uring();
+        match (self.engine, probe) {
+            (EngineChoice::Threads, _) => Ok(false),
+            (_, Ok(())) => Ok(true),
+            (EngineChoice::IoUring, Err(reason)) => Err(KvError::config(
+                "engine",
+                "io_uring",
+                format!("unavailable: {reason}"),
+            )),
+            (EngineChoice::Auto, Err(reason)) => {
+                tracing::info!("kv: io_uring unavailable ({reason}); record reads use preadv");
+                Ok(false)
+            }
+        }
     }
 
     /// The configuration of this store's own segments in the shared directory: a segment

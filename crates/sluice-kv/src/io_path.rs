@@ -114,9 +114,10 @@ pub(crate) fn demote(store: &KvStore, demoted: Vec<Arc<Demoted>>) {
 }
 
 /// Writes one record into its reserved slot: the header from a pooled aligned buffer, the
-/// block straight from the caller's memory in the same `pwritev` when the file takes it
-/// as it is (buffered I/O, or a 4 KiB-aligned block under O_DIRECT). Otherwise header and
-/// block are staged together in one pooled aligned buffer.
+/// block straight from the caller's memory when the file takes it as it is (buffered I/O,
+/// or a 4 KiB-aligned block under O_DIRECT): through io_uring with the block's pieces in
+/// flight while it is hashed, else one `pwritev`. Otherwise header and block are staged
+/// together in one pooled aligned buffer.
 pub(crate) fn write_record(
     store: &KvStore,
     r: &Reservation,
@@ -125,25 +126,27 @@ pub(crate) fn write_record(
 ) -> std::io::Result<()> {
     let slot_bytes = store.inner.config.slot_bytes() as usize;
     let at = r.loc.slot as u64 * slot_bytes as u64;
-    let header = RecordHeader {
-        namespace_id: store.namespace_id,
-        seq: r.seq,
-        payload_len: block.len() as u64,
-        payload_checksum: payload_checksum(block),
-        key: key.to_vec(),
-    };
     let encode = |into: &mut [u8]| {
+        let header = RecordHeader {
+            namespace_id: store.namespace_id,
+            seq: r.seq,
+            payload_len: block.len() as u64,
+            payload_checksum: payload_checksum(block),
+            key: key.to_vec(),
+        };
         header
             .encode_into(&mut into[..RECORD_HEADER_BYTES])
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))
     };
     if !r.file.is_direct() || is_aligned(block) {
         let mut head = staging(store, RECORD_HEADER_BYTES)?;
-        encode(head.as_mut_slice())?;
-        let head = &head.as_slice()[..RECORD_HEADER_BYTES];
+        let head = &mut head.as_mut_slice()[..RECORD_HEADER_BYTES];
         // Padding to the slot's end is never read (reads stop at the payload's end), so
-        // the slot's tail is left as the file has it.
-        return r.file.write_vectored_at(&[head, block], at);
+        // the slot's tail is left as the file has it. The block is hashed while it is
+        // being written, where the file can do that (io_uring).
+        return r
+            .file
+            .write_record(at, head, block, WRITE_PIECE_BYTES, &mut |h| encode(h));
     }
     add(&store.inner.counters.staged_writes, 1);
     let mut buf = staging(store, slot_bytes)?;
@@ -154,6 +157,9 @@ pub(crate) fn write_record(
     padding.fill(0); // a reused buffer must not carry another block's bytes to disk
     r.file.write_all_at(bytes, at)
 }
+
+/// Bytes of payload per write in flight: 256 KiB, as for streamed reads.
+const WRITE_PIECE_BYTES: usize = 256 << 10;
 
 /// Whether O_DIRECT can take `bytes` as they are: 4 KiB-aligned start and length.
 pub(crate) fn is_aligned(bytes: &[u8]) -> bool {

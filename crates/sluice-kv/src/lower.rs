@@ -58,7 +58,9 @@ pub(crate) fn open_shared(config: &KvConfig, store_id: [u8; 16]) -> Result<Share
         0 => None, // a reader: nothing of ours in the directory
         _ => {
             std::fs::create_dir_all(&own_dir).map_err(KvError::io(&own_dir))?;
-            let dir = Arc::new(FsSegmentDir::new(&own_dir, config.direct));
+            let dir =
+                FsSegmentDir::new(&own_dir, config.direct).with_io_uring(config.use_io_uring()?);
+            let dir = Arc::new(dir);
             let tier = SsdTier::open(dir, own_dir, store_id, &config.shared_tier_config())?;
             Some(Arc::new(Mutex::new(tier)))
         }

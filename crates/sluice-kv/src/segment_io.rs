@@ -31,6 +31,37 @@ pub trait SegmentFile: Send + Sync {
     /// Reads into `bufs` in order from `offset`; returns the bytes read, short only at the
     /// end of the file.
     fn read_vectored_at(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> io::Result<usize>;
+    /// Reads `head` then `payload`, contiguous in the file from `offset`, handing the
+    /// payload to `consume` in order, `piece` bytes at a time, as it lands: the caller can
+    /// hash what arrived while the rest is still being read. Returns the bytes read, short
+    /// only at the end of the file (`consume` has then not seen all of the payload).
+    fn read_streamed(
+        &self,
+        offset: u64,
+        head: &mut [u8],
+        payload: &mut [u8],
+        piece: usize,
+        consume: &mut dyn FnMut(&[u8]),
+    ) -> io::Result<usize> {
+        let _ = piece;
+        read_then_consume(self, offset, head, payload, consume)
+    }
+    /// Writes a record whose header depends on its payload (it carries the payload's hash):
+    /// `payload` right after `head` from `offset`, `head` filled by `fill_head` first.
+    /// Where it can, the payload is already being written, `piece` bytes per transfer,
+    /// while `fill_head` runs (hashing it), and the header goes last: a record whose header
+    /// never landed is an empty slot to every reader.
+    fn write_record(
+        &self,
+        offset: u64,
+        head: &mut [u8],
+        payload: &[u8],
+        piece: usize,
+        fill_head: &mut dyn FnMut(&mut [u8]) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let _ = piece;
+        fill_then_write(self, offset, head, payload, fill_head)
+    }
     /// Makes every completed write durable (`fdatasync`).
     fn sync(&self) -> io::Result<()>;
     /// Whether reads and writes bypass the page cache (then buffers must be aligned).
@@ -56,6 +87,7 @@ pub trait SegmentDir: Send + Sync {
 pub struct FsSegmentDir {
     root: PathBuf,
     direct: DirectIo,
+    io_uring: bool,
 }
 
 impl FsSegmentDir {
@@ -63,7 +95,15 @@ impl FsSegmentDir {
         FsSegmentDir {
             root: root.to_path_buf(),
             direct,
+            io_uring: false,
         }
+    }
+
+    /// Streams O_DIRECT record reads through io_uring, in pieces, where it works
+    /// ([`SegmentFile::read_streamed`]); off, each read is one `preadv`.
+    pub fn with_io_uring(mut self, on: bool) -> FsSegmentDir {
+        self.io_uring = on;
+        self
     }
 
     fn open_file(&self, id: u64, create: bool) -> io::Result<FsSegment> {
@@ -98,7 +138,11 @@ impl FsSegmentDir {
         };
         let direct =
             self.direct == DirectIo::On || (self.direct == DirectIo::Auto && has_o_direct(&file));
-        Ok(FsSegment { file, direct })
+        Ok(FsSegment {
+            file,
+            direct,
+            io_uring: self.io_uring,
+        })
     }
 }
 
@@ -116,7 +160,11 @@ pub fn open_foreign_segment(path: &Path, direct: DirectIo) -> io::Result<Arc<dyn
         },
     };
     let direct = has_o_direct(&file);
-    Ok(Arc::new(FsSegment { file, direct }))
+    Ok(Arc::new(FsSegment {
+        file,
+        direct,
+        io_uring: false,
+    }))
 }
 
 fn has_o_direct(file: &File) -> bool {
@@ -182,6 +230,8 @@ impl SegmentDir for FsSegmentDir {
 struct FsSegment {
     file: File,
     direct: bool,
+    /// Stream reads through io_uring (direct files only).
+    io_uring: bool,
 }
 
 impl SegmentFile for FsSegment {
@@ -213,12 +263,175 @@ impl SegmentFile for FsSegment {
         Ok(done)
     }
 
+    fn read_streamed(
+        &self,
+        offset: u64,
+        head: &mut [u8],
+        payload: &mut [u8],
+        piece: usize,
+        consume: &mut dyn FnMut(&[u8]),
+    ) -> io::Result<usize> {
+        if !(self.io_uring && self.direct) {
+            return read_then_consume(self, offset, head, payload, consume);
+        }
+        match stream_through_uring(&self.file, offset, head, payload, piece, consume) {
+            Err(e) if e.kind() == io::ErrorKind::Unsupported => {
+                read_then_consume(self, offset, head, payload, consume)
+            }
+            other => other,
+        }
+    }
+
+    fn write_record(
+        &self,
+        offset: u64,
+        head: &mut [u8],
+        payload: &[u8],
+        piece: usize,
+        fill_head: &mut dyn FnMut(&mut [u8]) -> io::Result<()>,
+    ) -> io::Result<()> {
+        if !(self.io_uring && self.direct) {
+            return fill_then_write(self, offset, head, payload, fill_head);
+        }
+        let fd = self.file.as_raw_fd();
+        let written = sluice_engine::with_ring(fd, |batch| {
+            write_record_through(batch, offset, head, payload, piece, fill_head)
+        });
+        match written {
+            Ok(result) => result,
+            Err(e) if e.kind() == io::ErrorKind::Unsupported => {
+                fill_then_write(self, offset, head, payload, fill_head)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     fn sync(&self) -> io::Result<()> {
         self.file.sync_data()
     }
 
     fn is_direct(&self) -> bool {
         self.direct
+    }
+}
+
+/// [`SegmentFile::read_streamed`] without streaming: one vectored read, then the whole
+/// payload handed on.
+fn read_then_consume(
+    file: &(impl SegmentFile + ?Sized),
+    offset: u64,
+    head: &mut [u8],
+    payload: &mut [u8],
+    consume: &mut dyn FnMut(&[u8]),
+) -> io::Result<usize> {
+    let want = head.len() + payload.len();
+    let n = file.read_vectored_at(
+        &mut [IoSliceMut::new(head), IoSliceMut::new(payload)],
+        offset,
+    )?;
+    if n >= want {
+        consume(payload);
+    }
+    Ok(n)
+}
+
+/// [`SegmentFile::write_record`] without overlap: the header filled, then one write.
+fn fill_then_write(
+    file: &(impl SegmentFile + ?Sized),
+    offset: u64,
+    head: &mut [u8],
+    payload: &[u8],
+    fill_head: &mut dyn FnMut(&mut [u8]) -> io::Result<()>,
+) -> io::Result<()> {
+    fill_head(head)?;
+    file.write_vectored_at(&[head, payload], offset)
+}
+
+/// [`SegmentFile::write_record`] on a ring: the payload's pieces submitted, the header
+/// filled (the payload hashed) while they are written, then the header submitted.
+fn write_record_through(
+    batch: &mut sluice_engine::RingBatch<'_>,
+    offset: u64,
+    head: &mut [u8],
+    payload: &[u8],
+    piece: usize,
+    fill_head: &mut dyn FnMut(&mut [u8]) -> io::Result<()>,
+) -> io::Result<()> {
+    let piece = piece
+        .max(payload.len().div_ceil(sluice_engine::MAX_PARTS - 1))
+        .max(1);
+    let payload_at = offset + head.len() as u64;
+    for start in (0..payload.len()).step_by(piece) {
+        let part = sluice_engine::Part {
+            offset: payload_at + start as u64,
+            // The kernel only reads a written part; `*mut` is what the descriptor takes.
+            ptr: payload[start..].as_ptr().cast_mut(),
+            len: piece.min(payload.len() - start),
+            write: true,
+        };
+        // SAFETY: the part lies inside `payload`, borrowed until the batch is waited for
+        // (here, or by the batch's drop on an early return).
+        unsafe { batch.submit(part)? };
+    }
+    fill_head(head)?;
+    let part = sluice_engine::Part {
+        offset,
+        ptr: head.as_mut_ptr(),
+        len: head.len(),
+        write: true,
+    };
+    // SAFETY: as above, for `head`.
+    unsafe { batch.submit(part)? };
+    batch.wait_all(&mut |_| {})
+}
+
+/// [`SegmentFile::read_streamed`] over io_uring: the header and every piece of the
+/// payload submitted at once, the pieces handed on in order as they complete.
+fn stream_through_uring(
+    file: &File,
+    offset: u64,
+    head: &mut [u8],
+    payload: &mut [u8],
+    piece: usize,
+    consume: &mut dyn FnMut(&[u8]),
+) -> io::Result<usize> {
+    let piece = piece
+        .max(payload.len().div_ceil(sluice_engine::MAX_PARTS - 1))
+        .max(1);
+    let base = payload.as_mut_ptr();
+    let mut parts = vec![sluice_engine::Part {
+        offset,
+        ptr: head.as_mut_ptr(),
+        len: head.len(),
+        write: false,
+    }];
+    let payload_at = offset + head.len() as u64;
+    for start in (0..payload.len()).step_by(piece) {
+        parts.push(sluice_engine::Part {
+            offset: payload_at + start as u64,
+            // SAFETY: `start < payload.len()`.
+            ptr: unsafe { base.add(start) },
+            len: piece.min(payload.len() - start),
+            write: false,
+        });
+    }
+    let mut landed = 0usize;
+    let mut ready = |i: usize| {
+        let p = parts[i];
+        landed += p.len;
+        if i > 0 {
+            // SAFETY: part `i` is complete, and no read is in flight into it; the other
+            // parts' ranges do not overlap it.
+            consume(unsafe { std::slice::from_raw_parts(p.ptr, p.len) });
+        }
+    };
+    // SAFETY: the parts cover disjoint ranges of `head` and `payload`, which this function
+    // borrows mutably until the call returns.
+    let read = unsafe { sluice_engine::read_in_order(file.as_raw_fd(), &parts, &mut ready) };
+    match read {
+        Ok(()) => Ok(landed),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(landed),
+        Err(e) => Err(e),
     }
 }
 

@@ -129,8 +129,9 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl KvStore {
     /// Opens (or creates) the store at `root`, recovering the SSD tier's blocks.
     pub fn open(root: &Path, config: KvConfig) -> Result<KvStore, KvError> {
-        let dir = Arc::new(FsSegmentDir::new(&root.join("segments"), config.direct));
-        Self::open_with_dir(root, config, dir)
+        let dir = FsSegmentDir::new(&root.join("segments"), config.direct)
+            .with_io_uring(config.use_io_uring()?);
+        Self::open_with_dir(root, config, Arc::new(dir))
     }
 
     /// Opens a store over any segment directory (tests pass a fault-injecting one).

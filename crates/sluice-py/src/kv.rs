@@ -49,7 +49,7 @@ fn policy(field: &str, spec: &str) -> PyResult<PolicyConfig> {
 
 /// Opens (or creates) a store. Sizes are bytes; the Python wrapper parses "8GiB".
 #[pyfunction]
-#[pyo3(signature = (path, block_bytes, dram_bytes, ssd_bytes, namespace, dram_policy, ssd_policy, write_mode, durability, direct, io_threads, lease_timeout_ms, key_bytes, segment_bytes, recompute=None, shared=None))]
+#[pyo3(signature = (path, block_bytes, dram_bytes, ssd_bytes, namespace, dram_policy, ssd_policy, write_mode, durability, direct, io_threads, lease_timeout_ms, key_bytes, segment_bytes, recompute=None, shared=None, engine="auto"))]
 #[allow(clippy::too_many_arguments)]
 pub fn kv_open(
     py: Python<'_>,
@@ -69,6 +69,7 @@ pub fn kv_open(
     segment_bytes: &Bound<'_, PyAny>,
     recompute: Option<(f64, u64)>,
     shared: Option<(std::path::PathBuf, Bound<'_, PyAny>, String, u64)>,
+    engine: &str,
 ) -> PyResult<PyKvStore> {
     let block_bytes = byte_size("block_bytes", block_bytes)?;
     let dram_bytes = byte_size("dram", dram_bytes)?;
@@ -87,6 +88,9 @@ pub fn kv_open(
         parse::<WriteMode>("write_mode", write_mode, &["write-through", "write-back"])?;
     config.durability = parse::<Durability>("durability", durability, &["batch", "none"])?;
     config.direct = parse::<DirectIo>("direct", direct, &["auto", "on", "off"])?;
+    config.engine = engine
+        .parse()
+        .map_err(|e| config_error(format!("kv: engine = {engine:?}: {e}")))?;
     config.recompute = recompute.map(recompute_model);
     config.io_threads = io_threads;
     config.lease_timeout_ms = lease_timeout_ms;
