@@ -104,9 +104,8 @@ fn run(tended: &Tended, signal: &(Mutex<Signal>, Condvar)) {
             s.woken = false;
         }
         for t in &tended.tiers {
-            let mut tier = lock(t);
-            if tier.needs_reclaim() {
-                tier.reclaim_to_low_watermark();
+            if lock(t).needs_reclaim() {
+                crate::ssd_tier::reclaim_unlocked(t);
             }
         }
         if refreshed.elapsed() >= tended.refresh {

@@ -513,6 +513,9 @@ pub enum KvFault {
     SlowWrite { millis: u64 },
     /// Removing a segment takes `millis` longer (a slow file system under reclamation).
     SlowRemove { millis: u64 },
+    /// Reads made by the store's reclaim thread wait until [`FaultyDir::release_reads`]
+    /// (a compaction stalled in the middle of its copies).
+    HoldReclaimReads,
 }
 
 #[derive(Default)]
@@ -522,12 +525,15 @@ struct FaultState {
     reads: u64,
     syncs: u64,
     written_bytes: u64,
+    /// Reads waiting under `HoldReclaimReads`.
+    held: u64,
 }
 
 /// A [`SegmentDir`] over another that injects [`KvFault`]s.
 pub struct FaultyDir {
     inner: Arc<dyn SegmentDir>,
     state: Arc<Mutex<FaultState>>,
+    released: Arc<std::sync::Condvar>,
 }
 
 impl FaultyDir {
@@ -538,12 +544,27 @@ impl FaultyDir {
                 faults,
                 ..FaultState::default()
             })),
+            released: Arc::new(std::sync::Condvar::new()),
         }
     }
 
     /// Replaces the fault list (counters keep running).
     pub fn set_faults(&self, faults: Vec<KvFault>) {
         lock(&self.state).faults = faults;
+        self.released.notify_all();
+    }
+
+    /// Reads waiting under [`KvFault::HoldReclaimReads`] now.
+    pub fn held_reads(&self) -> u64 {
+        lock(&self.state).held
+    }
+
+    /// Lets held reads go on (and stops holding new ones).
+    pub fn release_reads(&self) {
+        let mut st = lock(&self.state);
+        st.faults.retain(|f| *f != KvFault::HoldReclaimReads);
+        drop(st);
+        self.released.notify_all();
     }
 }
 
@@ -574,6 +595,7 @@ impl SegmentDir for FaultyDir {
         Ok(Arc::new(FaultySegment {
             inner,
             state: Arc::clone(&self.state),
+            released: Arc::clone(&self.released),
         }))
     }
 
@@ -582,6 +604,7 @@ impl SegmentDir for FaultyDir {
         Ok(Arc::new(FaultySegment {
             inner,
             state: Arc::clone(&self.state),
+            released: Arc::clone(&self.released),
         }))
     }
 
@@ -612,6 +635,25 @@ impl SegmentDir for FaultyDir {
 struct FaultySegment {
     inner: Arc<dyn SegmentFile>,
     state: Arc<Mutex<FaultState>>,
+    released: Arc<std::sync::Condvar>,
+}
+
+impl FaultySegment {
+    /// Under `HoldReclaimReads`, a read on the reclaim thread waits for the release.
+    fn hold_if_reclaiming(&self) {
+        if std::thread::current().name() != Some("sluice-kv-reclaim") {
+            return;
+        }
+        let mut st = lock(&self.state);
+        if !st.faults.contains(&KvFault::HoldReclaimReads) {
+            return;
+        }
+        st.held += 1;
+        while st.faults.contains(&KvFault::HoldReclaimReads) {
+            st = self.released.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        st.held -= 1;
+    }
 }
 
 impl SegmentFile for FaultySegment {
@@ -650,6 +692,7 @@ impl SegmentFile for FaultySegment {
     }
 
     fn read_vectored_at(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> io::Result<usize> {
+        self.hold_if_reclaiming();
         let (n, faults) = {
             let mut st = lock(&self.state);
             st.reads += 1;

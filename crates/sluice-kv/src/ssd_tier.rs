@@ -39,6 +39,9 @@ use crate::error::KvError;
 use crate::namespace::{fp_map, Fingerprint, FpMap};
 use crate::segment_io::{SegmentDir, SegmentFile};
 
+mod compaction;
+pub(crate) use compaction::reclaim_unlocked;
+
 /// Where a block's record lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SsdLoc {
@@ -58,6 +61,8 @@ pub struct Segment {
     sealed: bool,
     /// Records written here so far (until sealed): the segment's summary.
     records: Vec<SummaryEntry>,
+    /// Its records are being moved out (by a compaction running without the lock).
+    compacting: bool,
     /// When the segment was created (an open shared segment is sealed after a while, so
     /// that other stores see its blocks).
     opened: std::time::Instant,
@@ -189,6 +194,7 @@ impl SsdTier {
                 live: 0,
                 sealed: true,
                 records: Vec::new(),
+                compacting: false,
                 opened: std::time::Instant::now(),
             },
         );
@@ -352,6 +358,7 @@ impl SsdTier {
             live: 0,
             sealed: false,
             records: Vec::new(),
+            compacting: false,
             opened: std::time::Instant::now(),
         };
         self.segments.insert(id, seg);
@@ -505,84 +512,6 @@ impl SsdTier {
         self.allocated_bytes() > self.high_bytes
     }
 
-    /// Reclaims to the low watermark (or to `target` when lower).
-    pub fn reclaim_to_low_watermark(&mut self) {
-        self.reclaim(self.low_bytes);
-    }
-
-    /// Drops dead segments, then compacts the emptiest sealed ones, until segment files
-    /// use at most `target` bytes or nothing more can be freed.
-    fn reclaim(&mut self, target: u64) {
-        // Each pass drops or compacts one segment; compaction can only shuffle blocks once
-        // live data is dense, so the passes are bounded by the segment count.
-        for _ in 0..=self.segments.len() {
-            if self.allocated_bytes() <= target {
-                return;
-            }
-            let victim = self
-                .segments
-                .iter()
-                .filter(|(id, s)| s.sealed && s.pending == 0 && Some(**id) != self.active)
-                .min_by_key(|(id, s)| (s.live, **id))
-                .map(|(id, s)| (*id, s.live));
-            let Some((id, live)) = victim else { return };
-            if live as u64 >= self.slots_per_segment as u64 - 1 {
-                return; // the emptiest segment is full of live blocks: nothing to gain
-            }
-            if live > 0 && !self.compact(id) {
-                return;
-            }
-            self.drop_segment(id);
-        }
-    }
-
-    /// Re-appends every live record of segment `id` elsewhere. False when there is no room
-    /// (the segment then stays).
-    fn compact(&mut self, id: u32) -> bool {
-        let moving: Vec<(Fingerprint, SsdLoc)> = self
-            .index
-            .iter()
-            .filter(|(_, loc)| loc.segment == id)
-            .map(|(fp, loc)| (*fp, *loc))
-            .collect();
-        let free_slots = self.free_slots_outside(id);
-        if (moving.len() as u64) > free_slots {
-            return false;
-        }
-        let src = Arc::clone(&self.segments[&id].file);
-        let Ok(mut buf) = AlignedBuf::new(self.slot_bytes as usize) else {
-            return false;
-        };
-        let mut moved = Vec::with_capacity(moving.len());
-        let mut complete = true;
-        for (fp, loc) in moving {
-            let Some(mut r) = self.reserve_for_compaction(fp) else {
-                complete = false;
-                break;
-            };
-            let copied = copy_record(&*src, loc, &r, &mut buf);
-            let ok = copied.is_ok();
-            if let Ok(h) = copied {
-                r.namespace_id = h.namespace_id;
-                r.key = h.key;
-            }
-            if !ok {
-                self.index.remove(&fp);
-                self.dec_live(loc);
-                self.counters.corrupt_blocks += 1;
-            }
-            moved.push((r, ok));
-        }
-        // One sync for every record moved, before any of them is published.
-        sync_written(&mut moved);
-        self.counters.blocks_moved += moved.iter().filter(|(_, ok)| *ok).count() as u64;
-        let _ = self.publish(moved);
-        if complete {
-            self.counters.segments_compacted += 1;
-        }
-        complete
-    }
-
     fn free_slots_outside(&self, id: u32) -> u64 {
         let in_active = self
             .active
@@ -663,9 +592,10 @@ impl SsdTier {
 }
 
 /// One `fdatasync` per segment written; a failed sync fails every write it covered.
-pub(crate) fn sync_written(written: &mut [(Reservation, bool)]) {
+pub(crate) fn sync_written<R: std::borrow::Borrow<Reservation>>(written: &mut [(R, bool)]) {
     let mut files: HashMap<u32, (Arc<dyn SegmentFile>, bool)> = HashMap::new();
     for (r, ok) in written.iter() {
+        let r = r.borrow();
         if *ok {
             files
                 .entry(r.loc.segment)
@@ -681,7 +611,7 @@ pub(crate) fn sync_written(written: &mut [(Reservation, bool)]) {
         }
     }
     for (r, ok) in written.iter_mut() {
-        if files.get(&r.loc.segment).is_some_and(|(_, s)| !s) {
+        if files.get(&r.borrow().loc.segment).is_some_and(|(_, s)| !s) {
             *ok = false;
         }
     }

@@ -265,6 +265,46 @@ fn a_dropped_store_releases_its_lock_at_once_even_while_reclaiming() {
 }
 
 #[test]
+fn puts_and_gets_go_on_while_a_segment_is_compacted_in_the_background() {
+    let dir = tempdir();
+    let mut cfg = config(0, 64);
+    cfg.high_watermark = 0.5;
+    cfg.low_watermark = 0.3;
+    let (store, faulty) = open_faulty(dir.path(), cfg, vec![KvFault::HoldReclaimReads]);
+    // Block 0 is read after every put, so the policy keeps it while its segment-mates go:
+    // its segment ends up sparse but live, and the background reclaimer compacts it.
+    assert_eq!(put(&store, &[0]), vec![true]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut next = 1u64;
+    while faulty.held_reads() == 0 {
+        assert!(Instant::now() < deadline, "no compaction started");
+        assert_eq!(put(&store, &[next]), vec![true]);
+        assert_eq!(get(&store, &[0]), vec![true]);
+        next += 1;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The reclaim thread is stalled inside a compaction's copy: the tier's lock is free.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let s = store.clone();
+    std::thread::spawn(move || {
+        let stored = put(&s, &[10_000, 10_001]);
+        let got = get(&s, &[0, next - 1]);
+        let _ = tx.send((stored, got));
+    });
+    let outcome = rx.recv_timeout(Duration::from_secs(10));
+    faulty.release_reads();
+    let (stored, got) = outcome.expect("a put waited for the compaction's copy");
+    assert_eq!((stored, got), (vec![true; 2], vec![true; 2]));
+    // Once released, the compaction finishes and every block still reads back exactly.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while store.stats().segments_compacted == 0 {
+        assert!(Instant::now() < deadline, "the compaction never finished");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(get(&store, &[0, 10_000, 10_001]), vec![true; 3]);
+}
+
+#[test]
 fn kill_child_writer() {
     let Ok(root) = std::env::var("SLUICE_KV_TEST_CHILD") else {
         return;
