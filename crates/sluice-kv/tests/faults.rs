@@ -480,3 +480,31 @@ fn streamed_reads_of_large_blocks_verify_every_piece() {
         assert_eq!(store.stats().corrupt_blocks, 2, "{engine:?}");
     }
 }
+
+#[test]
+fn records_split_into_many_pieces_are_written_and_read_whole() {
+    // Past 63 pieces of 256 KiB the pieces grow; they must stay 4 KiB multiples for
+    // O_DIRECT (at 32 MiB they were not, and every put failed with EINVAL).
+    let dir = tempdir();
+    let block = (16 << 20) + (64 << 10);
+    let mut c = sluice_kv::KvConfig::new(block as u64, ns("m"));
+    c.ssd_bytes = 8 * c.slot_bytes();
+    c.direct = DirectIo::On;
+    let store = KvStore::open(dir.path(), c).unwrap();
+    let mut bytes = sluice_engine::AlignedBuf::new(block).unwrap();
+    for (j, x) in bytes.as_mut_slice().iter_mut().enumerate() {
+        *x = (j % 253) as u8;
+    }
+    let k = key(1);
+    assert_eq!(
+        store.put_batch(&[&k], &[bytes.as_slice()]).unwrap(),
+        vec![true]
+    );
+    let mut out = sluice_engine::AlignedBuf::new(block).unwrap();
+    let ok = store
+        .get_batch_into(&[&k], &mut [out.as_mut_slice()])
+        .unwrap();
+    assert_eq!(ok, vec![true]);
+    assert!(out.as_slice() == bytes.as_slice());
+    assert_eq!(store.stats().staged_writes, 0, "the aligned path was taken");
+}
