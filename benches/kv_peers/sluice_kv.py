@@ -24,10 +24,11 @@ from .workload import Workload
 
 CHAIN_KEYS = 1000
 LOOKUP_RUNS = 2000
-# Sluice keeps live data under its low watermark (0.8 of the budget, less two segments), so a
-# budget of 1.3x the data plus 1 GiB never evicts a block during the run. The index is sized
-# for the budget, so its bytes per stored block grow with this headroom (see extra()).
-SSD_HEADROOM = 1.3
+# Sluice keeps live data under its low watermark (0.8 of the budget, less a segment, less the
+# header slot of each segment), so a budget of 1.4x the data plus 1 GiB never evicts a block
+# during the run. The index is sized for the budget, so its bytes per stored block grow with
+# this headroom (see extra()).
+SSD_HEADROOM = 1.4
 SSD_SPARE_BYTES = 1 << 30
 
 
@@ -100,8 +101,11 @@ class SluiceDram(SluiceSsd):
     durability = "none (DRAM tier)"
 
     def _open_args(self, workload: Workload) -> dict[str, Any]:
-        # Slots are allocated once for the whole budget: room for every block, plus slack.
-        return {"dram": workload.total_bytes + 64 * workload.block_bytes, "ssd": 0}
+        # Slots are allocated once for the whole budget. The policy keeps a sixteenth of them
+        # spare (for blocks evicted while a lease pins them), so every block stays resident
+        # only with 16/15 of the blocks in slots, plus slack.
+        slots = workload.n_blocks + -(-workload.n_blocks // 15) + 64
+        return {"dram": slots * workload.block_bytes, "ssd": 0}
 
     def extra(self) -> dict[str, Any]:
         stats = self.store_.stats()

@@ -12,6 +12,11 @@ use crate::namespace::Namespace;
 
 const MIB: u64 = 1 << 20;
 
+/// Slots a segment gets at least, budget permitting: the header takes a whole slot, so with
+/// 256 MiB segments of 32 MiB blocks one slot in seven held 4 KiB of header (14% of the disk
+/// budget gone, and a store sized for its data evicted blocks). 32 slots keep it near 3%.
+pub const MIN_SEGMENT_SLOTS: u64 = 32;
+
 /// When an acknowledged put survives power loss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -71,7 +76,8 @@ pub struct KvConfig {
     pub ssd_bytes: u64,
     /// Bytes per segment file. 256 MiB: large enough that a segment holds many blocks and
     /// appends stay sequential, small enough that dropping or compacting one frees space in
-    /// useful steps. Lowered to an eighth of `ssd_bytes` for small budgets.
+    /// useful steps. Raised to [`MIN_SEGMENT_SLOTS`] blocks for large blocks, lowered to an
+    /// eighth of `ssd_bytes` for small budgets.
     pub segment_bytes: u64,
     /// Eviction and admission of the DRAM tier, by `sluice sim` name (`lru`, `arc`,
     /// `s3fifo`, `tinylfu(window=0.01)`, ...).
@@ -304,11 +310,38 @@ impl KvConfig {
         slots * (per_segment - 1) / per_segment * slot
     }
 
-    /// Slots per segment file (slot 0 is the segment header): `segment_bytes`, lowered to
-    /// an eighth of the budget, in whole slots, at least 2 blocks.
+    /// Slots per segment file (slot 0 is the segment header): `segment_bytes`, raised to
+    /// [`MIN_SEGMENT_SLOTS`] slots for large blocks, lowered to an eighth of the budget, in
+    /// whole slots, at least 2 blocks.
     pub fn slots_per_segment(&self) -> u64 {
         let slot = self.slot_bytes();
-        let cap = self.segment_bytes.min(self.ssd_bytes / 8).max(slot * 3);
+        let cap = self
+            .segment_bytes
+            .max(slot.saturating_mul(MIN_SEGMENT_SLOTS))
+            .min(self.ssd_bytes / 8)
+            .max(slot * 3);
         (cap / slot).max(3)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segment_headers_cost_little_space_at_every_block_size() {
+        for block in [256 << 10, 2 * MIB, 32 * MIB, 128 * MIB] {
+            let mut c = KvConfig::new(block, Namespace::default());
+            c.ssd_bytes = 1 << 40;
+            let slots = c.slots_per_segment();
+            assert!(
+                slots >= MIN_SEGMENT_SLOTS,
+                "{block}: {slots} slots per segment"
+            );
+        }
+        // A small budget still gets at least eight segments.
+        let mut c = KvConfig::new(32 * MIB, Namespace::default());
+        c.ssd_bytes = 64 * c.slot_bytes();
+        assert_eq!(c.slots_per_segment(), 8);
     }
 }
