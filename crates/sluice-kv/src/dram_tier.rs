@@ -295,7 +295,7 @@ impl DramTier {
 
     /// Approximate bytes of the index and slot table.
     pub fn index_bytes(&self) -> usize {
-        self.index.capacity() * (std::mem::size_of::<(Fingerprint, u32)>() + 1)
+        crate::namespace::fp_map_bytes(&self.index)
             + self.slots.capacity() * std::mem::size_of::<Option<Slot>>()
             + self.index.len() * 32
     }

@@ -116,8 +116,7 @@ impl ForeignIndex {
 
     /// Approximate bytes of the index.
     pub fn index_bytes(&self) -> usize {
-        let entry = std::mem::size_of::<(Fingerprint, ForeignLoc)>() + 1;
-        self.entries.capacity() * 8 / 7 * entry
+        crate::namespace::fp_map_bytes(&self.entries)
     }
 
     fn apply(&mut self, scan: Scan) {

@@ -79,6 +79,18 @@ pub fn fp_map<V>(n: usize) -> FpMap<V> {
     HashMap::with_capacity_and_hasher(n, BuildHasherDefault::default())
 }
 
+/// Bytes an [`FpMap`] of `V` holds: its buckets (hashbrown keeps a power of two of them,
+/// of which it fills 7/8) times an entry plus a control byte.
+pub fn fp_map_bytes<V>(map: &FpMap<V>) -> usize {
+    let cap = map.capacity();
+    let buckets = match cap {
+        0 => return 0,
+        c if c < 8 => (c + 1).next_power_of_two(),
+        c => (c * 8 / 7).next_power_of_two(),
+    };
+    buckets * (std::mem::size_of::<(Fingerprint, V)>() + 1)
+}
+
 /// The identity hasher behind [`FpMap`]: a fingerprint hashes to itself.
 #[derive(Default)]
 pub struct FpHasher(u64);
@@ -103,6 +115,16 @@ impl Hasher for FpHasher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn map_bytes_count_the_buckets_a_map_really_holds() {
+        // 36,700 entries take 65,536 buckets of 16 + 1 bytes (the stats once counted twice
+        // that, rounding 7/8 of a power of two up to the next one).
+        let m: FpMap<u64> = fp_map(36_700);
+        assert_eq!(m.capacity(), 57_344);
+        assert_eq!(fp_map_bytes(&m), 65_536 * 17);
+        assert_eq!(fp_map_bytes(&fp_map::<u64>(0)), 0);
+    }
 
     #[test]
     fn every_field_separates_namespaces() {

@@ -322,14 +322,25 @@ impl SegmentFile for FsSegment {
     }
 }
 
-/// The size of a record's pieces: at least `piece`, few enough that the header and every
-/// piece fit in one ring batch, and a multiple of 4 KiB, which O_DIRECT needs of every
-/// transfer's offset and length (an odd size here made 32 MiB records fail with EINVAL).
+/// The size of a record's pieces: about an eighth of the payload, between `piece` and
+/// [`MAX_PIECE_BYTES`], few enough that the header and every piece fit in one ring batch,
+/// and a multiple of 4 KiB, which O_DIRECT needs of every transfer's offset and length (an
+/// odd size here made 32 MiB records fail with EINVAL).
 fn piece_bytes(piece: usize, payload: usize) -> usize {
-    piece
+    (payload / TARGET_PIECES)
+        .clamp(piece, MAX_PIECE_BYTES.max(piece))
         .max(payload.div_ceil(sluice_engine::MAX_PARTS - 1))
         .next_multiple_of(KV_ALIGN)
 }
+
+/// Pieces per record aimed at: enough that hashing the last one adds little to a read (an
+/// eighth of a 32 MiB block hashes in 0.7 ms), few enough that each is a large request.
+const TARGET_PIECES: usize = 8;
+
+/// The largest piece: 4 MiB, a virtio or NVMe queue's usual largest request
+/// (`max_sectors_kb`); 64 pieces of 512 KiB read a 32 MiB block 40% slower than its peers'
+/// single read on this machine.
+const MAX_PIECE_BYTES: usize = 4 << 20;
 
 /// Pieces a record's payload must exceed before its write is overlapped with its hash.
 const OVERLAP_MIN_PIECES: usize = 4;

@@ -580,10 +580,7 @@ impl SsdTier {
 
     /// Approximate bytes of the index (table slots, control bytes included).
     pub fn index_bytes(&self) -> usize {
-        let bucket = std::mem::size_of::<(Fingerprint, SsdLoc)>() + 1;
-        // hashbrown keeps capacity * 8 / 7 buckets, rounded up to a power of two.
-        let buckets = (self.index.capacity() * 8 / 7 + 1).next_power_of_two();
-        buckets * bucket
+        crate::namespace::fp_map_bytes(&self.index)
     }
 
     pub fn root(&self) -> &PathBuf {
