@@ -119,7 +119,7 @@ $(STAMP)/bench-deps: $(STAMP)/deps requirements-bench.txt
 bench-load: $(STAMP)/develop $(STAMP)/bench-deps
 	$(PY) benches/bench_load.py --data bench-data/ckpt-4g --size-gib 4 --runs 3 --out docs/
 
-# `make bench-kv` (root; about 2 h; 28 GiB of free disk): the KV-cache store against
+# `make bench-kv` (root; three rounds of about 75 min; 28 GiB of free disk): the KV-cache store against
 # fio, file-per-block, MLPerf's backend, LMCache and Mooncake. Its peers live in their own
 # venv, since LMCache 0.5.6 pins numpy<=2.2.6. LMCache is installed --no-deps, without its
 # CUDA-only requirements (requirements-bench-kv.txt lists the rest), and takes torch from
