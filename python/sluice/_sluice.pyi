@@ -233,3 +233,54 @@ def kv_connect(
 
 def kv_fsck(path: str, repair: bool = False) -> str:
     """Verifies every block of a closed store; the report as JSON (GIL released)."""
+
+class CkptJob:
+    """One rank's share of a ``sluice.ckpt`` save, staging and writing in the background."""
+
+    def wait_staged(self, timeout: float | None = None) -> float | None: ...
+    def wait_durable(self, timeout: float | None = None) -> str | None: ...
+    def cancel(self, why: str) -> None: ...
+    def close(self) -> None: ...
+
+class CkptStore:
+    """An open checkpoint store; its lock is held shared until ``close``."""
+
+    root: str
+    def known(self) -> bytes: ...
+    def write(
+        self,
+        tasks: list[tuple[bytes, int, int]],
+        chunk_bytes: int,
+        staging_bytes: int,
+        keep: object,
+    ) -> CkptJob: ...
+    def publish(
+        self,
+        name: str,
+        world_size: int,
+        chunk_bytes: int,
+        ranks: list[tuple[str, bytes, bytes, list[int]]],
+        extra: str,
+    ) -> None: ...
+    def manifest(self, name: str) -> str: ...
+    def load(self, name: str, items: list[tuple[str, int, int]]) -> None: ...
+    def ls(self) -> str: ...
+    def verify(self, name: str) -> str: ...
+    def close(self) -> None: ...
+
+def ckpt_open(root: str, create: bool = False) -> CkptStore:
+    """Opens a checkpoint store (``create``: make it if absent)."""
+
+def ckpt_size(name: str, value: int | str) -> int:
+    """A byte size ("4MiB") as bytes."""
+
+def ckpt_hash(regions: list[tuple[int, int]], chunk_bytes: int) -> tuple[bytes, bytes, list[int]]:
+    """Chunks and hashes host memory regions: digests, lengths, chunks per region."""
+
+def ckpt_plan(
+    ranks: list[tuple[bytes, bytes]], bandwidth: list[float], stored: bytes
+) -> tuple[list[bytes], float, bool]:
+    """A grouped save's write plan: per rank, u32 indices into its own chunk table."""
+
+def ckpt_gc(root: str, keep: int) -> str:
+    """Keeps the ``keep`` newest checkpoints of a store; the report as JSON."""

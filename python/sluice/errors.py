@@ -52,7 +52,13 @@ class TraceError(SluiceError, ValueError):
 
 
 class StoreFormatError(SluiceError, ValueError):
-    """A KV store directory is not a store of this format, version or block size."""
+    """A KV store or checkpoint store is not of this format, version or block size, or its
+    manifest does not decode (the message names the file)."""
+
+
+class ChunkCorruptError(SluiceIOError):
+    """A checkpoint chunk's bytes do not match its digest (damaged after it was written);
+    the message names the chunk, the entry and the file."""
 
 
 class StoreLockedError(SluiceError, RuntimeError):
@@ -60,6 +66,7 @@ class StoreLockedError(SluiceError, RuntimeError):
 
 
 __all__ = [
+    "ChunkCorruptError",
     "ConfigError",
     "HeaderError",
     "MemoryLimitError",

@@ -72,6 +72,60 @@ pub enum Command {
     /// The KV-cache block store: replay a trace against it, describe it, verify it.
     #[command(subcommand)]
     Kv(KvCommand),
+    /// Checkpoint stores: list, inspect, verify, compare, collect garbage.
+    #[command(subcommand)]
+    Ckpt(CkptCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CkptCommand {
+    /// The checkpoints of a store, with their sizes: logical, unique, shared with others.
+    Ls(CkptLsArgs),
+    /// A checkpoint's entries (dtype, shape, bytes, chunks) and its dedup ratio.
+    Inspect(CkptPathArgs),
+    /// Re-hash every chunk of a checkpoint. Exit 1 if any is damaged or missing.
+    Verify(CkptPathArgs),
+    /// Entries changed, added and removed from checkpoint A to B, with the bytes that changed.
+    Diff(CkptDiffArgs),
+    /// Keep the N newest checkpoints; remove the rest and every chunk no kept one uses.
+    Gc(CkptGcArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CkptLsArgs {
+    /// The store directory.
+    pub path: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct CkptPathArgs {
+    /// A checkpoint: STORE/NAME.
+    pub path: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct CkptDiffArgs {
+    /// The older checkpoint (STORE/NAME).
+    pub a: PathBuf,
+    /// The newer checkpoint (STORE/NAME).
+    pub b: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct CkptGcArgs {
+    /// The store directory.
+    pub path: PathBuf,
+    /// How many of the newest checkpoints to keep.
+    #[arg(long)]
+    pub keep: usize,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -615,6 +669,16 @@ pub fn run(cli: Cli) -> i32 {
         Command::Kv(KvCommand::Serve(args)) => {
             report(commands::kv_serve::serve(&args), kv_exit_code)
         }
+        Command::Ckpt(c) => {
+            let outcome = match c {
+                CkptCommand::Ls(a) => commands::ckpt::ls(&a),
+                CkptCommand::Inspect(a) => commands::ckpt::inspect(&a),
+                CkptCommand::Verify(a) => commands::ckpt::verify(&a),
+                CkptCommand::Diff(a) => commands::ckpt::diff_cmd(&a),
+                CkptCommand::Gc(a) => commands::ckpt::gc(&a),
+            };
+            report(outcome, ckpt_exit_code)
+        }
         Command::Warm(command) => {
             let launcher = matches!(command, WarmCommand::Run(_) | WarmCommand::Record(_));
             match commands::warm::run(command) {
@@ -679,6 +743,27 @@ pub fn kv_exit_code(err: &commands::kv::KvCliError) -> i32 {
         KvCliError::Kv(KvError::Incompatible { .. } | KvError::Format { .. }) => EXIT_INVALID,
         KvCliError::Kv(KvError::Io { source, .. }) => io_exit_code(source),
         KvCliError::Kv(_) | KvCliError::WrongBytes(_) | KvCliError::Damaged(_) => EXIT_FAILED,
+    }
+}
+
+/// Exit status of a failed `sluice ckpt` command: 2 for a bad argument, 3 for a manifest or
+/// store that is not what it should be, 4 for a missing checkpoint or chunk, 1 otherwise
+/// (damaged chunks, I/O).
+pub fn ckpt_exit_code(err: &commands::ckpt::CkptCliError) -> i32 {
+    use commands::ckpt::CkptCliError;
+    use sluice_ckpt::CkptError;
+    match err {
+        CkptCliError::Ckpt(CkptError::InvalidArgument { .. }) => 2,
+        CkptCliError::Ckpt(CkptError::BadManifest { .. } | CkptError::NewerFormat { .. }) => {
+            EXIT_INVALID
+        }
+        CkptCliError::Ckpt(
+            CkptError::NoCheckpoint { .. }
+            | CkptError::MissingChunk { .. }
+            | CkptError::NoStore { .. },
+        ) => EXIT_NOT_FOUND,
+        CkptCliError::Ckpt(CkptError::Io { source, .. }) => io_exit_code(source),
+        CkptCliError::Ckpt(_) | CkptCliError::Damaged(_) => EXIT_FAILED,
     }
 }
 

@@ -58,6 +58,23 @@ pub fn kv_to_py(err: sluice_kv::KvError) -> PyErr {
     Python::attach(|py| raise(py, class, message))
 }
 
+pub fn ckpt_to_py(err: sluice_ckpt::CkptError) -> PyErr {
+    use sluice_ckpt::CkptError;
+    let class = match &err {
+        CkptError::InvalidArgument { .. } | CkptError::Unplannable(_) => "ConfigError",
+        CkptError::Busy { .. } => "StoreLockedError",
+        CkptError::Cancelled(_) => "SluiceError",
+        CkptError::BadManifest { .. } | CkptError::NewerFormat { .. } => "StoreFormatError",
+        CkptError::NoCheckpoint { .. }
+        | CkptError::MissingChunk { .. }
+        | CkptError::NoStore { .. } => "SluiceFileNotFoundError",
+        CkptError::CorruptChunk { .. } => "ChunkCorruptError",
+        CkptError::Io { source, .. } => io_class(source),
+    };
+    let message = err.to_string();
+    Python::attach(|py| raise(py, class, message))
+}
+
 /// The exception class of a failed file operation.
 fn io_class(err: &std::io::Error) -> &'static str {
     match err.kind() {

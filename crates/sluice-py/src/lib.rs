@@ -6,6 +6,7 @@
 //! waiting on I/O happens with the GIL released.
 
 mod checkpoint;
+mod ckpt;
 mod cli;
 mod config;
 mod errors;
@@ -34,6 +35,13 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(warm::warm_status, m)?)?;
     m.add_function(wrap_pyfunction!(warm::warm_trigger, m)?)?;
     m.add_function(wrap_pyfunction!(sim::sim_defaults, m)?)?;
+    m.add_class::<ckpt::PyCkptStore>()?;
+    m.add_class::<ckpt::PyCkptJob>()?;
+    m.add_function(wrap_pyfunction!(ckpt::ckpt_open, m)?)?;
+    m.add_function(wrap_pyfunction!(ckpt::ckpt_hash, m)?)?;
+    m.add_function(wrap_pyfunction!(ckpt::ckpt_size, m)?)?;
+    m.add_function(wrap_pyfunction!(ckpt::ckpt_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(ckpt::ckpt_gc, m)?)?;
     m.add_class::<kv::PyKvStore>()?;
     m.add_class::<kv::PyKvJob>()?;
     m.add_function(wrap_pyfunction!(kv::kv_open, m)?)?;

@@ -24,6 +24,7 @@ use sluice_warm::template::TemplateStore;
 use sluice_warm::trigger::TriggerRequest;
 use sluice_warm::WarmError;
 
+use super::human_bytes as human;
 use crate::{WarmCommand, WarmCommonArgs, WarmStatusArgs, WarmTriggerArgs};
 
 fn trigger(args: &WarmTriggerArgs, env: &WarmEnv) -> Result<(), WarmError> {
@@ -172,21 +173,6 @@ fn summary_line(s: &RuntimeStatus) -> String {
         human(s.pending_bytes),
         s.events
     )
-}
-
-fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit < UNITS.len() - 1 {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.1} {}", UNITS[unit])
-    }
 }
 
 fn print_report(mode: &str, config: &RunConfig, r: &RunReport, json: bool) {

@@ -1,0 +1,217 @@
+//! [`ChunkStore`]: content-addressed chunk files, `chunks/<2 hex>/<64 hex>`.
+//!
+//! A chunk file is named by the BLAKE3 digest of its bytes and never changes, so writing
+//! one that is already there is skipped (that is the dedup, across ranks and across saves),
+//! and every read re-hashes the bytes: a damaged chunk is a [`CkptError::CorruptChunk`]
+//! naming the chunk, the entry and the file, never wrong bytes.
+//!
+//! A chunk is written to a temporary name and renamed into place, so a reader or a later
+//! save never sees half a chunk under its real name. New chunks are made durable together
+//! by [`ChunkStore::sync`] before the manifest that references them is published.
+
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::chunking::{ChunkRef, Digest};
+use crate::error::CkptError;
+
+/// Suffix of a chunk being written (a crashed save can leave some; `gc` removes them).
+const TMP_MARK: &str = ".tmp-";
+
+static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// The chunk files of one store.
+#[derive(Debug, Clone)]
+pub struct ChunkStore {
+    dir: PathBuf,
+}
+
+impl ChunkStore {
+    pub fn new(dir: &Path) -> ChunkStore {
+        ChunkStore {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn path_of(&self, d: &Digest) -> PathBuf {
+        let hex = d.hex();
+        self.dir.join(&hex[..2]).join(hex)
+    }
+
+    /// Whether the chunk is stored (a file of its length under its name).
+    pub fn contains(&self, c: &ChunkRef) -> bool {
+        std::fs::metadata(self.path_of(&c.digest)).is_ok_and(|m| m.is_file() && m.len() == c.len)
+    }
+
+    /// Stores `bytes` as chunk `c` unless it is already there; `true` if it was written.
+    /// The caller vouches that `c` names these bytes (it hashed them).
+    pub fn write(&self, c: &ChunkRef, bytes: &[u8]) -> Result<bool, CkptError> {
+        if bytes.len() as u64 != c.len {
+            return Err(CkptError::arg(
+                format!("chunk {}", c.digest),
+                format!("{} bytes given for a {}-byte chunk", bytes.len(), c.len),
+            ));
+        }
+        if self.contains(c) {
+            return Ok(false);
+        }
+        let path = self.path_of(&c.digest);
+        let parent = path.parent().expect("a chunk path has a parent");
+        std::fs::create_dir_all(parent).map_err(CkptError::io(parent))?;
+        let seq = TMP_SEQ.fetch_add(1, Ordering::Relaxed);
+        let tmp = parent.join(format!(
+            "{}{TMP_MARK}{}-{seq}",
+            c.digest.hex(),
+            std::process::id()
+        ));
+        let written = std::fs::File::create(&tmp)
+            .and_then(|mut f| f.write_all(bytes))
+            .and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(CkptError::io(&path)(e));
+        }
+        Ok(true)
+    }
+
+    /// Reads chunk `c` (of `entry`, for messages) into `out`, verifying its digest.
+    pub fn read_into(&self, c: &ChunkRef, entry: &str, out: &mut [u8]) -> Result<(), CkptError> {
+        let path = self.path_of(&c.digest);
+        if out.len() as u64 != c.len {
+            return Err(CkptError::arg(
+                format!("chunk {} of {entry:?}", c.digest),
+                format!("a {}-byte buffer for a {}-byte chunk", out.len(), c.len),
+            ));
+        }
+        let mut file = match sluice_engine::open_regular(&path, 0) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(CkptError::MissingChunk {
+                    digest: c.digest.hex(),
+                    entry: entry.to_string(),
+                    path,
+                })
+            }
+            Err(e) => return Err(CkptError::io(&path)(e)),
+        };
+        let corrupt = |actual: String| CkptError::CorruptChunk {
+            digest: c.digest.hex(),
+            actual,
+            entry: entry.to_string(),
+            path: path.clone(),
+        };
+        let mut got = 0;
+        while got < out.len() {
+            match file.read(&mut out[got..]) {
+                Ok(0) => return Err(corrupt(format!("nothing: it is {got} bytes long"))),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(CkptError::io(&path)(e)),
+            }
+        }
+        let mut extra = [0u8; 1];
+        if matches!(file.read(&mut extra), Ok(n) if n > 0) {
+            return Err(corrupt("nothing: it is longer than its length".into()));
+        }
+        let actual = Digest::of(out);
+        if actual != c.digest {
+            return Err(corrupt(actual.hex()));
+        }
+        Ok(())
+    }
+
+    /// Makes every chunk written so far durable: one `syncfs` of the store's file system
+    /// (the chunk files, and the renames that named them). Where it fails, each file in
+    /// `written` and its directory is synced instead.
+    pub fn sync(&self, written: &[Digest]) -> Result<(), CkptError> {
+        if written.is_empty() {
+            return Ok(());
+        }
+        let dir = std::fs::File::open(&self.dir).map_err(CkptError::io(&self.dir))?;
+        // SAFETY: syncfs on a descriptor we own.
+        if unsafe { libc::syncfs(dir.as_raw_fd()) } == 0 {
+            return Ok(());
+        }
+        tracing::debug!(
+            "{}: syncfs failed ({}); syncing chunk by chunk",
+            self.dir.display(),
+            std::io::Error::last_os_error()
+        );
+        let mut dirs = std::collections::BTreeSet::new();
+        for d in written {
+            let path = self.path_of(d);
+            std::fs::File::open(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(CkptError::io(&path))?;
+            dirs.insert(
+                path.parent()
+                    .expect("a chunk path has a parent")
+                    .to_path_buf(),
+            );
+        }
+        for d in dirs {
+            std::fs::File::open(&d)
+                .and_then(|f| f.sync_all())
+                .map_err(CkptError::io(&d))?;
+        }
+        Ok(())
+    }
+
+    /// Every chunk stored, with its file length; temporary files are left out.
+    pub fn list(&self) -> Result<Vec<(Digest, u64)>, CkptError> {
+        let mut out = Vec::new();
+        let Ok(fans) = std::fs::read_dir(&self.dir) else {
+            return Ok(out);
+        };
+        for fan in fans.flatten() {
+            let Ok(files) = std::fs::read_dir(fan.path()) else {
+                continue;
+            };
+            for f in files.flatten() {
+                let name = f.file_name();
+                let Some(d) = name.to_str().and_then(|n| n.parse::<Digest>().ok()) else {
+                    continue;
+                };
+                let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+                out.push((d, len));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes a chunk file; gone already is fine.
+    pub fn remove(&self, d: &Digest) -> Result<(), CkptError> {
+        let path = self.path_of(d);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CkptError::io(&path)(e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Removes chunks a crashed save left half written; returns how many.
+    pub fn remove_temporaries(&self) -> usize {
+        let mut n = 0;
+        let Ok(fans) = std::fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        for fan in fans.flatten() {
+            for f in std::fs::read_dir(fan.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let tmp = f.file_name().to_str().is_some_and(|s| s.contains(TMP_MARK));
+                if tmp && std::fs::remove_file(f.path()).is_ok() {
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+}

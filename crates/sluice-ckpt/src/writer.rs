@@ -1,0 +1,372 @@
+//! [`WriteJob`]: one rank's share of a save, staged into a byte-budgeted pool, then written
+//! and made durable in the background.
+//!
+//! A save has two moments a trainer cares about. *Staged*: every byte this rank must write
+//! has been copied out of the live state, so training may mutate its parameters again.
+//! *Durable*: every chunk is in the store and synced. Between them the bytes live in a
+//! [`StagingPool`], which never holds more than its budget: when the share is larger, the
+//! stager waits for writers to free buffers, and the save streams through the pool (staged
+//! then comes later, at the pace of the disk, but memory stays bounded).
+//!
+//! Only the chunks this rank was planned to write are staged, not its whole state: chunks
+//! the store already holds (an incremental save) and chunks another rank writes (dedup)
+//! cost no memory here at all.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::chunk_store::ChunkStore;
+use crate::chunking::{ChunkRef, Digest};
+use crate::error::CkptError;
+
+/// Host buffers for staged chunks, all `chunk_bytes` large, at most `budget` bytes of them.
+pub struct StagingPool {
+    chunk_bytes: usize,
+    max_buffers: usize,
+    inner: Mutex<PoolState>,
+    freed: Condvar,
+    peak_bytes: AtomicU64,
+}
+
+struct PoolState {
+    free: Vec<Vec<u8>>,
+    allocated: usize,
+}
+
+impl StagingPool {
+    /// A pool of at most `budget` bytes of `chunk_bytes` buffers; the budget must hold one.
+    pub fn new(budget: u64, chunk_bytes: u64) -> Result<Arc<StagingPool>, CkptError> {
+        if chunk_bytes == 0 || budget < chunk_bytes {
+            return Err(CkptError::arg(
+                "staging budget",
+                format!("{budget} bytes cannot hold one {chunk_bytes}-byte chunk"),
+            ));
+        }
+        Ok(Arc::new(StagingPool {
+            chunk_bytes: chunk_bytes as usize,
+            max_buffers: (budget / chunk_bytes) as usize,
+            inner: Mutex::new(PoolState {
+                free: Vec::new(),
+                allocated: 0,
+            }),
+            freed: Condvar::new(),
+            peak_bytes: AtomicU64::new(0),
+        }))
+    }
+
+    /// The most bytes of buffers this pool ever held at once.
+    pub fn peak_bytes(&self) -> u64 {
+        self.peak_bytes.load(Ordering::Relaxed)
+    }
+
+    /// A buffer holding a copy of `src`; waits while the budget is spent, until `stop`.
+    fn stage(&self, src: &[u8], stop: &AtomicBool) -> Option<Vec<u8>> {
+        debug_assert!(src.len() <= self.chunk_bytes);
+        let mut st = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut buf = loop {
+            if stop.load(Ordering::Relaxed) {
+                return None;
+            }
+            if let Some(b) = st.free.pop() {
+                break b;
+            }
+            if st.allocated < self.max_buffers {
+                st.allocated += 1;
+                let held = (st.allocated * self.chunk_bytes) as u64;
+                self.peak_bytes.fetch_max(held, Ordering::Relaxed);
+                break Vec::with_capacity(self.chunk_bytes);
+            }
+            // Woken by a writer returning a buffer, or by a stop (which notifies too); the
+            // timeout only bounds a missed wake-up.
+            st = self
+                .freed
+                .wait_timeout(st, Duration::from_millis(100))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        };
+        drop(st);
+        buf.clear();
+        buf.extend_from_slice(src);
+        Some(buf)
+    }
+
+    fn give_back(&self, buf: Vec<u8>) {
+        let mut st = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        st.free.push(buf);
+        drop(st);
+        self.freed.notify_one();
+    }
+
+    fn wake_all(&self) {
+        let _g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        self.freed.notify_all();
+    }
+}
+
+/// One chunk to write: its name and where its bytes are in the live state.
+#[derive(Clone, Copy, Debug)]
+pub struct WriteTask {
+    pub chunk: ChunkRef,
+    /// Address of the chunk's first byte; valid until the job reports staged.
+    pub src: usize,
+}
+
+/// What a finished job did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct JobReport {
+    pub chunks_written: usize,
+    pub bytes_written: u64,
+    /// Chunks planned for this rank that were already stored when it came to them.
+    pub chunks_present: usize,
+    pub staging_peak_bytes: u64,
+    pub staged_s: f64,
+    pub durable_s: f64,
+    /// Bytes written over the time spent writing them (the rank's measured bandwidth).
+    pub write_bytes_per_s: f64,
+}
+
+type Outcome<T> = Option<Result<T, CkptError>>;
+
+struct Shared {
+    staged: Mutex<Outcome<f64>>,
+    durable: Mutex<Outcome<JobReport>>,
+    /// Waiters sleep on `changed` under `gate`; outcomes are set under it too.
+    gate: Mutex<()>,
+    changed: Condvar,
+    stop: AtomicBool,
+    first_error: Mutex<Option<CkptError>>,
+    pool: Arc<StagingPool>,
+}
+
+impl Shared {
+    fn fail(&self, e: CkptError) {
+        let mut first = self.first_error.lock().unwrap_or_else(|p| p.into_inner());
+        if first.is_none() {
+            *first = Some(e);
+        }
+        drop(first);
+        self.stop.store(true, Ordering::Relaxed);
+        self.pool.wake_all();
+    }
+
+    fn error(&self) -> Option<CkptError> {
+        self.first_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(CkptError::duplicate)
+    }
+
+    fn set<T>(&self, slot: &Mutex<Outcome<T>>, v: Result<T, CkptError>) {
+        let _g = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+        *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+        self.changed.notify_all();
+    }
+}
+
+/// One rank's write share of a save, running in the background.
+pub struct WriteJob {
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl WriteJob {
+    /// Starts staging and writing `tasks` into `chunks` on `writers` threads. `keep` is
+    /// whatever keeps the tasks' source memory alive; the job drops it once staged.
+    ///
+    /// # Safety
+    /// Each task's `src..src + chunk.len` must be readable, and must not change, until the
+    /// job reports staged (or is dropped: drop waits for the stager).
+    pub unsafe fn start(
+        chunks: ChunkStore,
+        tasks: Vec<WriteTask>,
+        pool: Arc<StagingPool>,
+        writers: usize,
+        keep: Box<dyn Send>,
+    ) -> Result<WriteJob, CkptError> {
+        if let Some(t) = tasks
+            .iter()
+            .find(|t| t.chunk.len as usize > pool.chunk_bytes)
+        {
+            return Err(CkptError::arg(
+                format!("chunk {}", t.chunk.digest),
+                format!(
+                    "{} bytes exceed the pool's {}",
+                    t.chunk.len, pool.chunk_bytes
+                ),
+            ));
+        }
+        let shared = Arc::new(Shared {
+            staged: Mutex::new(None),
+            durable: Mutex::new(None),
+            gate: Mutex::new(()),
+            changed: Condvar::new(),
+            stop: AtomicBool::new(false),
+            first_error: Mutex::new(None),
+            pool,
+        });
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("sluice-ckpt-save".into())
+            .spawn(move || run(&s, &chunks, tasks, writers.max(1), keep))
+            .map_err(|e| CkptError::Io {
+                path: "sluice-ckpt-save thread".into(),
+                source: e,
+            })?;
+        Ok(WriteJob {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// Waits until staged (training may mutate the state again); seconds it took.
+    pub fn wait_staged(&self, timeout: Option<Duration>) -> Option<Result<f64, CkptError>> {
+        self.wait(&self.shared.staged, timeout)
+    }
+
+    /// Waits until every chunk of the share is written and synced.
+    pub fn wait_durable(&self, timeout: Option<Duration>) -> Option<Result<JobReport, CkptError>> {
+        self.wait(&self.shared.durable, timeout)
+    }
+
+    fn wait<T: Clone>(
+        &self,
+        slot: &Mutex<Outcome<T>>,
+        timeout: Option<Duration>,
+    ) -> Option<Result<T, CkptError>> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut g = self.shared.gate.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(r) = &*slot.lock().unwrap_or_else(|p| p.into_inner()) {
+                return Some(match r {
+                    Ok(v) => Ok(v.clone()),
+                    Err(e) => Err(e.duplicate()),
+                });
+            }
+            let step = match deadline {
+                Some(d) => d.checked_duration_since(Instant::now())?,
+                None => Duration::from_secs(1),
+            };
+            g = self
+                .shared
+                .changed
+                .wait_timeout(g, step.min(Duration::from_secs(1)))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Asks the job to stop; waits for staged and durable then report it.
+    pub fn cancel(&self, why: &str) {
+        self.shared.fail(CkptError::Cancelled(why.to_string()));
+    }
+}
+
+impl Drop for WriteJob {
+    /// A job dropped unfinished is cancelled, and drop waits for its thread: the source
+    /// memory it reads is only guaranteed alive while the job exists.
+    fn drop(&mut self) {
+        if self.wait_durable(Some(Duration::ZERO)).is_none() {
+            self.cancel("the save handle was dropped");
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A task's source, readable from the stager thread (the caller's safety contract).
+struct Src(usize);
+// SAFETY: `WriteJob::start`'s contract: the memory stays valid and unchanged until staged.
+unsafe impl Send for Src {}
+
+fn run(
+    s: &Arc<Shared>,
+    chunks: &ChunkStore,
+    tasks: Vec<WriteTask>,
+    writers: usize,
+    keep: Box<dyn Send>,
+) {
+    let t0 = Instant::now();
+    let (tx, rx) = mpsc::channel::<(ChunkRef, Vec<u8>)>();
+    let rx = Mutex::new(rx);
+    let written = AtomicU64::new(0);
+    let written_chunks = AtomicU64::new(0);
+    let present = AtomicU64::new(0);
+    let busy_ns = AtomicU64::new(0);
+    let mut staged_s = 0.0;
+    std::thread::scope(|scope| {
+        for _ in 0..writers {
+            scope.spawn(|| loop {
+                let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                let Ok((c, buf)) = next else { return };
+                if !s.stop.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    match chunks.write(&c, &buf) {
+                        Ok(true) => {
+                            written.fetch_add(c.len, Ordering::Relaxed);
+                            written_chunks.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(false) => {
+                            present.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => s.fail(e),
+                    }
+                    busy_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                }
+                s.pool.give_back(buf);
+            });
+        }
+        for t in &tasks {
+            if s.stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let src = Src(t.src);
+            // SAFETY: the caller's contract for `WriteJob::start`.
+            let bytes =
+                unsafe { std::slice::from_raw_parts(src.0 as *const u8, t.chunk.len as usize) };
+            match s.pool.stage(bytes, &s.stop) {
+                Some(buf) => {
+                    if tx.send((t.chunk, buf)).is_err() {
+                        break;
+                    }
+                }
+                None => break,
+            }
+        }
+        drop(keep); // the live state is no longer read
+        staged_s = t0.elapsed().as_secs_f64();
+        let staged = match s.error() {
+            Some(e) => Err(e),
+            None => Ok(staged_s),
+        };
+        s.set(&s.staged, staged);
+        drop(tx);
+    });
+    let result = match s.error() {
+        Some(e) => Err(e),
+        None => {
+            let digests: Vec<Digest> = tasks.iter().map(|t| t.chunk.digest).collect();
+            chunks.sync(&digests).map(|()| {
+                let bytes = written.load(Ordering::Relaxed);
+                let busy = busy_ns.load(Ordering::Relaxed) as f64 / 1e9 / writers as f64;
+                JobReport {
+                    chunks_written: written_chunks.load(Ordering::Relaxed) as usize,
+                    bytes_written: bytes,
+                    chunks_present: present.load(Ordering::Relaxed) as usize,
+                    staging_peak_bytes: s.pool.peak_bytes(),
+                    staged_s,
+                    durable_s: t0.elapsed().as_secs_f64(),
+                    write_bytes_per_s: if busy > 0.0 { bytes as f64 / busy } else { 0.0 },
+                }
+            })
+        }
+    };
+    if let Err(e) = &result {
+        s.fail(e.duplicate());
+    }
+    s.set(&s.durable, result);
+}

@@ -1,0 +1,216 @@
+//! `sluice ckpt`: list the checkpoints of a store, describe one, verify its chunks,
+//! compare two, and collect garbage.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use sluice_ckpt::{diff, CkptError, CkptStore, Manifest};
+
+use crate::{CkptDiffArgs, CkptGcArgs, CkptLsArgs, CkptPathArgs};
+
+/// Why a `sluice ckpt` command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CkptCliError {
+    #[error(transparent)]
+    Ckpt(#[from] CkptError),
+    /// `verify` found bad chunks.
+    #[error("{0}")]
+    Damaged(String),
+}
+
+/// Threads hashing chunks: the machine's cores.
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
+/// A checkpoint path `<store>/<name>` as its store and name.
+fn split(path: &Path) -> Result<(PathBuf, String), CkptError> {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .map(str::to_string);
+    let store = path.parent().filter(|p| !p.as_os_str().is_empty());
+    match (store, name) {
+        (Some(s), Some(n)) => Ok((s.to_path_buf(), n)),
+        (None, Some(n)) => Ok((PathBuf::from("."), n)),
+        _ => Err(CkptError::InvalidArgument {
+            what: path.display().to_string(),
+            detail: "is not a checkpoint path (STORE/NAME)".into(),
+        }),
+    }
+}
+
+use super::human_bytes as human;
+
+/// `sluice ckpt ls STORE`.
+pub fn ls(args: &CkptLsArgs) -> Result<(), CkptCliError> {
+    let infos = CkptStore::open_existing(&args.path)?.infos()?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&infos).unwrap_or_default()
+        );
+        return Ok(());
+    }
+    println!(
+        "{:<24} {:>8} {:>12} {:>12} {:>12}",
+        "checkpoint", "entries", "logical", "unique", "shared"
+    );
+    for i in &infos {
+        println!(
+            "{:<24} {:>8} {:>12} {:>12} {:>12}",
+            i.name,
+            i.entries,
+            human(i.logical_bytes),
+            human(i.unique_bytes),
+            human(i.shared_bytes)
+        );
+    }
+    let stored: u64 = CkptStore::open_existing(&args.path)?
+        .chunks()
+        .list()?
+        .iter()
+        .map(|(_, n)| n)
+        .sum();
+    println!(
+        "{} checkpoints, {} of chunks stored",
+        infos.len(),
+        human(stored)
+    );
+    Ok(())
+}
+
+/// `sluice ckpt inspect STORE/NAME`.
+pub fn inspect(args: &CkptPathArgs) -> Result<(), CkptCliError> {
+    let (root, name) = split(&args.path)?;
+    let store = CkptStore::open_existing(&root)?;
+    let m = Manifest::read(&store.checkpoint_dir(&name)?)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&m).unwrap_or_default());
+        return Ok(());
+    }
+    let unique: u64 = m.unique_chunks().values().sum();
+    let logical = m.logical_bytes();
+    for (key, e) in &m.entries {
+        let shape = e
+            .shape
+            .as_ref()
+            .map(|s| format!("{s:?}"))
+            .unwrap_or_default();
+        println!(
+            "{key:<48} {:<10} {:<16} {:>10} {:>5} chunks",
+            e.dtype.as_deref().unwrap_or("bytes"),
+            shape,
+            human(e.nbytes),
+            e.chunks.len()
+        );
+    }
+    let ratio = if unique == 0 {
+        1.0
+    } else {
+        logical as f64 / unique as f64
+    };
+    println!(
+        "{} entries, {} logical, {} in {} unique chunks (dedup ratio {ratio:.2}), world size {}",
+        m.entries.len(),
+        human(logical),
+        human(unique),
+        m.unique_chunks().len(),
+        m.world_size
+    );
+    Ok(())
+}
+
+/// `sluice ckpt verify STORE/NAME`: exit 1 if any chunk is bad.
+pub fn verify(args: &CkptPathArgs) -> Result<(), CkptCliError> {
+    let (root, name) = split(&args.path)?;
+    let bar = if args.json || !std::io::stderr().is_terminal() {
+        ProgressBar::hidden()
+    } else {
+        let bar = ProgressBar::new(0);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar
+    };
+    let r = CkptStore::open_existing(&root)?.verify_with(&name, threads(), &|done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })?;
+    bar.finish_and_clear();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+    } else {
+        for (d, entry, why) in &r.problems {
+            println!("{entry}: chunk {d}: {why}");
+        }
+        println!(
+            "{} chunks, {} verified, {} bad",
+            r.chunks,
+            human(r.bytes),
+            r.problems.len()
+        );
+    }
+    match r.problems.len() {
+        0 => Ok(()),
+        n => Err(CkptCliError::Damaged(format!(
+            "{}: {n} bad chunks",
+            args.path.display()
+        ))),
+    }
+}
+
+/// `sluice ckpt diff STORE/A STORE/B`.
+pub fn diff_cmd(args: &CkptDiffArgs) -> Result<(), CkptCliError> {
+    let read = |p: &Path| -> Result<Manifest, CkptError> {
+        let (root, name) = split(p)?;
+        Manifest::read(&CkptStore::open_existing(&root)?.checkpoint_dir(&name)?)
+    };
+    let d = diff(&read(&args.a)?, &read(&args.b)?);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&d).unwrap_or_default());
+        return Ok(());
+    }
+    for (key, bytes) in &d.changed {
+        println!("changed  {key} ({} of new chunks)", human(*bytes));
+    }
+    for key in &d.added {
+        println!("added    {key}");
+    }
+    for key in &d.removed {
+        println!("removed  {key}");
+    }
+    println!(
+        "{} changed ({} of new chunks), {} added, {} removed",
+        d.changed.len(),
+        human(d.changed_bytes),
+        d.added.len(),
+        d.removed.len()
+    );
+    Ok(())
+}
+
+/// `sluice ckpt gc STORE --keep N`.
+pub fn gc(args: &CkptGcArgs) -> Result<(), CkptCliError> {
+    let r = CkptStore::open_exclusive(&args.path)?.gc(args.keep)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+        return Ok(());
+    }
+    for name in &r.checkpoints_removed {
+        println!("removed  {name}");
+    }
+    println!(
+        "{} checkpoints removed, {} chunks freed ({}), {} temporaries",
+        r.checkpoints_removed.len(),
+        r.chunks_removed,
+        human(r.bytes_freed),
+        r.temporaries_removed
+    );
+    Ok(())
+}

@@ -1,0 +1,661 @@
+"""``sluice.ckpt``: checkpoints stored as content-addressed chunks, saved in the background.
+
+    import sluice.ckpt
+    h = sluice.ckpt.save(model.state_dict(), "/ckpt/step-100")   # STORE/NAME
+    h.staged.result()        # the state is copied out: training may mutate it again
+    ...train...
+    h.durable.result()       # every chunk and the manifest are on disk (fsynced)
+    sluice.ckpt.load(model.state_dict(), "/ckpt/step-100")        # in place, verified
+
+A store (``/ckpt``) holds many checkpoints over one pool of chunks named by their BLAKE3
+digest: bytes that repeat (tied weights, replicated parameters, zero-filled optimizer
+moments, tensors unchanged since the last save) are stored once, and a save writes only
+chunks the store lacks. A checkpoint is visible once complete: a save that dies leaves
+the previous ones as they were.
+
+With ``torch.distributed`` initialized, ``save`` and ``load`` are collective over
+``group`` (default: the world): the ranks pool their digests, each unique chunk is
+written once by one of the ranks that hold it (a plan balanced by the ranks' measured
+write bandwidths), and rank 0 publishes one manifest. Each rank's state is saved under
+its rank (``"0/model.w"``), and loads back at the same world size; for resharding, save
+and load through DCP with :class:`StorageWriter` and :class:`StorageReader`.
+
+Non-tensor values (step counters, optimizer hyper-parameters, RNG state) are pickled, as
+``torch.save`` and DCP do: load checkpoints you trust.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import threading
+import time
+from collections.abc import Mapping, MutableMapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from . import _sluice
+from .errors import ConfigError, SluiceError, StoreFormatError, TensorNotFoundError
+
+PathLike = Union[str, "os.PathLike[str]"]
+ByteSize = Union[int, str]
+
+__all__ = ["SaveHandle", "gc", "load", "ls", "manifest", "save", "verify"]
+
+DEFAULT_CHUNK_BYTES = 4 << 20
+#: The staging pool's default budget: below one full copy of a large state (a save whose
+#: share is larger streams through it at the disk's pace).
+DEFAULT_STAGING_BYTES = 1 << 30
+#: A rank's write bandwidth before it has measured one (bytes/s).
+DEFAULT_BANDWIDTH = 1e9
+#: How long rank 0 waits for the other ranks' shares before giving up on a grouped save.
+DEFAULT_TIMEOUT_S = 1800.0
+
+# This process's last measured write bandwidth: the planner's input for the next save.
+_measured_bandwidth: Optional[float] = None
+
+
+def _size(value: ByteSize, what: str) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: expected a byte size, got {value!r}")
+    n = int(_sluice.ckpt_size(what, value))
+    if n <= 0:
+        raise ConfigError(f"{what}: must be positive, got {value!r}")
+    return n
+
+
+def _split(path: PathLike) -> tuple[Path, str]:
+    """STORE/NAME -> (store root, checkpoint name)."""
+    p = Path(os.fspath(path))
+    if not p.name or p.name in (".", ".."):
+        raise ConfigError(f"{path}: a checkpoint path is STORE/NAME, e.g. /ckpt/step-100")
+    return p.parent, p.name
+
+
+# ---------------------------------------------------------------------------------------
+# State dicts: flattening, tensors as host memory
+
+
+def _is_tensor(v: Any) -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is how state dicts exist
+        return False
+    return isinstance(v, torch.Tensor)
+
+
+def _is_array(v: Any) -> bool:
+    import sys
+
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(v, np.ndarray)
+
+
+def _flatten(state: Mapping[str, Any]) -> list[tuple[str, tuple[Any, ...], Any]]:
+    """(flat key, path of keys, leaf) for every leaf of nested mappings, keys joined by
+    '.'; two paths that join to one key are refused."""
+    if not isinstance(state, Mapping):
+        raise ConfigError(f"state_dict: expected a mapping, got {type(state).__name__}")
+    out: list[tuple[str, tuple[Any, ...], Any]] = []
+    seen: dict[str, tuple[Any, ...]] = {}
+
+    def walk(prefix: tuple[Any, ...], node: Mapping[Any, Any]) -> None:
+        for k, v in node.items():
+            path = (*prefix, k)
+            if isinstance(v, Mapping) and not _is_tensor(v) and len(v) > 0:
+                walk(path, v)
+                continue
+            key = ".".join(str(p) for p in path)
+            if key in seen:
+                raise ConfigError(
+                    f"state_dict: {list(seen[key])!r} and {list(path)!r} both flatten to {key!r}"
+                )
+            seen[key] = path
+            out.append((key, path, v))
+
+    walk((), state)
+    return out
+
+
+def _dtype_name(t: Any) -> str:
+    if _is_tensor(t):
+        return str(t.dtype).removeprefix("torch.")
+    return str(t.dtype)
+
+
+def _host_bytes(key: str, v: Any) -> tuple[Any, int, int]:
+    """(owner, address, nbytes) of a leaf's bytes in contiguous host memory. `owner` keeps
+    them alive: the tensor itself, or the host copy made for a CUDA or non-contiguous one."""
+    if _is_tensor(v):
+        import torch
+
+        if v.layout != torch.strided:
+            raise ConfigError(f"{key}: {v.layout} tensors are not supported; save .to_dense()")
+        if v.device.type == "meta":
+            raise ConfigError(f"{key}: a meta tensor has no data to save")
+        t = v.detach()
+        if t.is_conj():
+            t = t.resolve_conj()
+        if t.is_neg():
+            t = t.resolve_neg()
+        if t.device.type != "cpu":
+            t = t.to("cpu")
+        if not t.is_contiguous():
+            t = t.contiguous()
+        n = t.numel() * t.element_size()
+        return t, (t.data_ptr() if n else 0), n
+    import numpy as np
+
+    a = np.ascontiguousarray(v)
+    return a, (a.__array_interface__["data"][0] if a.nbytes else 0), a.nbytes
+
+
+@dataclass
+class _Leaf:
+    key: str
+    path: tuple[Any, ...]
+    kind: str  # "tensor" | "bytes"
+    owner: Any
+    addr: int
+    nbytes: int
+    dtype: Optional[str] = None
+    shape: Optional[list[int]] = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _leaves(state: Mapping[str, Any], prefix: str) -> list[_Leaf]:
+    import numpy as np
+
+    out = []
+    for key, path, v in _flatten(state):
+        name = prefix + key
+        if _is_tensor(v) or _is_array(v):
+            owner, addr, n = _host_bytes(name, v)
+            meta = {"framework": "torch" if _is_tensor(v) else "numpy"}
+            leaf = _Leaf(name, path, "tensor", owner, addr, n, _dtype_name(v), list(v.shape))
+            leaf.meta = meta
+        else:
+            blob = np.frombuffer(pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+            addr = blob.__array_interface__["data"][0] if blob.nbytes else 0
+            leaf = _Leaf(name, path, "bytes", blob, addr, blob.nbytes, meta={"codec": "pickle"})
+        out.append(leaf)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Process groups
+
+
+def _group_info(group: Any) -> tuple[int, int, Any]:
+    """(rank, world size, group) of the save: a single process without torch.distributed."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return 0, 1, None
+    if not (dist.is_available() and dist.is_initialized()):
+        if group is not None:
+            raise ConfigError("group= given but torch.distributed is not initialized")
+        return 0, 1, None
+    return dist.get_rank(group), dist.get_world_size(group), group
+
+
+def _all_gather(obj: Any, group: Any, world: int) -> list[Any]:
+    if world == 1:
+        return [obj]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * world
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def _broadcast(obj: Any, group: Any, world: int, rank: int) -> Any:
+    if world == 1:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj if rank == 0 else None]
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    dist.broadcast_object_list(box, src=src, group=group)
+    return box[0]
+
+
+# ---------------------------------------------------------------------------------------
+# Save
+
+
+class SaveHandle:
+    """A save in flight. ``staged`` resolves (to the seconds staging took) once every byte
+    this rank writes is copied out of the live state; ``durable`` (to the save's report)
+    once the checkpoint is published and synced. Either raises if the save failed."""
+
+    def __init__(self, path: Path, name: str) -> None:
+        self.path = path
+        self.name = name
+        self.staged: Future[float] = Future()
+        self.durable: Future[dict[str, Any]] = Future()
+        self._job: Any = None
+        self._thread: Optional[threading.Thread] = None
+
+    def result(self, timeout: Optional[float] = None) -> dict[str, Any]:
+        """Waits until durable; the save's report."""
+        return self.durable.result(timeout)
+
+    def cancel(self) -> None:
+        """Stops the save: the checkpoint is not published, earlier ones are untouched."""
+        if self._job is not None:
+            self._job.cancel("cancelled by the caller")
+
+    def __repr__(self) -> str:
+        state = "durable" if self.durable.done() else "staged" if self.staged.done() else "staging"
+        return f"<sluice.ckpt.SaveHandle {self.path}/{self.name} {state}>"
+
+
+def _pending_dir(root: Path, name: str) -> Path:
+    return root / ".pending" / name
+
+
+def save(
+    state_dict: Mapping[str, Any],
+    path: PathLike,
+    *,
+    group: Any = None,
+    chunk_bytes: ByteSize = DEFAULT_CHUNK_BYTES,
+    staging_bytes: ByteSize = DEFAULT_STAGING_BYTES,
+    bandwidth: Optional[float] = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    blocking: bool = False,
+) -> SaveHandle:
+    """Saves ``state_dict`` as checkpoint ``path`` (STORE/NAME) and returns at once with a
+    :class:`SaveHandle`; ``blocking=True`` waits until durable. Collective over ``group``
+    when torch.distributed is initialized. Do not mutate the state before
+    ``handle.staged`` resolves.
+
+    ``chunk_bytes`` is the dedup grain (default 4 MiB). ``staging_bytes`` bounds the host
+    memory the save holds (default 1 GiB); a larger share streams through it.
+    ``bandwidth`` declares this rank's write bytes/s for the plan (default: measured by
+    the previous save)."""
+    root, name = _split(path)
+    chunk = _size(chunk_bytes, "chunk_bytes")
+    staging = _size(staging_bytes, "staging_bytes")
+    if staging < chunk:
+        raise ConfigError(f"staging_bytes ({staging}) must hold one chunk ({chunk})")
+    if bandwidth is not None and not bandwidth > 0:
+        raise ConfigError(f"bandwidth: must be positive bytes/s, got {bandwidth!r}")
+    rank, world, group = _group_info(group)
+    prefix = f"{rank}/" if world > 1 else ""
+    leaves = _leaves(state_dict, prefix)
+
+    _check_name(root, name)
+    store = _sluice.ckpt_open(str(root), create=True)
+    digests, lens, counts = _sluice.ckpt_hash([(lf.addr, lf.nbytes) for lf in leaves], chunk)
+    heads = [
+        {
+            "key": lf.key,
+            "kind": lf.kind,
+            "dtype": lf.dtype,
+            "shape": lf.shape,
+            "nbytes": lf.nbytes,
+            "meta": lf.meta,
+        }
+        for lf in leaves
+    ]
+    # This rank's chunk table travels compact: 32 bytes of digest and 8 of length a chunk.
+    table = (json.dumps(heads), digests, lens, counts)
+    bw = bandwidth or _measured_bandwidth or DEFAULT_BANDWIDTH
+    gathered = _all_gather((table, bw), group, world)
+    tables = [t for t, _ in gathered]
+
+    # Rank 0 alone decides what is already stored and who writes what: every rank then
+    # follows one plan (ranks looking at the store separately could each skip a chunk).
+    plan: Any = None
+    if rank == 0:
+        try:
+            known = store.known()
+            ranks = [(t[1], t[2]) for t in tables]
+            assignments, makespan, cached = _sluice.ckpt_plan(
+                ranks, [b for _, b in gathered], known
+            )
+            plan = ("ok", assignments, makespan, cached, os.urandom(8).hex())
+        except Exception as e:
+            if world == 1:
+                store.close()
+                raise
+            plan = ("error", f"{type(e).__name__}: {e}")
+    plan = _broadcast(plan, group, world, rank)
+    if plan[0] == "error":
+        store.close()
+        raise SluiceError(f"{root / name}: rank 0 could not plan the save: {plan[1]}")
+    _, assignments, makespan, cached, token = plan
+
+    import numpy as np
+
+    # Each chunk's source: its leaf's address plus its offset within the leaf.
+    starts = np.zeros(len(lens) // 8, np.uint64)
+    at = 0
+    for lf, n in zip(leaves, counts):
+        if n:
+            starts[at : at + n] = lf.addr + np.arange(n, dtype=np.uint64) * chunk
+        at += n
+    length = np.frombuffer(lens, "<u8")
+    mine = [
+        (digests[32 * i : 32 * i + 32], int(length[i]), int(starts[i]))
+        for i in np.frombuffer(assignments[rank], "<u4").tolist()
+    ]
+    handle = SaveHandle(root, name)
+    keep = [lf.owner for lf in leaves]
+    job = store.write(mine, chunk, staging, keep)
+    del keep
+    handle._job = job
+    logical = sum(lf.nbytes for lf in leaves)
+    pending = _pending_dir(root, f"{name}-{token}")
+
+    def finish() -> None:
+        global _measured_bandwidth
+        try:
+            handle.staged.set_result(job.wait_staged())
+        except BaseException as e:
+            handle.staged.set_exception(e)
+        try:
+            report = json.loads(job.wait_durable())
+            if report["write_bytes_per_s"] > 0:
+                _measured_bandwidth = report["write_bytes_per_s"]
+            job.close()
+            summary = _publish(
+                store, root, name, rank, world, tables, chunk, report, pending, token, timeout
+            )
+            summary.update(
+                rank=rank,
+                world_size=world,
+                logical_bytes_rank=logical,
+                planned_makespan_s=makespan,
+                plan_cached=cached,
+                rank_report=report,
+            )
+            outcome: tuple[Any, Optional[BaseException]] = (summary, None)
+        except BaseException as e:
+            outcome = (None, e)
+        # The store's lock goes before the futures resolve: a caller that waits for
+        # durable and then collects garbage must find the store free.
+        job.close()
+        store.close()
+        summary, err = outcome
+        if err is None:
+            handle.durable.set_result(summary)
+        else:
+            if not handle.staged.done():
+                handle.staged.set_exception(err)
+            handle.durable.set_exception(err)
+
+    t = threading.Thread(target=finish, name=f"sluice-ckpt-save-{name}", daemon=True)
+    handle._thread = t
+    t.start()
+    if blocking:
+        handle.durable.result()
+    return handle
+
+
+def _check_name(root: Path, name: str) -> None:
+    # The native layer checks the name again when it publishes; checking first fails a bad
+    # name on every rank before any byte is written or any collective runs.
+    if name.startswith(".") or name in ("chunks", "lock", "sluice-ckpt.json"):
+        raise ConfigError(
+            f"{root / name}: checkpoint name {name!r} must be a plain name "
+            "(not starting with '.', not chunks, lock or sluice-ckpt.json)"
+        )
+
+
+def _table_sizes(tables: list[tuple[str, bytes, bytes, list[int]]]) -> tuple[int, int, int]:
+    """(entries, logical bytes, content-unique bytes) of the ranks' chunk tables."""
+    import numpy as np
+
+    digests = b"".join(t[1] for t in tables)
+    lens = np.frombuffer(b"".join(t[2] for t in tables), "<u8")
+    _, first = np.unique(np.frombuffer(digests, "V32"), return_index=True)
+    entries = sum(len(t[3]) for t in tables)
+    return entries, int(lens.sum()), int(lens[first].sum())
+
+
+def _publish(
+    store: Any,
+    root: Path,
+    name: str,
+    rank: int,
+    world: int,
+    tables: list[tuple[str, bytes, bytes, list[int]]],
+    chunk: int,
+    report: dict[str, Any],
+    pending: Path,
+    token: str,
+    timeout: float,
+) -> dict[str, Any]:
+    """Publishes the manifest once every rank's share is durable. Ranks meet through
+    marker files in the store (no collective runs in the background, so a save never
+    contends with training's own collectives): each rank marks its share durable, rank 0
+    waits for all marks and publishes, the others wait for the manifest."""
+    entries, logical, unique = _table_sizes(tables)
+    summary: dict[str, Any] = {
+        "path": str(root / name),
+        "entries": entries,
+        "logical_bytes": logical,
+        "unique_bytes": unique,
+        "written_bytes_rank": report["bytes_written"],
+    }
+    if world == 1:
+        store.publish(name, world, chunk, tables, json.dumps({"save_id": token}))
+        summary["written_bytes"] = report["bytes_written"]
+        summary["written_bytes_per_rank"] = [report["bytes_written"]]
+        return summary
+    pending.mkdir(parents=True, exist_ok=True)
+    mark = pending / f"rank-{rank}.json"
+    tmp = pending / f".rank-{rank}.tmp"
+    tmp.write_text(json.dumps(report))
+    os.replace(tmp, mark)
+    deadline = time.monotonic() + timeout
+    manifest_path = root / name / "manifest.json"
+    failed = pending / "failed"
+    if rank == 0:
+        marks = [pending / f"rank-{r}.json" for r in range(world)]
+        while not all(m.exists() for m in marks):
+            if time.monotonic() > deadline:
+                failed.write_text("rank 0 timed out waiting for the other ranks")
+                missing = [r for r, m in enumerate(marks) if not m.exists()]
+                raise SluiceError(
+                    f"{root / name}: ranks {missing} did not finish their share within "
+                    f"{timeout:.0f} s; not published"
+                )
+            time.sleep(0.01)
+        reports = [json.loads(m.read_text()) for m in marks]
+        try:
+            store.publish(name, world, chunk, tables, json.dumps({"save_id": token}))
+        except BaseException as e:
+            failed.write_text(str(e))
+            raise
+        summary["written_bytes"] = sum(r["bytes_written"] for r in reports)
+        summary["written_bytes_per_rank"] = [r["bytes_written"] for r in reports]
+        _remove_tree(pending)
+        return summary
+    # The manifest at this path may be an older save's (a name saved again): this save's
+    # carries its token.
+    seen = None
+    while True:
+        try:
+            stamp = manifest_path.stat().st_mtime_ns
+        except FileNotFoundError:
+            stamp = None
+        if stamp is not None and stamp != seen:
+            seen = stamp
+            try:
+                extra = json.loads(manifest_path.read_text()).get("extra") or {}
+            except (OSError, ValueError):
+                extra = {}
+            if extra.get("save_id") == token:
+                break
+        if failed.exists():
+            raise SluiceError(f"{root / name}: rank 0 did not publish: {failed.read_text()}")
+        if time.monotonic() > deadline:
+            raise SluiceError(f"{root / name}: not published within {timeout:.0f} s")
+        time.sleep(0.01)
+    return summary
+
+
+def _remove_tree(p: Path) -> None:
+    import shutil
+
+    shutil.rmtree(p, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Load
+
+
+def _set_path(state: MutableMapping[Any, Any], path: tuple[Any, ...], value: Any) -> None:
+    node: Any = state
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = value
+
+
+def load(
+    state_dict: MutableMapping[str, Any],
+    path: PathLike,
+    *,
+    group: Any = None,
+    strict: bool = True,
+) -> MutableMapping[str, Any]:
+    """Loads checkpoint ``path`` (STORE/NAME) into ``state_dict`` in place: tensors are
+    filled (each chunk verified against its digest), other values replaced. Every key of
+    ``state_dict`` must be in the checkpoint unless ``strict=False``. Returns
+    ``state_dict``."""
+    root, name = _split(path)
+    rank, world, group = _group_info(group)
+    store = _sluice.ckpt_open(str(root))
+    try:
+        m = json.loads(store.manifest(name))
+        saved_world = m.get("world_size", 1) or 1
+        if saved_world != world:
+            raise ConfigError(
+                f"{root / name}: saved by {saved_world} rank(s), loaded by {world}; "
+                "load at the saving world size, or reshard through DCP "
+                "(sluice.ckpt.StorageWriter/StorageReader)"
+            )
+        prefix = f"{rank}/" if world > 1 else ""
+        entries = m["entries"]
+        reads: list[tuple[str, int, int]] = []
+        copies: list[tuple[Any, Any]] = []  # (destination, host buffer read into)
+        alive: list[Any] = []  # every buffer read into, alive until the read is done
+        blobs: list[tuple[tuple[Any, ...], str, Any]] = []
+        import numpy as np
+
+        for key, path_, v in _flatten(state_dict):
+            full = prefix + key
+            e = entries.get(full)
+            if e is None:
+                if strict:
+                    raise TensorNotFoundError(f"{root / name}: no entry {full!r} in the checkpoint")
+                continue
+            if _is_tensor(v) or _is_array(v):
+                if e["kind"] != "tensor":
+                    raise StoreFormatError(f"{root / name}: entry {full!r} is not a tensor")
+                shape = list(v.shape)
+                if e.get("shape") != shape or e.get("dtype") != _dtype_name(v):
+                    raise ConfigError(
+                        f"{root / name}: entry {full!r} is {e.get('dtype')} {e.get('shape')}, "
+                        f"the destination {_dtype_name(v)} {shape}"
+                    )
+                host = _writable_host(v)
+                if host is not v:
+                    copies.append((v, host))
+                alive.append(host)
+                n = e["nbytes"]
+                reads.append((full, _address_of(host) if n else 0, n))
+            else:
+                if e["kind"] != "bytes":
+                    raise StoreFormatError(f"{root / name}: entry {full!r} is a tensor")
+                buf = np.empty(e["nbytes"], np.uint8)
+                reads.append(
+                    (full, buf.__array_interface__["data"][0] if buf.nbytes else 0, buf.nbytes)
+                )
+                blobs.append((path_, full, buf))
+        store.load(name, reads)
+        for dst, host in copies:
+            if _is_tensor(dst):
+                dst.copy_(host)
+            else:
+                dst[...] = host
+        for path_, full, buf in blobs:
+            try:
+                value = pickle.loads(buf.tobytes())
+            except Exception as e:
+                raise StoreFormatError(
+                    f"{root / name}: entry {full!r} does not unpickle: {e}"
+                ) from e
+            _set_path(state_dict, path_, value)
+        return state_dict
+    finally:
+        store.close()
+
+
+def _writable_host(v: Any) -> Any:
+    """`v` itself where it is contiguous writable host memory, else a host buffer of its
+    shape and dtype to read into and copy from."""
+    if _is_tensor(v):
+        if v.device.type == "cpu" and v.is_contiguous() and not v.is_conj() and not v.is_neg():
+            return v
+        import torch
+
+        return torch.empty(v.shape, dtype=v.dtype, device="cpu")
+    import numpy as np
+
+    if v.flags.c_contiguous and v.flags.writeable:
+        return v
+    return np.empty(v.shape, v.dtype)
+
+
+def _address_of(v: Any) -> int:
+    if _is_tensor(v):
+        return int(v.data_ptr())
+    return int(v.__array_interface__["data"][0])
+
+
+# ---------------------------------------------------------------------------------------
+# Store management
+
+
+def _read(root: PathLike, call: Any) -> Any:
+    """``call(store)``'s JSON answer, the existing store at ``root`` open for the call."""
+    store = _sluice.ckpt_open(os.fspath(root))
+    try:
+        return json.loads(call(store))
+    finally:
+        store.close()
+
+
+def manifest(path: PathLike) -> dict[str, Any]:
+    """The manifest of checkpoint ``path`` (STORE/NAME): entries with dtype, shape and
+    chunks."""
+    root, name = _split(path)
+    return _read(root, lambda s: s.manifest(name))
+
+
+def ls(store: PathLike) -> list[dict[str, Any]]:
+    """The checkpoints of ``store``, oldest first, with logical, unique and shared bytes."""
+    return _read(store, lambda s: s.ls())
+
+
+def verify(path: PathLike) -> dict[str, Any]:
+    """Re-hashes every chunk of checkpoint ``path``; ``problems`` lists the bad ones."""
+    root, name = _split(path)
+    return _read(root, lambda s: s.verify(name))
+
+
+def gc(store: PathLike, keep: int) -> dict[str, Any]:
+    """Keeps the ``keep`` newest checkpoints of ``store`` and removes the rest, with every
+    chunk no kept checkpoint references. Raises ``StoreLockedError`` while a save or load
+    has the store open."""
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        raise ConfigError(f"keep: expected a count >= 0, got {keep!r}")
+    return json.loads(_sluice.ckpt_gc(os.fspath(store), keep))
