@@ -43,7 +43,15 @@ from .errors import ConfigError, SluiceError, StoreFormatError, TensorNotFoundEr
 PathLike = Union[str, "os.PathLike[str]"]
 ByteSize = Union[int, str]
 
-__all__ = ["SaveHandle", "gc", "load", "ls", "manifest", "save", "verify"]
+__all__ = [
+    "SaveHandle",
+    "gc",
+    "load",
+    "ls",
+    "manifest",
+    "save",
+    "verify",
+]
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 #: The staging pool's default budget: below one full copy of a large state (a save whose
@@ -290,65 +298,10 @@ def save(
     leaves = _leaves(state_dict, prefix)
 
     _check_name(root, name)
-    store = _sluice.ckpt_open(str(root), create=True)
-    digests, lens, counts = _sluice.ckpt_hash([(lf.addr, lf.nbytes) for lf in leaves], chunk)
-    heads = [
-        {
-            "key": lf.key,
-            "kind": lf.kind,
-            "dtype": lf.dtype,
-            "shape": lf.shape,
-            "nbytes": lf.nbytes,
-            "meta": lf.meta,
-        }
-        for lf in leaves
-    ]
-    # This rank's chunk table travels compact: 32 bytes of digest and 8 of length a chunk.
-    table = (json.dumps(heads), digests, lens, counts)
-    bw = bandwidth or _measured_bandwidth or DEFAULT_BANDWIDTH
-    gathered = _all_gather((table, bw), group, world)
-    tables = [t for t, _ in gathered]
-
-    # Rank 0 alone decides what is already stored and who writes what: every rank then
-    # follows one plan (ranks looking at the store separately could each skip a chunk).
-    plan: Any = None
-    if rank == 0:
-        try:
-            known = store.known()
-            ranks = [(t[1], t[2]) for t in tables]
-            assignments, makespan, cached = _sluice.ckpt_plan(
-                ranks, [b for _, b in gathered], known
-            )
-            plan = ("ok", assignments, makespan, cached, os.urandom(8).hex())
-        except Exception as e:
-            if world == 1:
-                store.close()
-                raise
-            plan = ("error", f"{type(e).__name__}: {e}")
-    plan = _broadcast(plan, group, world, rank)
-    if plan[0] == "error":
-        store.close()
-        raise SluiceError(f"{root / name}: rank 0 could not plan the save: {plan[1]}")
-    _, assignments, makespan, cached, token = plan
-
-    import numpy as np
-
-    # Each chunk's source: its leaf's address plus its offset within the leaf.
-    starts = np.zeros(len(lens) // 8, np.uint64)
-    at = 0
-    for lf, n in zip(leaves, counts):
-        if n:
-            starts[at : at + n] = lf.addr + np.arange(n, dtype=np.uint64) * chunk
-        at += n
-    length = np.frombuffer(lens, "<u8")
-    mine = [
-        (digests[32 * i : 32 * i + 32], int(length[i]), int(starts[i]))
-        for i in np.frombuffer(assignments[rank], "<u4").tolist()
-    ]
+    st = _stage(leaves, root, name, group, rank, world, chunk, staging, bandwidth)
+    store, job, tables, token = st.store, st.job, st.tables, st.token
+    makespan, cached = st.makespan, st.cached
     handle = SaveHandle(root, name)
-    keep = [lf.owner for lf in leaves]
-    job = store.write(mine, chunk, staging, keep)
-    del keep
     handle._job = job
     logical = sum(lf.nbytes for lf in leaves)
     pending = _pending_dir(root, f"{name}-{token}")
@@ -396,6 +349,98 @@ def save(
     if blocking:
         handle.durable.result()
     return handle
+
+
+@dataclass
+class _Staged:
+    """A save whose chunks are planned and being written: the ranks' tables, this rank's
+    write job and the store it holds open."""
+
+    store: Any
+    job: Any
+    tables: list[tuple[str, bytes, bytes, list[int]]]
+    token: str
+    makespan: float
+    cached: bool
+
+
+def _heads(leaves: list[_Leaf]) -> str:
+    return json.dumps(
+        [
+            {
+                "key": lf.key,
+                "kind": lf.kind,
+                "dtype": lf.dtype,
+                "shape": lf.shape,
+                "nbytes": lf.nbytes,
+                "meta": lf.meta,
+            }
+            for lf in leaves
+        ]
+    )
+
+
+def _stage(
+    leaves: list[_Leaf],
+    root: Path,
+    name: str,
+    group: Any,
+    rank: int,
+    world: int,
+    chunk: int,
+    staging: int,
+    bandwidth: Optional[float],
+) -> _Staged:
+    """Hashes this rank's leaves, pools the tables over the group, lets rank 0 plan who
+    writes which chunk the store lacks, and starts this rank's share (collective)."""
+    store = _sluice.ckpt_open(str(root), create=True)
+    try:
+        digests, lens, counts = _sluice.ckpt_hash([(lf.addr, lf.nbytes) for lf in leaves], chunk)
+        # This rank's chunk table travels compact: 32 bytes of digest and 8 of length a chunk.
+        table = (_heads(leaves), digests, lens, counts)
+        bw = bandwidth or _measured_bandwidth or DEFAULT_BANDWIDTH
+        gathered = _all_gather((table, bw), group, world)
+        tables = [t for t, _ in gathered]
+
+        # Rank 0 alone decides what is already stored and who writes what: every rank then
+        # follows one plan (ranks looking at the store separately could each skip a chunk).
+        plan: Any = None
+        if rank == 0:
+            try:
+                known = store.known()
+                ranks = [(t[1], t[2]) for t in tables]
+                assignments, makespan, cached = _sluice.ckpt_plan(
+                    ranks, [b for _, b in gathered], known
+                )
+                plan = ("ok", assignments, makespan, cached, os.urandom(8).hex())
+            except Exception as e:
+                if world == 1:
+                    raise
+                plan = ("error", f"{type(e).__name__}: {e}")
+        plan = _broadcast(plan, group, world, rank)
+        if plan[0] == "error":
+            raise SluiceError(f"{root / name}: rank 0 could not plan the save: {plan[1]}")
+        _, assignments, makespan, cached, token = plan
+
+        import numpy as np
+
+        # Each chunk's source: its leaf's address plus its offset within the leaf.
+        starts = np.zeros(len(lens) // 8, np.uint64)
+        at = 0
+        for lf, n in zip(leaves, counts):
+            if n:
+                starts[at : at + n] = lf.addr + np.arange(n, dtype=np.uint64) * chunk
+            at += n
+        length = np.frombuffer(lens, "<u8")
+        mine = [
+            (digests[32 * i : 32 * i + 32], int(length[i]), int(starts[i]))
+            for i in np.frombuffer(assignments[rank], "<u4").tolist()
+        ]
+        job = store.write(mine, chunk, staging, [lf.owner for lf in leaves])
+    except BaseException:
+        store.close()
+        raise
+    return _Staged(store, job, tables, token, makespan, cached)
 
 
 def _check_name(root: Path, name: str) -> None:
@@ -588,7 +633,7 @@ def load(
                 dst[...] = host
         for path_, full, buf in blobs:
             try:
-                value = pickle.loads(buf.tobytes())
+                value = _unpack(buf.tobytes(), entries[full].get("meta") or {})
             except Exception as e:
                 raise StoreFormatError(
                     f"{root / name}: entry {full!r} does not unpickle: {e}"
@@ -597,6 +642,17 @@ def load(
         return state_dict
     finally:
         store.close()
+
+
+def _unpack(raw: bytes, meta: Mapping[str, Any]) -> Any:
+    """A bytes entry's value: pickled by sluice.ckpt.save, torch.save'd by DCP."""
+    if meta.get("codec") == "torch.save":
+        import io
+
+        import torch
+
+        return torch.load(io.BytesIO(raw), weights_only=False)
+    return pickle.loads(raw)
 
 
 def _writable_host(v: Any) -> Any:
@@ -659,3 +715,12 @@ def gc(store: PathLike, keep: int) -> dict[str, Any]:
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
         raise ConfigError(f"keep: expected a count >= 0, got {keep!r}")
     return json.loads(_sluice.ckpt_gc(os.fspath(store), keep))
+
+
+def __getattr__(name: str) -> Any:
+    # The DCP classes subclass torch's: importing them imports torch, so only on use.
+    if name in ("StorageWriter", "StorageReader"):
+        from . import _ckpt_dcp
+
+        return getattr(_ckpt_dcp, name)
+    raise AttributeError(f"module 'sluice.ckpt' has no attribute {name!r}")

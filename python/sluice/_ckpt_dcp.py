@@ -1,0 +1,497 @@
+"""PyTorch Distributed Checkpoint (DCP) storage over a Sluice checkpoint store.
+
+    import torch.distributed.checkpoint as dcp
+    from sluice.ckpt import StorageReader, StorageWriter
+
+    dcp.save(state, storage_writer=StorageWriter("/ckpt/step-100"))
+    r = dcp.async_save(state, storage_writer=StorageWriter("/ckpt/step-200"))
+    r.staging_completion.result()   # training may mutate the state
+    r.upload_completion.result()    # published and synced
+    dcp.load(state, storage_reader=StorageReader("/ckpt/step-200"))
+
+DCP plans which rank writes which tensor (replicated tensors once) and keeps the global
+metadata that makes resharding work; Sluice stores each written item as an entry of a
+content-addressed checkpoint: chunks that repeat across items, ranks or saves are written
+once, and the ranks holding a chunk share the writing by a balanced plan. The DCP metadata
+is itself an entry (``.dcp/metadata``) of the checkpoint, which is published last.
+
+``async_save`` uses the writer as its stager: ``stage`` hashes the state, agrees the write
+plan with the other ranks and starts copying this rank's share into a byte-budgeted
+staging pool; ``staging_completion`` resolves once that share is copied out (or, when it is
+larger than the pool, written), not after a full copy of the state.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import pickle
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    SavePlan,
+    SavePlanner,
+)
+from torch.distributed.checkpoint.staging import AsyncStager
+from torch.distributed.checkpoint.storage import StorageReader as _DcpReader
+from torch.distributed.checkpoint.storage import StorageWriter as _DcpWriter
+from torch.distributed.checkpoint.storage import WriteResult
+
+from . import _sluice
+from . import ckpt as _ck
+from .errors import ConfigError, SluiceError, StoreFormatError, TensorNotFoundError
+
+log = logging.getLogger("sluice.ckpt")
+
+#: The entry that holds DCP's pickled global metadata.
+METADATA_KEY = ".dcp/metadata"
+#: Bytes a reader holds in host buffers at once (entries larger than this go alone).
+READ_BATCH_BYTES = 1 << 30
+
+
+def entry_key(index: MetadataIndex) -> str:
+    """The checkpoint entry of a DCP item: its fqn, plus the shard's offsets where any
+    is non-zero (``layers.0.w@512,0``)."""
+    off = index.offset
+    if off is None or not any(off):
+        return index.fqn
+    return f"{index.fqn}@{','.join(str(int(o)) for o in off)}"
+
+
+def _leaf(key: str, data: Any) -> _ck._Leaf:
+    """An entry's bytes: a tensor's host memory, or a BYTE_IO item's serialized bytes."""
+    if isinstance(data, torch.Tensor):
+        owner, addr, n = _ck._host_bytes(key, data)
+        leaf = _ck._Leaf(key, (key,), "tensor", owner, addr, n, _ck._dtype_name(data))
+        leaf.shape = list(data.shape)
+        leaf.meta = {"framework": "torch"}
+        return leaf
+    import numpy as np
+
+    raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
+    blob = np.frombuffer(raw, np.uint8)
+    addr = blob.__array_interface__["data"][0] if blob.nbytes else 0
+    return _ck._Leaf(key, (key,), "bytes", blob, addr, blob.nbytes, meta={"codec": "torch.save"})
+
+
+def _filter_table(
+    table: tuple[str, bytes, bytes, list[int]], keep: set[str]
+) -> tuple[str, bytes, bytes, list[int]]:
+    """A rank's chunk table cut down to the entries named in ``keep``."""
+    heads_json, digests, lens, counts = table
+    heads = json.loads(heads_json)
+    out_heads, out_d, out_l, out_c = [], [], [], []
+    at = 0
+    for h, n in zip(heads, counts):
+        if h["key"] in keep:
+            out_heads.append(h)
+            out_d.append(digests[32 * at : 32 * (at + n)])
+            out_l.append(lens[8 * at : 8 * (at + n)])
+            out_c.append(n)
+        at += n
+    return json.dumps(out_heads), b"".join(out_d), b"".join(out_l), out_c
+
+
+class _Save:
+    """One save between ``stage`` (or ``write_data``) and ``finish``."""
+
+    def __init__(self, staged: _ck._Staged, leaves: list[_ck._Leaf], world: int) -> None:
+        self.staged = staged
+        self.sizes = {lf.key: lf.nbytes for lf in leaves}
+        self.world = world
+        self.durable: Optional[dict[str, Any]] = None
+
+    def close(self) -> None:
+        self.staged.job.close()
+        self.staged.store.close()
+
+
+class StorageWriter(_DcpWriter, AsyncStager):
+    """DCP's storage writer (and ``async_save`` stager) over a Sluice checkpoint store.
+
+    ``path`` is STORE/NAME (``dcp.save``'s ``checkpoint_id`` may give it instead).
+    ``group`` is the process group the ranks pool their chunk tables over (default: the
+    world; pass the one given to ``dcp.save`` when it is not). ``chunk_bytes``,
+    ``staging_bytes`` and ``bandwidth`` are as for :func:`sluice.ckpt.save`."""
+
+    _synchronize_after_execute = False
+
+    def __init__(
+        self,
+        path: Optional[_ck.PathLike] = None,
+        *,
+        group: Any = None,
+        chunk_bytes: _ck.ByteSize = _ck.DEFAULT_CHUNK_BYTES,
+        staging_bytes: _ck.ByteSize = _ck.DEFAULT_STAGING_BYTES,
+        bandwidth: Optional[float] = None,
+    ) -> None:
+        super().__init__()
+        self.chunk = _ck._size(chunk_bytes, "chunk_bytes")
+        self.staging = _ck._size(staging_bytes, "staging_bytes")
+        if self.staging < self.chunk:
+            raise ConfigError(f"staging_bytes ({self.staging}) must hold one chunk ({self.chunk})")
+        if bandwidth is not None and not bandwidth > 0:
+            raise ConfigError(f"bandwidth: must be positive bytes/s, got {bandwidth!r}")
+        self.bandwidth = bandwidth
+        self.group = group
+        self.path: Optional[Path] = None
+        if path is not None:
+            self.reset(path)
+        self.is_coordinator = False
+        self._staged: Optional[_Save] = None
+        self._save: Optional[_Save] = None
+        self._lock = threading.Lock()
+
+    # -- where -------------------------------------------------------------------------
+
+    @property
+    def checkpoint_id(self) -> Optional[str]:
+        return None if self.path is None else str(self.path)
+
+    def _where(self) -> tuple[Path, str]:
+        if self.path is None:
+            raise ConfigError(
+                "sluice.ckpt.StorageWriter: no checkpoint path; give StorageWriter(STORE/NAME) "
+                "or dcp.save(..., checkpoint_id=STORE/NAME)"
+            )
+        root, name = _ck._split(self.path)
+        _ck._check_name(root, name)
+        return root, name
+
+    def reset(self, checkpoint_id: Optional[_ck.PathLike] = None) -> None:
+        if checkpoint_id is not None:
+            self.path = Path(os.fspath(checkpoint_id))
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: _ck.PathLike) -> bool:
+        p = Path(os.fspath(checkpoint_id))
+        return (p.parent / "sluice-ckpt.json").is_file()
+
+    def storage_meta(self) -> Optional[StorageMeta]:
+        return StorageMeta(checkpoint_id=self.checkpoint_id)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A process-based async_save pickles the writer: the staged save stays here.
+        state = self.__dict__.copy()
+        state["_staged"] = state["_save"] = None
+        state["_lock"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    # -- async_save's stager ------------------------------------------------------------
+
+    def stage(self, state_dict: dict[str, Any]) -> Future[dict[str, Any]]:
+        """Hashes ``state_dict``, agrees the write plan with the other ranks (collective)
+        and starts copying this rank's share out; the future resolves to ``state_dict``
+        once that share no longer needs the live tensors."""
+        from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+        root, name = self._where()
+        rank, world, group = _ck._group_info(self.group)
+        planner = DefaultSavePlanner()
+        planner.set_up_planner(state_dict, storage_meta=None, is_coordinator=rank == 0)
+        items = planner.create_local_plan().items
+        leaves = [_leaf(entry_key(it.index), planner.resolve_data(it)) for it in items]
+        staged = _ck._stage(
+            leaves, root, name, group, rank, world, self.chunk, self.staging, self.bandwidth
+        )
+        save = _Save(staged, leaves, world)
+        with self._lock:
+            if self._staged is not None:
+                self._staged.close()
+            self._staged = save
+        out: Future[dict[str, Any]] = Future()
+
+        def wait() -> None:
+            try:
+                staged.job.wait_staged()
+                out.set_result(state_dict)
+            except BaseException as e:
+                out.set_exception(e)
+
+        threading.Thread(target=wait, name="sluice-ckpt-stage", daemon=True).start()
+        return out
+
+    def synchronize_staging(self) -> None:
+        with self._lock:
+            save = self._staged
+        if save is not None:
+            save.staged.job.wait_staged()
+
+    def close(self) -> None:
+        with self._lock:
+            save, self._staged = self._staged, None
+        if save is not None:
+            save.close()
+
+    # -- DCP's writer contract ------------------------------------------------------------
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.is_coordinator = is_coordinator
+        if kwargs.get("use_collectives", True) is False and _ck._group_info(self.group)[1] > 1:
+            raise ConfigError(
+                "sluice.ckpt.StorageWriter: dcp.save(use_collectives=False) is not supported; "
+                "the ranks pool their chunk tables to deduplicate and plan the writes"
+            )
+        self._where()
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        return plans
+
+    def write_data(
+        self, plan: SavePlan, planner: SavePlanner
+    ) -> torch.futures.Future[list[WriteResult]]:
+        root, name = self._where()
+        with self._lock:
+            save, self._staged = self._staged, None
+        keys = [entry_key(it.index) for it in plan.items]
+        if save is None:
+            # dcp.save: this rank's items, hashed and planned with the other ranks here.
+            rank, world, group = _ck._group_info(self.group)
+            leaves = [_leaf(k, planner.resolve_data(it)) for k, it in zip(keys, plan.items)]
+            staged = _ck._stage(
+                leaves, root, name, group, rank, world, self.chunk, self.staging, self.bandwidth
+            )
+            save = _Save(staged, leaves, world)
+        else:
+            # async_save: staged before DCP planned; every item DCP gave this rank must be
+            # one staged (the live tensors may have changed since, so nothing is re-read).
+            missing = [k for k in keys if k not in save.sizes]
+            if missing:
+                save.close()
+                raise SluiceError(
+                    f"{root / name}: DCP planned items that were not staged: {missing[:5]} "
+                    "(async_save with a custom planner is not supported)"
+                )
+        try:
+            report = json.loads(save.staged.job.wait_durable())
+            if report["write_bytes_per_s"] > 0:
+                _ck._measured_bandwidth = report["write_bytes_per_s"]
+            save.durable = report
+            save.staged.job.close()
+        except BaseException:
+            save.close()
+            raise
+        if self.is_coordinator:
+            self._save = save
+        else:
+            save.close()
+        results = [
+            WriteResult(index=it.index, size_in_bytes=save.sizes[k], storage_data=k)
+            for k, it in zip(keys, plan.items)
+        ]
+        fut: torch.futures.Future[list[WriteResult]] = torch.futures.Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        root, name = self._where()
+        save, self._save = self._save, None
+        if save is None:
+            raise SluiceError(f"{root / name}: finish() without this rank's write_data()")
+        try:
+            metadata.storage_data = {r.index: r.storage_data for rs in results for r in rs}
+            tables = save.staged.tables
+            if len(results) != len(tables):
+                raise SluiceError(
+                    f"{root / name}: {len(results)} ranks reported writes, "
+                    f"{len(tables)} pooled chunk tables"
+                )
+            kept = [
+                _filter_table(t, {r.storage_data for r in rs}) for t, rs in zip(tables, results)
+            ]
+            meta_leaf = _leaf(METADATA_KEY, io.BytesIO(pickle.dumps(metadata)))
+            meta_leaf.meta = {"codec": "pickle", "dcp": "metadata"}
+            store = save.staged.store
+            digests, lens, counts = _sluice.ckpt_hash(
+                [(meta_leaf.addr, meta_leaf.nbytes)], self.chunk
+            )
+            import numpy as np
+
+            length = np.frombuffer(lens, "<u8")
+            tasks = [
+                (digests[32 * i : 32 * i + 32], int(length[i]), meta_leaf.addr + i * self.chunk)
+                for i in range(len(length))
+            ]
+            job = store.write(tasks, self.chunk, self.staging, [meta_leaf.owner])
+            try:
+                job.wait_durable()
+            finally:
+                job.close()
+            kept.append((_ck._heads([meta_leaf]), digests, lens, counts))
+            extra = {"save_id": save.staged.token, "format": "torch.distributed.checkpoint"}
+            store.publish(name, save.world, self.chunk, kept, json.dumps(extra))
+        finally:
+            save.close()
+
+
+class StorageReader(_DcpReader):
+    """DCP's storage reader over a Sluice checkpoint (STORE/NAME): every chunk is verified
+    against its digest as it is read. Loads into any world size or sharding DCP's planner
+    can map (resharding)."""
+
+    def __init__(self, path: Optional[_ck.PathLike] = None) -> None:
+        super().__init__()
+        self.path: Optional[Path] = None
+        if path is not None:
+            self.reset(path)
+        self._manifest: Optional[dict[str, Any]] = None
+
+    @property
+    def checkpoint_id(self) -> Optional[str]:
+        return None if self.path is None else str(self.path)
+
+    def _where(self) -> tuple[Path, str]:
+        if self.path is None:
+            raise ConfigError(
+                "sluice.ckpt.StorageReader: no checkpoint path; give StorageReader(STORE/NAME) "
+                "or dcp.load(..., checkpoint_id=STORE/NAME)"
+            )
+        return _ck._split(self.path)
+
+    def reset(self, checkpoint_id: Optional[_ck.PathLike] = None) -> None:
+        if checkpoint_id is not None:
+            self.path = Path(os.fspath(checkpoint_id))
+        self._manifest = None
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: _ck.PathLike) -> bool:
+        p = Path(os.fspath(checkpoint_id))
+        return (p / "manifest.json").is_file() and (p.parent / "sluice-ckpt.json").is_file()
+
+    def _entries(self) -> dict[str, Any]:
+        if self._manifest is None:
+            root, name = self._where()
+            self._manifest = _ck._read(root, lambda s: s.manifest(name))
+        return self._manifest["entries"]
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        root, name = self._where()
+        entries = self._entries()
+        e = entries.get(METADATA_KEY)
+        if e is None:
+            raise StoreFormatError(
+                f"{root / name}: not saved through DCP (no {METADATA_KEY!r} entry); "
+                "load it with sluice.ckpt.load"
+            )
+        import numpy as np
+
+        buf = np.empty(e["nbytes"], np.uint8)
+        self._read([(METADATA_KEY, buf)])
+        try:
+            md = pickle.loads(buf.tobytes())
+        except Exception as err:
+            raise StoreFormatError(f"{root / name}: DCP metadata does not unpickle: {err}") from err
+        if not isinstance(md, Metadata):
+            raise StoreFormatError(f"{root / name}: {METADATA_KEY!r} is not DCP metadata")
+        return md
+
+    def set_up_storage_reader(
+        self, metadata: Metadata, is_coordinator: bool, *a: Any, **k: Any
+    ) -> None:
+        self._metadata = metadata
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def _read(self, reads: list[tuple[str, Any]]) -> None:
+        """Fills host buffers (tensors or arrays) with whole entries, verified."""
+        root, name = self._where()
+        store = _sluice.ckpt_open(str(root))
+        try:
+            store.load(
+                name,
+                [(k, _ck._address_of(b) if _nbytes(b) else 0, _nbytes(b)) for k, b in reads],
+            )
+        finally:
+            store.close()
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:
+        root, name = self._where()
+        entries = self._entries()
+        storage = self._metadata.storage_data
+        by_key: dict[str, list[Any]] = {}
+        for item in plan.items:
+            key = storage.get(item.storage_index) if storage else None
+            if key is None or key not in entries:
+                raise TensorNotFoundError(
+                    f"{root / name}: no stored entry for {item.storage_index.fqn!r} "
+                    f"at {list(item.storage_index.offset or [])}"
+                )
+            by_key.setdefault(key, []).append(item)
+
+        batch: list[tuple[str, Any, list[Any]]] = []
+        held = 0
+        for key, items in by_key.items():
+            e = entries[key]
+            batch.append((key, self._buffer(root / name, key, e, items, planner), items))
+            held += e["nbytes"]
+            if held >= READ_BATCH_BYTES:
+                self._apply(batch, planner)
+                batch, held = [], 0
+        self._apply(batch, planner)
+        fut: torch.futures.Future[None] = torch.futures.Future()
+        fut.set_result(None)
+        return fut
+
+    def _buffer(
+        self, where: Path, key: str, e: dict[str, Any], items: list[Any], planner: LoadPlanner
+    ) -> Any:
+        if e["kind"] == "bytes":
+            import numpy as np
+
+            if any(it.type != LoadItemType.BYTE_IO for it in items):
+                raise StoreFormatError(f"{where}: entry {key!r} holds bytes, DCP asks a tensor")
+            return np.empty(e["nbytes"], np.uint8)
+        if any(it.type != LoadItemType.TENSOR for it in items):
+            raise StoreFormatError(f"{where}: entry {key!r} is a tensor, DCP asks bytes")
+        dtype = getattr(torch, e["dtype"] or "", None)
+        if not isinstance(dtype, torch.dtype):
+            raise StoreFormatError(f"{where}: entry {key!r} has unknown dtype {e['dtype']!r}")
+        return torch.empty(e["shape"], dtype=dtype)
+
+    def _apply(self, batch: list[tuple[str, Any, list[Any]]], planner: LoadPlanner) -> None:
+        if not batch:
+            return
+        self._read([(k, b) for k, b, _ in batch])
+        for _, buf, items in batch:
+            for item in items:
+                if item.type == LoadItemType.BYTE_IO:
+                    planner.load_bytes(item, io.BytesIO(buf.tobytes()))
+                    continue
+                src = buf
+                for dim, (off, n) in enumerate(zip(item.storage_offsets, item.lengths)):
+                    src = src.narrow(dim, int(off), int(n))
+                target = planner.resolve_tensor(item).detach()
+                if target.size() != src.size():
+                    raise StoreFormatError(
+                        f"{self.path}: {item.storage_index.fqn!r}: stored slice "
+                        f"{list(src.size())}, destination {list(target.size())}"
+                    )
+                target.copy_(src)
+                planner.commit_tensor(item, target)
+
+
+def _nbytes(b: Any) -> int:
+    if isinstance(b, torch.Tensor):
+        return b.numel() * b.element_size()
+    return int(b.nbytes)
