@@ -55,8 +55,6 @@ log = logging.getLogger("sluice.ckpt")
 
 #: The entry that holds DCP's pickled global metadata.
 METADATA_KEY = ".dcp/metadata"
-#: Bytes a reader holds in host buffers at once (entries larger than this go alone).
-READ_BATCH_BYTES = 1 << 30
 
 
 def entry_key(index: MetadataIndex) -> str:
@@ -346,8 +344,9 @@ class StorageReader(_DcpReader):
     against its digest as it is read. Loads into any world size or sharding DCP's planner
     can map (resharding)."""
 
-    def __init__(self, path: Optional[_ck.PathLike] = None) -> None:
+    def __init__(self, path: Optional[_ck.PathLike] = None, *, group: Any = None) -> None:
         super().__init__()
+        self.group = group
         self.path: Optional[Path] = None
         if path is not None:
             self.reset(path)
@@ -426,69 +425,103 @@ class StorageReader(_DcpReader):
             store.close()
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:
+        """Reads this rank's items (collective over ``group``: each unique chunk that the
+        ranks need is read by one of them and sent to the others). An item that is a whole
+        stored entry is read straight into its destination when that is contiguous host
+        memory; others go through a host buffer of the entry."""
         root, name = self._where()
-        entries = self._entries()
-        storage = self._metadata.storage_data
-        by_key: dict[str, list[Any]] = {}
-        for item in plan.items:
-            key = storage.get(item.storage_index) if storage else None
-            if key is None or key not in entries:
-                raise TensorNotFoundError(
-                    f"{root / name}: no stored entry for {item.storage_index.fqn!r} "
-                    f"at {list(item.storage_index.offset or [])}"
+        where = root / name
+        rank, world, group = _ck._group_info(self.group)
+        dests: list[tuple[str, Any]] = []
+        work: list[tuple[Any, Any, Any]] = []  # (item, buffer read into, direct target)
+        failed: Optional[BaseException] = None
+        store: Any = None
+        entries: dict[str, Any] = {}
+        try:
+            entries = self._entries()
+            storage = self._metadata.storage_data or {}
+            buffers: dict[str, Any] = {}
+            for item in plan.items:
+                key = storage.get(item.storage_index)
+                if key is None or key not in entries:
+                    raise TensorNotFoundError(
+                        f"{where}: no stored entry for {item.storage_index.fqn!r} "
+                        f"at {list(item.storage_index.offset or [])}"
+                    )
+                e = entries[key]
+                target = self._direct_target(e, item, planner)
+                if target is not None and key not in buffers:
+                    buffers[key] = target
+                    dests.append((key, target))
+                    work.append((item, target, target))
+                    continue
+                if key not in buffers:
+                    buffers[key] = _buffer(where, key, e, item)
+                    dests.append((key, buffers[key]))
+                work.append((item, buffers[key], None))
+            store = _sluice.ckpt_open(str(root))
+        except BaseException as e:  # raised by every rank together, in the grouped read
+            failed = e
+        try:
+            _ck._grouped_read(store, where, entries, dests, group, rank, world, failed)
+        finally:
+            if store is not None:
+                store.close()
+        for item, buf, direct in work:
+            if item.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(item, io.BytesIO(buf.tobytes()))
+                continue
+            if direct is not None:
+                planner.commit_tensor(item, direct)
+                continue
+            src = buf
+            for dim, (off, n) in enumerate(zip(item.storage_offsets, item.lengths)):
+                src = src.narrow(dim, int(off), int(n))
+            target = planner.resolve_tensor(item).detach()
+            if target.size() != src.size():
+                raise StoreFormatError(
+                    f"{where}: {item.storage_index.fqn!r}: stored slice "
+                    f"{list(src.size())}, destination {list(target.size())}"
                 )
-            by_key.setdefault(key, []).append(item)
-
-        batch: list[tuple[str, Any, list[Any]]] = []
-        held = 0
-        for key, items in by_key.items():
-            e = entries[key]
-            batch.append((key, self._buffer(root / name, key, e, items, planner), items))
-            held += e["nbytes"]
-            if held >= READ_BATCH_BYTES:
-                self._apply(batch, planner)
-                batch, held = [], 0
-        self._apply(batch, planner)
+            target.copy_(src)
+            planner.commit_tensor(item, target)
         fut: torch.futures.Future[None] = torch.futures.Future()
         fut.set_result(None)
         return fut
 
-    def _buffer(
-        self, where: Path, key: str, e: dict[str, Any], items: list[Any], planner: LoadPlanner
-    ) -> Any:
-        if e["kind"] == "bytes":
-            import numpy as np
+    @staticmethod
+    def _direct_target(e: dict[str, Any], item: Any, planner: LoadPlanner) -> Any:
+        """The item's destination, when the item is the whole entry and the destination is
+        contiguous host memory of the entry's dtype: read into it, no copy."""
+        if item.type != LoadItemType.TENSOR or e["kind"] != "tensor":
+            return None
+        if list(item.lengths) != list(e["shape"] or []) or any(item.storage_offsets):
+            return None
+        target = planner.resolve_tensor(item).detach()
+        if (
+            target.device.type != "cpu"
+            or not target.is_contiguous()
+            or str(target.dtype).removeprefix("torch.") != e["dtype"]
+            or list(target.shape) != list(e["shape"])
+        ):
+            return None
+        return target
 
-            if any(it.type != LoadItemType.BYTE_IO for it in items):
-                raise StoreFormatError(f"{where}: entry {key!r} holds bytes, DCP asks a tensor")
-            return np.empty(e["nbytes"], np.uint8)
-        if any(it.type != LoadItemType.TENSOR for it in items):
-            raise StoreFormatError(f"{where}: entry {key!r} is a tensor, DCP asks bytes")
-        dtype = getattr(torch, e["dtype"] or "", None)
-        if not isinstance(dtype, torch.dtype):
-            raise StoreFormatError(f"{where}: entry {key!r} has unknown dtype {e['dtype']!r}")
-        return torch.empty(e["shape"], dtype=dtype)
 
-    def _apply(self, batch: list[tuple[str, Any, list[Any]]], planner: LoadPlanner) -> None:
-        if not batch:
-            return
-        self._read([(k, b) for k, b, _ in batch])
-        for _, buf, items in batch:
-            for item in items:
-                if item.type == LoadItemType.BYTE_IO:
-                    planner.load_bytes(item, io.BytesIO(buf.tobytes()))
-                    continue
-                src = buf
-                for dim, (off, n) in enumerate(zip(item.storage_offsets, item.lengths)):
-                    src = src.narrow(dim, int(off), int(n))
-                target = planner.resolve_tensor(item).detach()
-                if target.size() != src.size():
-                    raise StoreFormatError(
-                        f"{self.path}: {item.storage_index.fqn!r}: stored slice "
-                        f"{list(src.size())}, destination {list(target.size())}"
-                    )
-                target.copy_(src)
-                planner.commit_tensor(item, target)
+def _buffer(where: Path, key: str, e: dict[str, Any], item: Any) -> Any:
+    """A host buffer holding the whole of entry ``key``."""
+    if e["kind"] == "bytes":
+        import numpy as np
+
+        if item.type != LoadItemType.BYTE_IO:
+            raise StoreFormatError(f"{where}: entry {key!r} holds bytes, DCP asks a tensor")
+        return np.empty(e["nbytes"], np.uint8)
+    if item.type != LoadItemType.TENSOR:
+        raise StoreFormatError(f"{where}: entry {key!r} is a tensor, DCP asks bytes")
+    dtype = getattr(torch, e["dtype"] or "", None)
+    if not isinstance(dtype, torch.dtype):
+        raise StoreFormatError(f"{where}: entry {key!r} has unknown dtype {e['dtype']!r}")
+    return torch.empty(e["shape"], dtype=dtype)
 
 
 def _nbytes(b: Any) -> int:

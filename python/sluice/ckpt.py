@@ -554,6 +554,145 @@ def _remove_tree(p: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------
+# Grouped reads: each unique chunk read by one rank, sent to the others that need it
+
+#: What the last load of this process read and received (bytes), for reports and benches.
+last_load: dict[str, int] = {}
+
+
+def _u8(buf: Any) -> Any:
+    """A flat torch.uint8 view of a contiguous host tensor or array (shared memory)."""
+    import torch
+
+    if isinstance(buf, torch.Tensor):
+        return (
+            buf.reshape(-1).view(torch.uint8)
+            if buf.numel()
+            else buf.new_empty(0, dtype=torch.uint8)
+        )
+    import numpy as np
+
+    return torch.from_numpy(np.ascontiguousarray(buf).reshape(-1).view(np.uint8))
+
+
+def _read_plan(needs: list[dict[str, int]], world: int) -> dict[str, int]:
+    """The reader of every chunk some rank needs: one of its needers, chosen so the ranks'
+    read bytes are balanced (largest chunks first, each to the needer with the least so
+    far). Every rank computes the same plan from the same gathered needs."""
+    holders: dict[str, list[int]] = {}
+    size: dict[str, int] = {}
+    for r, need in enumerate(needs):
+        for d, n in need.items():
+            holders.setdefault(d, []).append(r)
+            size[d] = n
+    load = [0] * world
+    reader: dict[str, int] = {}
+    for d in sorted(size, key=lambda d: (-size[d], d)):
+        r = min(holders[d], key=lambda r: (load[r], r))
+        reader[d] = r
+        load[r] += size[d]
+    return reader
+
+
+def _grouped_read(
+    store: Any,
+    where: Path,
+    entries: Mapping[str, Any],
+    dests: list[tuple[str, Any]],
+    group: Any,
+    rank: int,
+    world: int,
+    failed: Optional[BaseException] = None,
+) -> None:
+    """Fills each (key, host buffer) with its entry. Collective over ``group``: the ranks
+    pool which chunks they need, each unique chunk is read (and verified) by one of its
+    needers, which sends it to the others over the group; a chunk repeated within a rank
+    is read once and copied. ``failed`` is this rank's error from before the call: every
+    rank raises once any has failed, so none waits on a rank that has given up."""
+    # digest -> [(flat uint8 view, offset, length, entry)]: where this rank needs it.
+    places: dict[str, list[tuple[Any, int, int, str]]] = {}
+    try:
+        if failed is not None:
+            raise failed
+        for key, buf in dests:
+            view = _u8(buf)
+            at = 0
+            for c in entries[key]["chunks"]:
+                places.setdefault(c["d"], []).append((view, at, c["n"], key))
+                at += c["n"]
+            if at != view.numel():
+                raise StoreFormatError(
+                    f"{where}: entry {key!r}: chunks hold {at} bytes, not {view.numel()}"
+                )
+    except BaseException as e:
+        failed = e
+    need = {d: p[0][2] for d, p in places.items()}
+    gathered = _all_gather((need, _failure(failed)), group, world)
+    _raise_first(where, failed, [f for _, f in gathered])
+    needs = [n for n, _ in gathered]
+    reader = _read_plan(needs, world)
+    mine = sorted(d for d, r in reader.items() if r == rank)
+
+    def first(d: str) -> Any:
+        view, at, n, _ = places[d][0]
+        return view[at : at + n]
+
+    error: Optional[BaseException] = None
+    try:
+        store.read_chunks(
+            [
+                (bytes.fromhex(d), need[d], int(first(d).data_ptr()), places[d][0][3])
+                for d in mine
+                if need[d]
+            ]
+        )
+    except BaseException as e:  # every rank must learn of it before any waits on a send
+        error = e
+    _raise_first(where, error, _all_gather(_failure(error), group, world))
+    received = 0
+    if world > 1:
+        import torch.distributed as dist
+
+        def peer(r: int) -> int:
+            return dist.get_global_rank(group, r) if group is not None else r
+
+        ops = []
+        for d in sorted(reader):
+            src = reader[d]
+            if src == rank:
+                for r, their in enumerate(needs):
+                    if r != rank and their.get(d):
+                        ops.append(dist.P2POp(dist.isend, first(d), peer(r), group))
+            elif need.get(d):
+                ops.append(dist.P2POp(dist.irecv, first(d), peer(src), group))
+                received += need[d]
+        if ops:
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+    for d, all_places in places.items():
+        src = first(d)
+        for view, at, n, _ in all_places[1:]:
+            view[at : at + n].copy_(src)
+    last_load.clear()
+    last_load.update(
+        read_bytes=sum(need[d] for d in mine), received_bytes=received, chunks_read=len(mine)
+    )
+
+
+def _failure(e: Optional[BaseException]) -> Optional[str]:
+    return None if e is None else f"{type(e).__name__}: {e}"
+
+
+def _raise_first(where: Path, mine: Optional[BaseException], all_: list[Optional[str]]) -> None:
+    """Raises this rank's own error, or names the first rank that failed."""
+    if mine is not None:
+        raise mine
+    for r, f in enumerate(all_):
+        if f:
+            raise SluiceError(f"{where}: rank {r} failed: {f}")
+
+
+# ---------------------------------------------------------------------------------------
 # Load
 
 
@@ -577,55 +716,21 @@ def load(
     ``state_dict``."""
     root, name = _split(path)
     rank, world, group = _group_info(group)
-    store = _sluice.ckpt_open(str(root))
+    reads: list[tuple[str, Any]] = []  # (entry, host buffer to fill)
+    copies: list[tuple[Any, Any]] = []  # (destination, host buffer read into)
+    blobs: list[tuple[tuple[Any, ...], str, Any]] = []
+    entries: dict[str, Any] = {}
+    store: Any = None
+    failed: Optional[BaseException] = None
     try:
+        store = _sluice.ckpt_open(str(root))
         m = json.loads(store.manifest(name))
-        saved_world = m.get("world_size", 1) or 1
-        if saved_world != world:
-            raise ConfigError(
-                f"{root / name}: saved by {saved_world} rank(s), loaded by {world}; "
-                "load at the saving world size, or reshard through DCP "
-                "(sluice.ckpt.StorageWriter/StorageReader)"
-            )
-        prefix = f"{rank}/" if world > 1 else ""
         entries = m["entries"]
-        reads: list[tuple[str, int, int]] = []
-        copies: list[tuple[Any, Any]] = []  # (destination, host buffer read into)
-        alive: list[Any] = []  # every buffer read into, alive until the read is done
-        blobs: list[tuple[tuple[Any, ...], str, Any]] = []
-        import numpy as np
-
-        for key, path_, v in _flatten(state_dict):
-            full = prefix + key
-            e = entries.get(full)
-            if e is None:
-                if strict:
-                    raise TensorNotFoundError(f"{root / name}: no entry {full!r} in the checkpoint")
-                continue
-            if _is_tensor(v) or _is_array(v):
-                if e["kind"] != "tensor":
-                    raise StoreFormatError(f"{root / name}: entry {full!r} is not a tensor")
-                shape = list(v.shape)
-                if e.get("shape") != shape or e.get("dtype") != _dtype_name(v):
-                    raise ConfigError(
-                        f"{root / name}: entry {full!r} is {e.get('dtype')} {e.get('shape')}, "
-                        f"the destination {_dtype_name(v)} {shape}"
-                    )
-                host = _writable_host(v)
-                if host is not v:
-                    copies.append((v, host))
-                alive.append(host)
-                n = e["nbytes"]
-                reads.append((full, _address_of(host) if n else 0, n))
-            else:
-                if e["kind"] != "bytes":
-                    raise StoreFormatError(f"{root / name}: entry {full!r} is a tensor")
-                buf = np.empty(e["nbytes"], np.uint8)
-                reads.append(
-                    (full, buf.__array_interface__["data"][0] if buf.nbytes else 0, buf.nbytes)
-                )
-                blobs.append((path_, full, buf))
-        store.load(name, reads)
+        _plan_load(state_dict, root / name, m, rank, world, strict, reads, copies, blobs)
+    except BaseException as e:  # raised by every rank together, in the grouped read
+        failed = e
+    try:
+        _grouped_read(store, root / name, entries, reads, group, rank, world, failed)
         for dst, host in copies:
             if _is_tensor(dst):
                 dst.copy_(host)
@@ -641,7 +746,59 @@ def load(
             _set_path(state_dict, path_, value)
         return state_dict
     finally:
-        store.close()
+        if store is not None:
+            store.close()
+
+
+def _plan_load(
+    state_dict: Mapping[str, Any],
+    where: Path,
+    m: Mapping[str, Any],
+    rank: int,
+    world: int,
+    strict: bool,
+    reads: list[tuple[str, Any]],
+    copies: list[tuple[Any, Any]],
+    blobs: list[tuple[tuple[Any, ...], str, Any]],
+) -> None:
+    """Matches the state's leaves with the manifest's entries: the buffers to read into."""
+    import numpy as np
+
+    saved_world = m.get("world_size", 1) or 1
+    if saved_world != world:
+        raise ConfigError(
+            f"{where}: saved by {saved_world} rank(s), loaded by {world}; "
+            "load at the saving world size, or reshard through DCP "
+            "(sluice.ckpt.StorageWriter/StorageReader)"
+        )
+    prefix = f"{rank}/" if world > 1 else ""
+    entries = m["entries"]
+    for key, path_, v in _flatten(state_dict):
+        full = prefix + key
+        e = entries.get(full)
+        if e is None:
+            if strict:
+                raise TensorNotFoundError(f"{where}: no entry {full!r} in the checkpoint")
+            continue
+        if _is_tensor(v) or _is_array(v):
+            if e["kind"] != "tensor":
+                raise StoreFormatError(f"{where}: entry {full!r} is not a tensor")
+            shape = list(v.shape)
+            if e.get("shape") != shape or e.get("dtype") != _dtype_name(v):
+                raise ConfigError(
+                    f"{where}: entry {full!r} is {e.get('dtype')} {e.get('shape')}, "
+                    f"the destination {_dtype_name(v)} {shape}"
+                )
+            host = _writable_host(v)
+            if host is not v:
+                copies.append((v, host))
+            reads.append((full, host))
+        else:
+            if e["kind"] != "bytes":
+                raise StoreFormatError(f"{where}: entry {full!r} is a tensor")
+            buf = np.empty(e["nbytes"], np.uint8)
+            reads.append((full, buf))
+            blobs.append((path_, full, buf))
 
 
 def _unpack(raw: bytes, meta: Mapping[str, Any]) -> Any:

@@ -130,6 +130,7 @@ def main() -> None:
             sd = blank(sharded(full_state(version), mesh))
             dcp.load(sd, storage_reader=ck.StorageReader(f"{store}/{name}"))
             result[name] = mismatches(full_state(version), sd)
+            result[name + "_read"] = ck.last_load["read_bytes"]
     dist.barrier()
     with open(out, "w") as f:
         json.dump(result, f)

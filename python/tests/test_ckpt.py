@@ -426,8 +426,16 @@ def test_a_rank_killed_mid_grouped_save_fails_it_and_the_last_checkpoint_loads(s
     assert codes[0] == 0
     r0 = results[0]
     assert "did not finish" in r0["s2"], r0
-    assert r0["s1_loads"]
     assert [x["name"] for x in ck.ls(store)] == ["s1"]
+    codes, results = run_world(2, store, "load", tmp_path)
+    assert codes == [0, 0] and all(r["s1_loads"] for r in results), results
+    # Read once across the group: the ranks' reads add up to the unique bytes.
+    s1 = ck.ls(store)[0]
+    assert sum(r["s1_read_bytes"] for r in results) == s1["unique_bytes"]
+    assert (
+        results[1]["bad"].startswith("TensorNotFoundError") and "1/model.extra" in results[1]["bad"]
+    )
+    assert results[0]["bad"].startswith("SluiceError") and "rank 1 failed" in results[0]["bad"]
     ck.gc(store, 1)
     assert not (store / ".pending").exists()
 
@@ -474,6 +482,10 @@ def test_dcp_save_reshards_world_4_to_2_and_async_save_resolves_staged_then_dura
     assert codes == [0, 0], results
     for r in results:  # bit-exact, s2 as it was when staged, not as scribbled after
         assert r["s1"] == [] and r["s2"] == [], r
+    for name in ("s1", "s2"):  # each unique chunk read by one rank of the loading world
+        meta = ck.manifest(store / name)["entries"][".dcp/metadata"]["nbytes"]
+        read = sum(r[name + "_read"] for r in results)
+        assert read == listing[name]["unique_bytes"] - meta, (name, read, listing[name])
 
 
 def test_dcp_round_trips_every_dtype_bytes_items_zero_size_and_non_contiguous(store):

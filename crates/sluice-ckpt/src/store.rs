@@ -295,18 +295,28 @@ impl CkptStore {
                 ),
             ));
         }
-        let mut pieces: Vec<(ChunkRef, &mut [u8])> = Vec::with_capacity(e.chunks.len());
+        let mut pieces: Vec<(ChunkRef, &str, &mut [u8])> = Vec::with_capacity(e.chunks.len());
         let mut rest = out;
         for c in &e.chunks {
             let (head, tail) = rest.split_at_mut(c.len as usize);
-            pieces.push((*c, head));
+            pieces.push((*c, key, head));
             rest = tail;
         }
-        let cells: Vec<std::sync::Mutex<(ChunkRef, &mut [u8])>> =
+        self.read_chunks(pieces, threads)
+    }
+
+    /// Reads chunks into their buffers on up to `threads` threads, each verified against
+    /// its digest; the `&str` names the entry in errors. The first failure is returned.
+    pub fn read_chunks(
+        &self,
+        pieces: Vec<(ChunkRef, &str, &mut [u8])>,
+        threads: usize,
+    ) -> Result<(), CkptError> {
+        let cells: Vec<std::sync::Mutex<(ChunkRef, &str, &mut [u8])>> =
             pieces.into_iter().map(std::sync::Mutex::new).collect();
         let results = parallel_map(&cells, threads, |cell| {
             let mut g = cell.lock().unwrap_or_else(|p| p.into_inner());
-            let (c, buf) = &mut *g;
+            let (c, key, buf) = &mut *g;
             self.chunks.read_into(c, key, buf)
         });
         results.into_iter().collect()

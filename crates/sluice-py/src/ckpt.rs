@@ -447,6 +447,38 @@ impl PyCkptStore {
         .map_err(ckpt_to_py)
     }
 
+    /// Reads chunks (digest, length, destination address, entry named in errors) into
+    /// host memory, each verified against its digest.
+    fn read_chunks(
+        &self,
+        py: Python<'_>,
+        items: Vec<(Vec<u8>, u64, usize, String)>,
+    ) -> PyResult<()> {
+        let store = self.get()?;
+        let refs = items
+            .iter()
+            .map(|(d, n, _, _)| {
+                Ok(ChunkRef {
+                    digest: digest(d)?,
+                    len: *n,
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        py.detach(|| {
+            let pieces = refs
+                .iter()
+                .zip(&items)
+                .map(|(c, (_, n, addr, key))| {
+                    // SAFETY: sluice/ckpt.py passes writable host memory of `n` bytes it
+                    // keeps alive for this call; no two destinations overlap.
+                    (*c, key.as_str(), unsafe { region_mut(*addr, *n as usize) })
+                })
+                .collect();
+            store.read_chunks(pieces, threads())
+        })
+        .map_err(ckpt_to_py)
+    }
+
     /// The store's checkpoints (`ls`), as JSON.
     fn ls(&self, py: Python<'_>) -> PyResult<String> {
         let store = self.get()?;
