@@ -181,6 +181,7 @@ class StorageWriter(_DcpWriter, AsyncStager):
     def __getstate__(self) -> dict[str, Any]:
         # A process-based async_save pickles the writer: the staged save stays here.
         state = self.__dict__.copy()
+        state["_staged_elsewhere"] = self._staged is not None
         state["_staged"] = state["_save"] = None
         state["_lock"] = None
         return state
@@ -259,6 +260,13 @@ class StorageWriter(_DcpWriter, AsyncStager):
         with self._lock:
             save, self._staged = self._staged, None
         keys = [entry_key(it.index) for it in plan.items]
+        if save is None and getattr(self, "_staged_elsewhere", False):
+            # async_save(async_checkpointer_type=PROCESS): staged in the trainer's process,
+            # handed here after training resumed; the state here may be torn.
+            raise ConfigError(
+                f"{root / name}: sluice.ckpt.StorageWriter was staged in another process; "
+                "use dcp.async_save's default thread executor (AsyncCheckpointerType.THREAD)"
+            )
         if save is None:
             # dcp.save: this rank's items, hashed and planned with the other ranks here.
             rank, world, group = _ck._group_info(self.group)

@@ -559,3 +559,23 @@ def test_dcp_bad_input_is_a_typed_error(store):
         dcp_load({"w": torch.zeros(64, 1024)}, store / "d1")
     err = root_cause(e.value)
     assert isinstance(err, ChunkCorruptError) and d in str(err) and '"w"' in str(err)
+
+
+def test_dcp_writer_staged_in_another_process_refuses_to_write(store):
+    # dcp.async_save(async_checkpointer_type=PROCESS) pickles the writer after staging and
+    # saves in a child process from a state training may already be changing.
+    import pickle
+
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    sd = {"w": rand((64, 1024), torch.float32, 4)}
+    w = ck.StorageWriter(store / "p1", chunk_bytes=CHUNK)
+    w.stage(sd).result(timeout=60)
+    child = pickle.loads(pickle.dumps(w))
+    planner = DefaultSavePlanner()
+    planner.set_up_planner(sd, storage_meta=None, is_coordinator=True)
+    child.set_up_storage_writer(True)
+    with pytest.raises(ConfigError, match="AsyncCheckpointerType.THREAD"):
+        child.write_data(planner.create_local_plan(), planner)
+    w.close()
+    assert ck.ls(store) == []
