@@ -27,6 +27,7 @@ Non-tensor values (step counters, optimizer hyper-parameters, RNG state) are pic
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import threading
@@ -39,6 +40,8 @@ from typing import Any, Optional, Union
 
 from . import _sluice
 from .errors import ConfigError, SluiceError, StoreFormatError, TensorNotFoundError
+
+log = logging.getLogger("sluice.ckpt")
 
 PathLike = Union[str, "os.PathLike[str]"]
 ByteSize = Union[int, str]
@@ -276,6 +279,7 @@ def save(
     bandwidth: Optional[float] = None,
     timeout: float = DEFAULT_TIMEOUT_S,
     blocking: bool = False,
+    replicate: bool = False,
 ) -> SaveHandle:
     """Saves ``state_dict`` as checkpoint ``path`` (STORE/NAME) and returns at once with a
     :class:`SaveHandle`; ``blocking=True`` waits until durable. Collective over ``group``
@@ -285,7 +289,12 @@ def save(
     ``chunk_bytes`` is the dedup grain (default 4 MiB). ``staging_bytes`` bounds the host
     memory the save holds (default 1 GiB); a larger share streams through it.
     ``bandwidth`` declares this rank's write bytes/s for the plan (default: measured by
-    the previous save)."""
+    the previous save).
+
+    ``replicate=True`` (grouped saves) also sends this rank's share to the next rank's
+    memory before ``staged`` resolves, and holds the previous rank's share: should a rank
+    die before its share is durable, its successor writes the share, and the checkpoint
+    is still published. It holds up to ``staging_bytes`` more host memory."""
     root, name = _split(path)
     chunk = _size(chunk_bytes, "chunk_bytes")
     staging = _size(staging_bytes, "staging_bytes")
@@ -301,6 +310,15 @@ def save(
     st = _stage(leaves, root, name, group, rank, world, chunk, staging, bandwidth)
     store, job, tables, token = st.store, st.job, st.tables, st.token
     makespan, cached = st.makespan, st.cached
+    replica: Optional[_Replica] = None
+    if replicate and world > 1:
+        try:
+            replica = _Replica(root / name, group, rank, world, st, staging, timeout)
+        except BaseException:
+            job.cancel("the replica could not start")
+            job.close()
+            store.close()
+            raise
     handle = SaveHandle(root, name)
     handle._job = job
     logical = sum(lf.nbytes for lf in leaves)
@@ -309,7 +327,10 @@ def save(
     def finish() -> None:
         global _measured_bandwidth
         try:
-            handle.staged.set_result(job.wait_staged())
+            took = job.wait_staged()
+            if replica is not None:
+                replica.wait_sent()
+            handle.staged.set_result(took)
         except BaseException as e:
             handle.staged.set_exception(e)
         try:
@@ -318,7 +339,18 @@ def save(
                 _measured_bandwidth = report["write_bytes_per_s"]
             job.close()
             summary = _publish(
-                store, root, name, rank, world, tables, chunk, report, pending, token, timeout
+                store,
+                root,
+                name,
+                rank,
+                world,
+                tables,
+                chunk,
+                report,
+                pending,
+                token,
+                timeout,
+                replica,
             )
             summary.update(
                 rank=rank,
@@ -331,6 +363,8 @@ def save(
             outcome: tuple[Any, Optional[BaseException]] = (summary, None)
         except BaseException as e:
             outcome = (None, e)
+            if replica is not None:
+                replica.abandon()
         # The store's lock goes before the futures resolve: a caller that waits for
         # durable and then collects garbage must find the store free.
         job.close()
@@ -362,6 +396,10 @@ class _Staged:
     token: str
     makespan: float
     cached: bool
+    #: This rank's share: (digest, length, source address) of each chunk it writes.
+    mine: list[tuple[bytes, int, int]]
+    #: Every rank's share, as indices into its own table.
+    assignments: list[bytes]
 
 
 def _heads(leaves: list[_Leaf]) -> str:
@@ -440,7 +478,185 @@ def _stage(
     except BaseException:
         store.close()
         raise
-    return _Staged(store, job, tables, token, makespan, cached)
+    return _Staged(store, job, tables, token, makespan, cached, mine, assignments)
+
+
+_side_groups: dict[tuple[int, ...], Any] = {}
+_side_lock = threading.Lock()
+
+
+def _side_group(group: Any, timeout: float) -> Any:
+    """A gloo group of ``group``'s ranks for Sluice's background traffic, so that it never
+    interleaves with training's collectives on ``group`` (collective on first use)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    ranks = tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
+    side = _side_groups.get(ranks)
+    if side is None:
+        side = dist.new_group(
+            list(ranks),
+            timeout=datetime.timedelta(seconds=timeout),
+            backend="gloo",
+            use_local_synchronization=True,
+        )
+        _side_groups[ranks] = side
+    return side
+
+
+def _at(addr: int, n: int) -> Any:
+    """A torch.uint8 view of ``n`` bytes of host memory at ``addr`` (owned elsewhere)."""
+    import ctypes
+
+    import torch
+
+    return torch.frombuffer((ctypes.c_uint8 * n).from_address(addr), dtype=torch.uint8)
+
+
+class _Replica:
+    """``replicate=True``: this rank sends its share to the next rank and receives the
+    previous rank's share into host memory. Once its own share is durable it tells the
+    next rank so; a rank that hears instead that the previous one is gone (its connection
+    closed) writes that rank's share from the replica and marks it durable."""
+
+    def __init__(
+        self,
+        where: Path,
+        group: Any,
+        rank: int,
+        world: int,
+        st: _Staged,
+        staging: int,
+        timeout: float,
+    ) -> None:
+        import numpy as np
+        import torch
+
+        self.where, self.rank, self.world = where, rank, world
+        self.pred, self.succ = (rank - 1) % world, (rank + 1) % world
+        shares = []
+        for r in range(world):
+            idx = np.frombuffer(st.assignments[r], "<u4")
+            shares.append(int(np.frombuffer(st.tables[r][2], "<u8")[idx].sum()))
+        if max(shares) > staging:  # the same verdict on every rank: all raise together
+            r = shares.index(max(shares))
+            raise ConfigError(
+                f"{where}: replicate=True holds a rank's share in its successor's memory; "
+                f"rank {r}'s is {shares[r]} bytes, over staging_bytes ({staging})"
+            )
+        table = st.tables[self.pred]
+        idx = np.frombuffer(st.assignments[self.pred], "<u4").tolist()
+        lens = np.frombuffer(table[2], "<u8")
+        self.chunks = [(table[1][32 * i : 32 * i + 32], int(lens[i])) for i in idx]
+        self.buf = torch.empty(shares[self.pred], dtype=torch.uint8)
+        self.side = _side_group(group, timeout)
+        self.error: Optional[BaseException] = None
+        self.signalled = False
+        self.thread = threading.Thread(
+            target=self._exchange, args=(st.mine,), name="sluice-ckpt-replica", daemon=True
+        )
+        self.thread.start()
+
+    def _peer(self, r: int) -> int:
+        import torch.distributed as dist
+
+        return dist.get_global_rank(self.side, r)
+
+    def _exchange(self, mine: list[tuple[bytes, int, int]]) -> None:
+        import torch.distributed as dist
+
+        try:
+            ops = [
+                dist.P2POp(dist.isend, _at(addr, n), self._peer(self.succ), self.side)
+                for _, n, addr in mine
+                if n
+            ]
+            at = 0
+            for _, n in self.chunks:
+                if n:
+                    view = self.buf[at : at + n]
+                    ops.append(dist.P2POp(dist.irecv, view, self._peer(self.pred), self.side))
+                at += n
+            with _side_lock:
+                for w in dist.batch_isend_irecv(ops) if ops else []:
+                    w.wait()
+        except BaseException as e:
+            self.error = e
+
+    def wait_sent(self) -> None:
+        """Returns once this rank's share is in the next rank's memory and the previous
+        rank's in this one's."""
+        self.thread.join()
+        if self.error is not None:
+            raise SluiceError(f"{self.where}: replicating the staged share failed: {self.error}")
+
+    def _signal(self, code: int) -> Any:
+        """Tells the next rank how this rank's share ended (1 durable, 2 failed), once:
+        the pending send, or None if already told."""
+        import torch
+        import torch.distributed as dist
+
+        if self.signalled:
+            return None
+        self.signalled = True
+        with _side_lock:
+            return dist.isend(
+                torch.full((1,), code, dtype=torch.uint8), self._peer(self.succ), self.side
+            )
+
+    def abandon(self) -> None:
+        """This rank's save failed: the next rank stands in for its share."""
+        try:
+            send = self._signal(2)
+            if send is not None:
+                send.wait()
+        except Exception as e:  # the next rank may be gone too
+            log.debug("%s: could not tell rank %d: %s", self.where, self.succ, e)
+
+    def stand_in(self, store: Any, chunk: int, pending: Path) -> bool:
+        """Tells the next rank this share is durable and learns the previous rank's fate;
+        writes its share if it failed or died first. True if this rank stood in for it."""
+        import torch
+        import torch.distributed as dist
+
+        self.wait_sent()
+        heard = torch.zeros(1, dtype=torch.uint8)
+        mark = pending / f"rank-{self.pred}.json"
+        why = "its save failed"
+        send = self._signal(1)
+        try:
+            with _side_lock:
+                recv = dist.irecv(heard, self._peer(self.pred), self.side)
+            recv.wait()
+            if heard.item() == 1 or mark.exists():
+                return False
+        except RuntimeError as e:  # a closed connection: the previous rank died
+            if mark.exists():
+                return False
+            why = f"it is gone ({e})"
+        finally:
+            try:
+                if send is not None:
+                    send.wait()
+            except RuntimeError as e:  # the next rank died: it needs nothing from here
+                log.debug("%s: rank %d did not hear: %s", self.where, self.succ, e)
+        log.warning("%s: rank %d: %s; writing its replicated share", self.where, self.pred, why)
+        base = int(self.buf.data_ptr())
+        tasks, at = [], 0
+        for d, n in self.chunks:
+            tasks.append((d, n, base + at))
+            at += n
+        job = store.write(tasks, chunk, max(chunk, at), [self.buf])
+        try:
+            report = json.loads(job.wait_durable())
+        finally:
+            job.close()
+        report["written_by"] = self.rank
+        tmp = pending / f".rank-{self.pred}.tmp"
+        tmp.write_text(json.dumps(report))
+        os.replace(tmp, mark)
+        return True
 
 
 def _check_name(root: Path, name: str) -> None:
@@ -476,6 +692,7 @@ def _publish(
     pending: Path,
     token: str,
     timeout: float,
+    replica: Optional[_Replica] = None,
 ) -> dict[str, Any]:
     """Publishes the manifest once every rank's share is durable. Ranks meet through
     marker files in the store (no collective runs in the background, so a save never
@@ -502,7 +719,13 @@ def _publish(
     deadline = time.monotonic() + timeout
     manifest_path = root / name / "manifest.json"
     failed = pending / "failed"
-    if rank == 0:
+    publisher = rank == 0
+    # With replicate=True the previous rank's share is in this rank's memory: written here
+    # if that rank died before marking it durable; rank 0's publishing too, if it was 0.
+    if replica is not None and replica.stand_in(store, chunk, pending):
+        summary["stood_in_for"] = replica.pred
+        publisher = publisher or replica.pred == 0
+    if publisher:
         marks = [pending / f"rank-{r}.json" for r in range(world)]
         while not all(m.exists() for m in marks):
             if time.monotonic() > deadline:

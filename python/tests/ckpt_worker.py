@@ -6,6 +6,8 @@ MODE ``mixed``: a sharded part, a replicated part, a tied head and zero-filled m
 saves, changes about 6% of the bytes, saves again, loads both back bit-exact.
 MODE ``kill``: saves once, then rank 1 dies (SIGKILL) once its second save is staged;
 rank 0's second save must fail.
+MODE ``killrep``: as ``kill``, but the second save has ``replicate=True`` and rank 1 dies
+once it is staged: rank 0 writes rank 1's share from its replica and publishes.
 MODE ``load``: loads ``s1`` (grouped: each unique chunk read by one rank) and checks it.
 """
 
@@ -15,6 +17,8 @@ import json
 import os
 import signal
 import sys
+import time
+from pathlib import Path
 
 import sluice.ckpt as ck
 import torch
@@ -75,6 +79,10 @@ def main() -> None:
     result: dict = {"rank": rank}
     if mode == "load":  # s1 of a world whose save of s2 died, loaded by a new world
         result["s1_loads"] = equal(sd, ck.load(zeros_like(sd), f"{store}/s1"))
+        if (Path(store) / "s2").exists():  # the replicated save that lost rank 1
+            s2 = state(rank)
+            s2["model"]["shard"] = s2["model"]["shard"] + 1
+            result["s2_loads"] = equal(s2, ck.load(zeros_like(s2), f"{store}/s2"))
         result["s1_read_bytes"] = ck.last_load["read_bytes"]
         # Rank 1 asks for an entry that is not there: both ranks fail, neither hangs.
         bad = zeros_like(sd)
@@ -91,14 +99,19 @@ def main() -> None:
         return
     r1 = ck.save(sd, f"{store}/s1", chunk_bytes=CHUNK).durable.result()
     result["s1"] = r1
-    if mode == "kill":
+    if mode in ("kill", "killrep"):
         sd["model"]["shard"] = sd["model"]["shard"] + 1  # new bytes on every rank
-        h = ck.save(sd, f"{store}/s2", chunk_bytes=CHUNK, timeout=10)
-        if rank == 1:  # dies with its share in flight
+        rep = mode == "killrep"
+        h = ck.save(sd, f"{store}/s2", chunk_bytes=CHUNK, timeout=10, replicate=rep)
+        if rank == 1 and not rep:  # dies with its share in flight
             os.kill(os.getpid(), signal.SIGKILL)
+        if rank == 1:  # dies once staged (its share is in rank 0's memory), before durable
+            h.staged.add_done_callback(lambda f: os.kill(os.getpid(), signal.SIGKILL))
+            time.sleep(60)
         try:
-            h.durable.result()
+            report = h.durable.result()
             result["s2"] = "published"
+            result["stood_in_for"] = report.get("stood_in_for")
         except Exception as e:  # the expected outcome: rank 1 never finished
             result["s2"] = f"{type(e).__name__}: {e}"
         with open(out, "w") as f:
@@ -108,12 +121,18 @@ def main() -> None:
     sd["model"]["shard"][:16] += 1
     sd["model"]["embed"][:8] += 1
     sd["optim"]["step"] = 4
-    h2 = ck.save(sd, f"{store}/s2", chunk_bytes=CHUNK)
+    h2 = ck.save(sd, f"{store}/s2", chunk_bytes=CHUNK, replicate=True)
     order = []
     h2.staged.add_done_callback(lambda f: order.append("staged"))
     h2.durable.add_done_callback(lambda f: order.append("durable"))
     result["s2"] = h2.durable.result()
     result["order"] = order
+    try:  # a share over the staging budget cannot be held by the next rank: both refuse
+        sd3 = {**sd, "model": {**sd["model"], "shard": sd["model"]["shard"] + 5}}
+        ck.save(sd3, f"{store}/s3", chunk_bytes=CHUNK, staging_bytes=CHUNK, replicate=True)
+        result["over_budget"] = "saved"
+    except Exception as e:
+        result["over_budget"] = f"{type(e).__name__}: {e}"
     back2 = ck.load(zeros_like(sd), f"{store}/s2")
     back1 = ck.load(zeros_like(sd), f"{store}/s1")
     result["s2_exact"] = equal(sd, back2)

@@ -412,9 +412,11 @@ def test_grouped_save_writes_each_unique_chunk_once_and_loads_bit_exact(store, t
     assert min(per_rank) > 0.3 * max(per_rank)  # the plan shared the writing
     s2 = r0["s2"]
     assert s2["written_bytes"] < 0.15 * s1["unique_bytes"]  # only changed chunks
+    assert "stood_in_for" not in s2  # replicated, and nobody had to stand in
     for r in results:
         assert r["s1_exact"] and r["s2_exact"]
         assert r["order"] == ["staged", "durable"]
+        assert r["over_budget"].startswith("ConfigError") and "replicate" in r["over_budget"]
     names = [x["name"] for x in ck.ls(store)]
     assert names == ["s1", "s2"]
     assert not (store / ".pending" / "s2").exists()
@@ -438,6 +440,16 @@ def test_a_rank_killed_mid_grouped_save_fails_it_and_the_last_checkpoint_loads(s
     assert results[0]["bad"].startswith("SluiceError") and "rank 1 failed" in results[0]["bad"]
     ck.gc(store, 1)
     assert not (store / ".pending").exists()
+
+
+def test_a_replicated_save_survives_a_rank_killed_after_staging(store, tmp_path):
+    codes, results = run_world(2, store, "killrep", tmp_path)
+    assert codes[1] == -signal.SIGKILL
+    assert codes[0] == 0, results
+    assert results[0]["s2"] == "published" and results[0]["stood_in_for"] == 1, results[0]
+    assert [x["name"] for x in ck.ls(store)] == ["s1", "s2"]
+    codes, results = run_world(2, store, "load", tmp_path)
+    assert codes == [0, 0] and all(r["s1_loads"] and r["s2_loads"] for r in results), results
 
 
 # ---------------------------------------------------------------------------------------
@@ -575,7 +587,7 @@ def test_dcp_writer_staged_in_another_process_refuses_to_write(store):
     planner = DefaultSavePlanner()
     planner.set_up_planner(sd, storage_meta=None, is_coordinator=True)
     child.set_up_storage_writer(True)
-    with pytest.raises(ConfigError, match="AsyncCheckpointerType.THREAD"):
+    with pytest.raises(ConfigError, match=r"AsyncCheckpointerType\.THREAD"):
         child.write_data(planner.create_local_plan(), planner)
     w.close()
     assert ck.ls(store) == []
