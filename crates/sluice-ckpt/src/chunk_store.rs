@@ -8,14 +8,26 @@
 //! A chunk is written to a temporary name and renamed into place, so a reader or a later
 //! save never sees half a chunk under its real name. New chunks are made durable together
 //! by [`ChunkStore::sync`] before the manifest that references them is published.
+//!
+//! Staged chunks ([`ChunkStore::write_aligned`]) go out with O_DIRECT from their page-aligned
+//! staging buffer: the device reads them there, with no copy into the page cache and no
+//! dirty pages left for the final sync to write back. A file system that refuses O_DIRECT
+//! (tmpfs, some FUSE) gets buffered writes from then on, logged once.
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use sluice_engine::AlignedBuf;
 
 use crate::chunking::{ChunkRef, Digest};
 use crate::error::CkptError;
+
+/// O_DIRECT transfer sizes are padded to this, and the file cut back to the chunk's length.
+const DIRECT_ALIGN: usize = 4096;
 
 /// Suffix of a chunk being written (a crashed save can leave some; `gc` removes them).
 const TMP_MARK: &str = ".tmp-";
@@ -26,13 +38,27 @@ static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
 #[derive(Debug, Clone)]
 pub struct ChunkStore {
     dir: PathBuf,
+    /// Cleared, for every clone, once the file system refuses O_DIRECT.
+    direct: Arc<AtomicBool>,
 }
 
 impl ChunkStore {
     pub fn new(dir: &Path) -> ChunkStore {
         ChunkStore {
             dir: dir.to_path_buf(),
+            direct: Arc::new(AtomicBool::new(true)),
         }
+    }
+
+    /// Whether staged chunks still go out with O_DIRECT (false once refused).
+    pub fn direct_writes(&self) -> bool {
+        self.direct.load(Ordering::Relaxed)
+    }
+
+    /// Writes go through the page cache only (as on a file system without O_DIRECT).
+    pub fn buffered_only(self) -> ChunkStore {
+        self.direct.store(false, Ordering::Relaxed);
+        self
     }
 
     pub fn dir(&self) -> &Path {
@@ -61,6 +87,61 @@ impl ChunkStore {
         if self.contains(c) {
             return Ok(false);
         }
+        self.put(c, |tmp| std::fs::File::create(tmp)?.write_all(bytes))
+            .map(|()| true)
+    }
+
+    /// As [`ChunkStore::write`], from a page-aligned staging buffer whose first `c.len`
+    /// bytes are the chunk's: O_DIRECT where the file system takes it (the bytes past the
+    /// chunk, up to the next 4 KiB, are zeroed, written and cut off again).
+    pub fn write_aligned(&self, c: &ChunkRef, buf: &mut AlignedBuf) -> Result<bool, CkptError> {
+        let n = c.len as usize;
+        let padded = n.next_multiple_of(DIRECT_ALIGN);
+        if !self.direct.load(Ordering::Relaxed) || padded > buf.len() {
+            return self.write(c, &buf.as_slice()[..n]);
+        }
+        if self.contains(c) {
+            return Ok(false);
+        }
+        buf.as_mut_slice()[n..padded].fill(0);
+        let bytes = &buf.as_slice()[..padded];
+        let refused = AtomicBool::new(false);
+        let r = self.put(c, |tmp| {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(tmp)
+                .inspect_err(|e| {
+                    refused.store(e.raw_os_error() == Some(libc::EINVAL), Ordering::Relaxed)
+                })?;
+            f.write_all(bytes).inspect_err(|e| {
+                refused.store(e.raw_os_error() == Some(libc::EINVAL), Ordering::Relaxed)
+            })?;
+            if padded != n {
+                f.set_len(n as u64)?;
+            }
+            Ok(())
+        });
+        if r.is_err() && refused.load(Ordering::Relaxed) {
+            if self.direct.swap(false, Ordering::Relaxed) {
+                tracing::info!(
+                    "{}: O_DIRECT writes refused (EINVAL); writing chunks through the page cache",
+                    self.dir.display()
+                );
+            }
+            return self.write(c, &buf.as_slice()[..n]);
+        }
+        r.map(|()| true)
+    }
+
+    /// Creates chunk `c` by `fill`ing a temporary file and renaming it into place.
+    fn put(
+        &self,
+        c: &ChunkRef,
+        fill: impl FnOnce(&Path) -> std::io::Result<()>,
+    ) -> Result<(), CkptError> {
         let path = self.path_of(&c.digest);
         let parent = path.parent().expect("a chunk path has a parent");
         std::fs::create_dir_all(parent).map_err(CkptError::io(parent))?;
@@ -70,14 +151,12 @@ impl ChunkStore {
             c.digest.hex(),
             std::process::id()
         ));
-        let written = std::fs::File::create(&tmp)
-            .and_then(|mut f| f.write_all(bytes))
-            .and_then(|()| std::fs::rename(&tmp, &path));
+        let written = fill(&tmp).and_then(|()| std::fs::rename(&tmp, &path));
         if let Err(e) = written {
             let _ = std::fs::remove_file(&tmp);
             return Err(CkptError::io(&path)(e));
         }
-        Ok(true)
+        Ok(())
     }
 
     /// Reads chunk `c` (of `entry`, for messages) into `out`, verifying its digest.

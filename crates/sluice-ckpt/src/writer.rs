@@ -18,11 +18,14 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use sluice_engine::AlignedBuf;
+
 use crate::chunk_store::ChunkStore;
 use crate::chunking::{ChunkRef, Digest};
 use crate::error::CkptError;
 
-/// Host buffers for staged chunks, all `chunk_bytes` large, at most `budget` bytes of them.
+/// Host buffers for staged chunks, all `chunk_bytes` large (page-aligned, for O_DIRECT
+/// writes), at most `budget` bytes of them.
 pub struct StagingPool {
     chunk_bytes: usize,
     max_buffers: usize,
@@ -32,7 +35,7 @@ pub struct StagingPool {
 }
 
 struct PoolState {
-    free: Vec<Vec<u8>>,
+    free: Vec<AlignedBuf>,
     allocated: usize,
 }
 
@@ -62,8 +65,9 @@ impl StagingPool {
         self.peak_bytes.load(Ordering::Relaxed)
     }
 
-    /// A buffer holding a copy of `src`; waits while the budget is spent, until `stop`.
-    fn stage(&self, src: &[u8], stop: &AtomicBool) -> Option<Vec<u8>> {
+    /// A buffer whose first bytes are a copy of `src`; waits while the budget is spent,
+    /// until `stop`.
+    fn stage(&self, src: &[u8], stop: &AtomicBool) -> Option<Result<AlignedBuf, CkptError>> {
         debug_assert!(src.len() <= self.chunk_bytes);
         let mut st = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let mut buf = loop {
@@ -77,7 +81,16 @@ impl StagingPool {
                 st.allocated += 1;
                 let held = (st.allocated * self.chunk_bytes) as u64;
                 self.peak_bytes.fetch_max(held, Ordering::Relaxed);
-                break Vec::with_capacity(self.chunk_bytes);
+                match AlignedBuf::new(self.chunk_bytes.next_multiple_of(4096)) {
+                    Ok(b) => break b,
+                    Err(e) => {
+                        st.allocated -= 1;
+                        return Some(Err(CkptError::Io {
+                            path: "staging buffer".into(),
+                            source: e,
+                        }));
+                    }
+                }
             }
             // Woken by a writer returning a buffer, or by a stop (which notifies too); the
             // timeout only bounds a missed wake-up.
@@ -88,12 +101,11 @@ impl StagingPool {
                 .0;
         };
         drop(st);
-        buf.clear();
-        buf.extend_from_slice(src);
-        Some(buf)
+        buf.as_mut_slice()[..src.len()].copy_from_slice(src);
+        Some(Ok(buf))
     }
 
-    fn give_back(&self, buf: Vec<u8>) {
+    fn give_back(&self, buf: AlignedBuf) {
         let mut st = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         st.free.push(buf);
         drop(st);
@@ -291,7 +303,7 @@ fn run(
     keep: Box<dyn Send>,
 ) {
     let t0 = Instant::now();
-    let (tx, rx) = mpsc::channel::<(ChunkRef, Vec<u8>)>();
+    let (tx, rx) = mpsc::channel::<(ChunkRef, AlignedBuf)>();
     let rx = Mutex::new(rx);
     let written = AtomicU64::new(0);
     let written_chunks = AtomicU64::new(0);
@@ -302,10 +314,10 @@ fn run(
         for _ in 0..writers {
             scope.spawn(|| loop {
                 let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
-                let Ok((c, buf)) = next else { return };
+                let Ok((c, mut buf)) = next else { return };
                 if !s.stop.load(Ordering::Relaxed) {
                     let t = Instant::now();
-                    match chunks.write(&c, &buf) {
+                    match chunks.write_aligned(&c, &mut buf) {
                         Ok(true) => {
                             written.fetch_add(c.len, Ordering::Relaxed);
                             written_chunks.fetch_add(1, Ordering::Relaxed);
@@ -329,10 +341,14 @@ fn run(
             let bytes =
                 unsafe { std::slice::from_raw_parts(src.0 as *const u8, t.chunk.len as usize) };
             match s.pool.stage(bytes, &s.stop) {
-                Some(buf) => {
+                Some(Ok(buf)) => {
                     if tx.send((t.chunk, buf)).is_err() {
                         break;
                     }
+                }
+                Some(Err(e)) => {
+                    s.fail(e);
+                    break;
                 }
                 None => break,
             }

@@ -37,6 +37,10 @@ fn a_share_streams_through_a_small_pool_and_lands_whole() {
     assert_eq!(r.chunks_written, 65);
     assert_eq!(r.bytes_written, bytes.len() as u64);
     assert!(
+        store.chunks().direct_writes(),
+        "ext4 takes O_DIRECT chunk writes"
+    );
+    assert!(
         r.staging_peak_bytes <= 2 * CHUNK,
         "{}",
         r.staging_peak_bytes
@@ -118,4 +122,46 @@ fn a_budget_that_cannot_hold_a_chunk_is_refused() {
         Err(CkptError::InvalidArgument { .. })
     ));
     assert!(StagingPool::new(CHUNK, 0).is_err());
+}
+
+#[test]
+fn a_file_system_without_o_direct_gets_the_same_chunks_through_the_page_cache() {
+    // ramfs refuses O_DIRECT with EINVAL (tmpfs takes it since Linux 6.6): the job falls
+    // back to buffered writes, once.
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "ramfs", "ramfs"])
+        .arg(dir.path())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("cannot mount ramfs here (not root?): the O_DIRECT fallback is not exercised");
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(dir.path().to_path_buf());
+    let store = CkptStore::open(dir.path()).unwrap();
+    let bytes = pattern(7, 5 * CHUNK as usize + 333);
+    let t = tasks(&bytes);
+    let pool = StagingPool::new(2 * CHUNK, CHUNK).unwrap();
+    // SAFETY: `bytes` outlives the job (waited for and dropped below).
+    let job = unsafe { WriteJob::start(store.chunks().clone(), t.clone(), pool, 2, Box::new(())) }
+        .unwrap();
+    let r = job.wait_durable(None).unwrap().unwrap();
+    assert_eq!((r.chunks_written, r.bytes_written), (6, bytes.len() as u64));
+    assert!(!store.chunks().direct_writes());
+    for task in &t {
+        let path = store.chunks().path_of(&task.chunk.digest);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), task.chunk.len);
+        let mut out = vec![0u8; task.chunk.len as usize];
+        store
+            .chunks()
+            .read_into(&task.chunk, "x", &mut out)
+            .unwrap();
+    }
 }
