@@ -17,7 +17,7 @@ CARGO ?= cargo
 # Stamps record that a set-up step is done and redo it when its inputs change.
 STAMP := $(VENV)/.stamps
 
-.PHONY: all demo test lint rust-test py-test numa-test numa-vm-watchdog build develop bench-load bench-sim bench-warm bench-kv bench-deps fuzz clean
+.PHONY: all demo test lint rust-test py-test numa-test numa-vm-watchdog build develop bench-load bench-ckpt bench-sim bench-warm bench-kv bench-deps fuzz clean
 
 all: test
 
@@ -118,6 +118,10 @@ $(STAMP)/bench-deps: $(STAMP)/deps requirements-bench.txt
 
 bench-load: $(STAMP)/develop $(STAMP)/bench-deps
 	$(PY) benches/bench_load.py --data bench-data/ckpt-4g --size-gib 4 --runs 3 --out docs/
+
+# `make bench-ckpt` (root; about 45 min; 10 GiB of free disk): grouped saves and loads vs DCP, torch.save
+bench-ckpt: $(STAMP)/develop
+	$(PY) benches/bench_ckpt.py --worlds 2,4 --gib-per-rank 1 --runs 3 --out docs/
 
 # `make bench-kv` (root; three rounds of about 75 min; 28 GiB of free disk): the KV-cache store against
 # fio, file-per-block, MLPerf's backend, LMCache and Mooncake. Its peers live in their own

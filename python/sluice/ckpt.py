@@ -137,9 +137,17 @@ def _dtype_name(t: Any) -> str:
     return str(t.dtype)
 
 
-def _host_bytes(key: str, v: Any) -> tuple[Any, int, int]:
+def _streamed(t: Any) -> bool:
+    """Whether a tensor's bytes are hashed and staged through a pinned host window rather
+    than copied to host memory whole (a device tensor: CUDA, XPU, ...)."""
+    return _is_tensor(t) and t.device.type not in ("cpu", "meta")
+
+
+def _host_bytes(key: str, v: Any, stream: bool = False) -> tuple[Any, int, int]:
     """(owner, address, nbytes) of a leaf's bytes in contiguous host memory. `owner` keeps
-    them alive: the tensor itself, or the host copy made for a CUDA or non-contiguous one."""
+    them alive: the tensor itself, or the host copy made for a CUDA or non-contiguous one.
+    With ``stream`` a device tensor stays where it is (a contiguous copy there if need be)
+    and the address is -1: its bytes come over in windows."""
     if _is_tensor(v):
         import torch
 
@@ -152,6 +160,9 @@ def _host_bytes(key: str, v: Any) -> tuple[Any, int, int]:
             t = t.resolve_conj()
         if t.is_neg():
             t = t.resolve_neg()
+        if stream and _streamed(t):
+            t = t.contiguous()
+            return t, -1, t.numel() * t.element_size()
         if t.device.type != "cpu":
             t = t.to("cpu")
         if not t.is_contiguous():
@@ -177,14 +188,14 @@ class _Leaf:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def _leaves(state: Mapping[str, Any], prefix: str) -> list[_Leaf]:
+def _leaves(state: Mapping[str, Any], prefix: str, stream: bool = False) -> list[_Leaf]:
     import numpy as np
 
     out = []
     for key, path, v in _flatten(state):
         name = prefix + key
         if _is_tensor(v) or _is_array(v):
-            owner, addr, n = _host_bytes(name, v)
+            owner, addr, n = _host_bytes(name, v, stream)
             meta = {"framework": "torch" if _is_tensor(v) else "numpy"}
             leaf = _Leaf(name, path, "tensor", owner, addr, n, _dtype_name(v), list(v.shape))
             leaf.meta = meta
@@ -304,7 +315,8 @@ def save(
         raise ConfigError(f"bandwidth: must be positive bytes/s, got {bandwidth!r}")
     rank, world, group = _group_info(group)
     prefix = f"{rank}/" if world > 1 else ""
-    leaves = _leaves(state_dict, prefix)
+    # Device tensors stream through the staging budget; a replica needs them in host memory.
+    leaves = _leaves(state_dict, prefix, stream=not replicate)
 
     _check_name(root, name)
     st = _stage(leaves, root, name, group, rank, world, chunk, staging, bandwidth)
@@ -418,6 +430,175 @@ def _heads(leaves: list[_Leaf]) -> str:
     )
 
 
+def _flat_u8(t: Any) -> Any:
+    import torch
+
+    return t.reshape(-1).view(torch.uint8)
+
+
+class _Window:
+    """A host buffer (pinned where CUDA is) that device tensors come through, chunk-sized
+    multiples at a time."""
+
+    def __init__(self, nbytes: int) -> None:
+        import torch
+
+        pin = torch.cuda.is_available()
+        self.buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+        self.addr = int(self.buf.data_ptr())
+
+    @staticmethod
+    def for_leaves(leaves: list[_Leaf], chunk: int, staging: int) -> Optional[_Window]:
+        biggest = max((lf.nbytes for lf in leaves if lf.addr < 0), default=0)
+        if not biggest:
+            return None
+        size = max(chunk, (staging // 4) // chunk * chunk)
+        return _Window(min(size, -(-biggest // chunk) * chunk))
+
+    def pieces(self, t: Any) -> Any:
+        """(offset, length) of each window's worth of ``t``'s bytes, copied in as it goes."""
+        flat = _flat_u8(t)
+        size = self.buf.numel()
+        for off in range(0, flat.numel(), size):
+            m = min(size, flat.numel() - off)
+            self.buf[:m].copy_(flat[off : off + m])
+            yield off, m
+
+
+def _hash_leaves(
+    leaves: list[_Leaf], chunk: int, window: Optional[_Window]
+) -> tuple[bytes, bytes, list[int]]:
+    """The chunk table of ``leaves``: host leaves hashed in place, in parallel; device
+    leaves a window at a time."""
+    host = [i for i, lf in enumerate(leaves) if lf.addr >= 0]
+    digests, lens, counts = _sluice.ckpt_hash(
+        [(leaves[i].addr, leaves[i].nbytes) for i in host], chunk
+    )
+    if window is None:
+        return digests, lens, counts
+    parts: list[tuple[bytes, bytes, int]] = [(b"", b"", 0)] * len(leaves)
+    at = 0
+    for i, n in zip(host, counts):
+        parts[i] = (digests[32 * at : 32 * (at + n)], lens[8 * at : 8 * (at + n)], n)
+        at += n
+    for i, lf in enumerate(leaves):
+        if lf.addr < 0:
+            ds, ls, n = [], [], 0
+            for _, m in window.pieces(lf.owner):
+                d, ln, c = _sluice.ckpt_hash([(window.addr, m)], chunk)
+                ds.append(d)
+                ls.append(ln)
+                n += c[0]
+            parts[i] = (b"".join(ds), b"".join(ls), n)
+    return (
+        b"".join(p[0] for p in parts),
+        b"".join(p[1] for p in parts),
+        [p[2] for p in parts],
+    )
+
+
+class _Jobs:
+    """A share with chunks of device tensors, within the staging budget: the host chunks
+    go in one write job (a quarter of the budget); the device ones come over through a
+    window (a quarter) in rounds, each round a write job with a quarter-budget pool, at
+    most two rounds in flight. Waits and reports as one job does."""
+
+    def __init__(
+        self,
+        store: Any,
+        host: list[tuple[bytes, int, int]],
+        device: list[tuple[bytes, int, Any, int]],
+        chunk: int,
+        staging: int,
+        keep: list[Any],
+    ) -> None:
+        quarter = max(chunk, (staging // 4) // chunk * chunk)
+        self.jobs: list[Any] = []
+        self.host = 1 if host else 0  # jobs[0] is the host chunks' job, if any
+        if host:
+            self.jobs.append(store.write(host, chunk, quarter, keep))
+        self.window = _Window(quarter)
+        self.store, self.device, self.chunk, self.quarter = store, device, chunk, quarter
+        self.t0 = time.perf_counter()
+        self.staged_s: Optional[float] = None
+        self.error: Optional[BaseException] = None
+        self.stop = threading.Event()
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+        threading.Thread(target=self._rounds, name="sluice-ckpt-device", daemon=True).start()
+
+    def _rounds(self) -> None:
+        try:
+            i, rounds = 0, []
+            while i < len(self.device) and not self.stop.is_set():
+                packed, at = [], 0
+                while i < len(self.device) and at + self.device[i][1] <= self.quarter:
+                    d, n, t, off = self.device[i]
+                    self.window.buf[at : at + n].copy_(_flat_u8(t)[off : off + n])
+                    packed.append((d, n, self.window.addr + at))
+                    at += n
+                    i += 1
+                if len(rounds) >= 2:  # bound the pools in flight
+                    rounds[-2].wait_durable()
+                job = self.store.write(packed, self.chunk, self.quarter, [])
+                with self.lock:
+                    self.jobs.append(job)
+                rounds.append(job)
+                job.wait_staged()  # the window is free again
+            if self.stop.is_set():
+                raise SluiceError("cancelled")
+        except BaseException as e:
+            self.error = e
+        finally:
+            self.staged_s = time.perf_counter() - self.t0
+            self.device = []  # the device tensors are no longer read
+            self.done.set()
+
+    def wait_staged(self) -> float:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        for j in list(self.jobs):
+            j.wait_staged()
+        return time.perf_counter() - self.t0
+
+    def wait_durable(self) -> str:
+        self.wait_staged()
+        reports = [json.loads(j.wait_durable()) for j in list(self.jobs)]
+        took = time.perf_counter() - self.t0
+        written = sum(r["bytes_written"] for r in reports)
+        busy = sum(
+            r["bytes_written"] / r["write_bytes_per_s"] for r in reports if r["write_bytes_per_s"]
+        )
+        return json.dumps(
+            {
+                "chunks_written": sum(r["chunks_written"] for r in reports),
+                "bytes_written": written,
+                "chunks_present": sum(r["chunks_present"] for r in reports),
+                # Rounds run one after another, two at most at once: a bound on what was
+                # held together (the host job's pool, the window, two round pools).
+                "staging_peak_bytes": self.quarter
+                + (reports[0]["staging_peak_bytes"] if self.host else 0)
+                + 2 * max((r["staging_peak_bytes"] for r in reports[self.host :]), default=0),
+                "staged_s": self.staged_s,
+                "durable_s": took,
+                "write_bytes_per_s": written / busy if busy else 0.0,
+            }
+        )
+
+    def cancel(self, why: str) -> None:
+        self.stop.set()
+        with self.lock:
+            for j in self.jobs:
+                j.cancel(why)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.done.wait()
+        for j in self.jobs:
+            j.close()
+
+
 def _stage(
     leaves: list[_Leaf],
     root: Path,
@@ -433,7 +614,9 @@ def _stage(
     writes which chunk the store lacks, and starts this rank's share (collective)."""
     store = _sluice.ckpt_open(str(root), create=True)
     try:
-        digests, lens, counts = _sluice.ckpt_hash([(lf.addr, lf.nbytes) for lf in leaves], chunk)
+        window = _Window.for_leaves(leaves, chunk, staging)
+        digests, lens, counts = _hash_leaves(leaves, chunk, window)
+        del window  # the write job has its own
         # This rank's chunk table travels compact: 32 bytes of digest and 8 of length a chunk.
         table = (_heads(leaves), digests, lens, counts)
         bw = bandwidth or _measured_bandwidth or DEFAULT_BANDWIDTH
@@ -462,19 +645,24 @@ def _stage(
 
         import numpy as np
 
-        # Each chunk's source: its leaf's address plus its offset within the leaf.
-        starts = np.zeros(len(lens) // 8, np.uint64)
-        at = 0
-        for lf, n in zip(leaves, counts):
-            if n:
-                starts[at : at + n] = lf.addr + np.arange(n, dtype=np.uint64) * chunk
-            at += n
+        # Each chunk's leaf, and its offset within the leaf.
+        leaf_of = np.repeat(np.arange(len(leaves)), counts)
+        first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
         length = np.frombuffer(lens, "<u8")
-        mine = [
-            (digests[32 * i : 32 * i + 32], int(length[i]), int(starts[i]))
-            for i in np.frombuffer(assignments[rank], "<u4").tolist()
-        ]
-        job = store.write(mine, chunk, staging, [lf.owner for lf in leaves])
+        mine: list[tuple[bytes, int, int]] = []
+        streamed: list[tuple[bytes, int, Any, int]] = []
+        for i in np.frombuffer(assignments[rank], "<u4").tolist():
+            lf = leaves[int(leaf_of[i])]
+            off = (i - int(first[leaf_of[i]])) * chunk
+            d, n = digests[32 * i : 32 * i + 32], int(length[i])
+            if lf.addr < 0:
+                streamed.append((d, n, lf.owner, off))
+            else:
+                mine.append((d, n, lf.addr + off))
+        if streamed:
+            job: Any = _Jobs(store, mine, streamed, chunk, staging, [lf.owner for lf in leaves])
+        else:
+            job = store.write(mine, chunk, staging, [lf.owner for lf in leaves])
     except BaseException:
         store.close()
         raise

@@ -591,3 +591,40 @@ def test_dcp_writer_staged_in_another_process_refuses_to_write(store):
         child.write_data(planner.create_local_plan(), planner)
     w.close()
     assert ck.ls(store) == []
+
+
+def test_device_tensors_stream_through_the_budget_into_the_same_chunks(
+    store, tmp_path, monkeypatch
+):
+    # A CUDA tensor is hashed and staged through a pinned window in rounds, never copied to
+    # host memory whole. Host tensors stand in for device ones here (the GPU check runs
+    # the real thing: benches/gpu_check_ckpt.py).
+    sd = {
+        "a": rand((300, 1000), torch.float32, 1),  # 1.1 MiB: many rounds of 4 chunks
+        "z": torch.zeros(512, 512),
+        "t": rand((64, 48), torch.float32, 2).t(),
+        "e": torch.empty(0),
+        "step": 3,
+    }
+    plain = ck.save(sd, store / "plain", chunk_bytes=CHUNK, blocking=True).result()
+    monkeypatch.setattr(ck, "_streamed", lambda t: isinstance(t, torch.Tensor))
+    r = ck.save(sd, store / "streamed", chunk_bytes=CHUNK, staging_bytes=4 * CHUNK).result()
+    assert r["written_bytes"] == 0  # the very chunks the plain save stored
+    assert ck.manifest(store / "streamed")["entries"] == ck.manifest(store / "plain")["entries"]
+    same(sd, ck.load(blank(sd), store / "streamed"))
+    rounds = []  # the device chunks each streamed share had
+
+    class Spy(ck._Jobs):
+        def __init__(self, store, host, device, *rest):
+            rounds.append(len(device))
+            super().__init__(store, host, device, *rest)
+
+    monkeypatch.setattr(ck, "_Jobs", Spy)
+    fresh = tmp_path / "fresh"
+    r = ck.save(sd, fresh / "s1", chunk_bytes=CHUNK, staging_bytes=4 * CHUNK).result()
+    assert rounds and rounds[0] >= 18, rounds  # went through the window, not a host copy
+    assert r["written_bytes"] == r["unique_bytes"] == plain["unique_bytes"]
+    assert r["rank_report"]["staging_peak_bytes"] <= 4 * CHUNK
+    same(sd, ck.load(blank(sd), fresh / "s1"))
+    dcp_save(sd, fresh / "d1", staging_bytes=4 * CHUNK)
+    same(sd, dcp_load(blank(sd), fresh / "d1"))
