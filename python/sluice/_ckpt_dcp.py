@@ -69,7 +69,7 @@ def entry_key(index: MetadataIndex) -> str:
 def _leaf(key: str, data: Any) -> _ck._Leaf:
     """An entry's bytes: a tensor's host memory, or a BYTE_IO item's serialized bytes."""
     if isinstance(data, torch.Tensor):
-        owner, addr, n = _ck._host_bytes(key, data)
+        owner, addr, n = _ck._host_bytes(key, data, stream=True)
         leaf = _ck._Leaf(key, (key,), "tensor", owner, addr, n, _ck._dtype_name(data))
         leaf.shape = list(data.shape)
         leaf.meta = {"framework": "torch"}
@@ -203,6 +203,13 @@ class StorageWriter(_DcpWriter, AsyncStager):
         planner = DefaultSavePlanner()
         planner.set_up_planner(state_dict, storage_meta=None, is_coordinator=rank == 0)
         items = planner.create_local_plan().items
+        if world > 1:
+            # DCP's own dedup, as its coordinator will run it on the same plans: each
+            # replicated item is hashed and staged by the one rank DCP will give it to.
+            from torch.distributed.checkpoint._dedup_save_plans import dedup_save_plans
+
+            plans = _ck._all_gather(SavePlan(items), group, world)
+            items = dedup_save_plans(plans, planner.dedup_save_to_lowest_rank)[rank].items
         leaves = [_leaf(entry_key(it.index), planner.resolve_data(it)) for it in items]
         staged = _ck._stage(
             leaves, root, name, group, rank, world, self.chunk, self.staging, self.bandwidth
