@@ -501,7 +501,8 @@ class _Jobs:
     """A share with chunks of device tensors, within the staging budget: the host chunks
     go in one write job (a quarter of the budget); the device ones come over through a
     window (a quarter) in rounds, each round a write job with a quarter-budget pool, at
-    most two rounds in flight. Waits and reports as one job does."""
+    most two rounds in flight (a round's job, and its pool, is closed once durable).
+    Waits and reports as one job does."""
 
     def __init__(
         self,
@@ -513,10 +514,9 @@ class _Jobs:
         keep: list[Any],
     ) -> None:
         quarter = max(chunk, (staging // 4) // chunk * chunk)
-        self.jobs: list[Any] = []
-        self.host = 1 if host else 0  # jobs[0] is the host chunks' job, if any
-        if host:
-            self.jobs.append(store.write(host, chunk, quarter, keep))
+        self.host_job = store.write(host, chunk, quarter, keep) if host else None
+        self.rounds: list[Any] = []  # round jobs in flight
+        self.reports: list[dict[str, Any]] = []  # rounds already durable and closed
         self.window = _Window(quarter)
         self.store, self.device, self.chunk, self.quarter = store, device, chunk, quarter
         self.t0 = time.perf_counter()
@@ -525,11 +525,15 @@ class _Jobs:
         self.stop = threading.Event()
         self.done = threading.Event()
         self.lock = threading.Lock()
-        threading.Thread(target=self._rounds, name="sluice-ckpt-device", daemon=True).start()
+        threading.Thread(target=self._run, name="sluice-ckpt-device", daemon=True).start()
 
-    def _rounds(self) -> None:
+    def _jobs(self) -> list[Any]:
+        with self.lock:
+            return ([self.host_job] if self.host_job is not None else []) + list(self.rounds)
+
+    def _run(self) -> None:
         try:
-            i, rounds = 0, []
+            i = 0
             while i < len(self.device) and not self.stop.is_set():
                 packed, at = [], 0
                 while i < len(self.device) and at + self.device[i][1] <= self.quarter:
@@ -538,12 +542,15 @@ class _Jobs:
                     packed.append((d, n, self.window.addr + at))
                     at += n
                     i += 1
-                if len(rounds) >= 2:  # bound the pools in flight
-                    rounds[-2].wait_durable()
+                if len(self.rounds) >= 2:  # bound the pools in flight: retire the oldest
+                    oldest = self.rounds[0]
+                    self.reports.append(json.loads(oldest.wait_durable()))
+                    with self.lock:
+                        self.rounds.pop(0)
+                    oldest.close()
                 job = self.store.write(packed, self.chunk, self.quarter, [])
                 with self.lock:
-                    self.jobs.append(job)
-                rounds.append(job)
+                    self.rounds.append(job)
                 job.wait_staged()  # the window is free again
             if self.stop.is_set():
                 raise SluiceError("cancelled")
@@ -558,13 +565,15 @@ class _Jobs:
         self.done.wait()
         if self.error is not None:
             raise self.error
-        for j in list(self.jobs):
+        for j in self._jobs():
             j.wait_staged()
         return time.perf_counter() - self.t0
 
     def wait_durable(self) -> str:
         self.wait_staged()
-        reports = [json.loads(j.wait_durable()) for j in list(self.jobs)]
+        host = json.loads(self.host_job.wait_durable()) if self.host_job is not None else None
+        rounds = self.reports + [json.loads(j.wait_durable()) for j in list(self.rounds)]
+        reports = rounds + ([host] if host else [])
         took = time.perf_counter() - self.t0
         written = sum(r["bytes_written"] for r in reports)
         busy = sum(
@@ -575,11 +584,11 @@ class _Jobs:
                 "chunks_written": sum(r["chunks_written"] for r in reports),
                 "bytes_written": written,
                 "chunks_present": sum(r["chunks_present"] for r in reports),
-                # Rounds run one after another, two at most at once: a bound on what was
-                # held together (the host job's pool, the window, two round pools).
+                # A bound on what was held at once: the host job's pool, the window and
+                # two round pools.
                 "staging_peak_bytes": self.quarter
-                + (reports[0]["staging_peak_bytes"] if self.host else 0)
-                + 2 * max((r["staging_peak_bytes"] for r in reports[self.host :]), default=0),
+                + (host["staging_peak_bytes"] if host else 0)
+                + 2 * max((r["staging_peak_bytes"] for r in rounds), default=0),
                 "staged_s": self.staged_s,
                 "durable_s": took,
                 "write_bytes_per_s": written / busy if busy else 0.0,
@@ -588,14 +597,13 @@ class _Jobs:
 
     def cancel(self, why: str) -> None:
         self.stop.set()
-        with self.lock:
-            for j in self.jobs:
-                j.cancel(why)
+        for j in self._jobs():
+            j.cancel(why)
 
     def close(self) -> None:
         self.stop.set()
         self.done.wait()
-        for j in self.jobs:
+        for j in self._jobs():
             j.close()
 
 

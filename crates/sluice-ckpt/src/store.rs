@@ -12,6 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -126,7 +127,13 @@ impl CkptStore {
         }
         std::fs::create_dir_all(root.join("chunks")).map_err(CkptError::io(root))?;
         let marker = root.join(MARKER);
-        match std::fs::read(&marker) {
+        // A FIFO or a device in place of the marker or the lock would block the open:
+        // both are opened non-blocking and refused unless they are regular files.
+        let read = sluice_engine::open_regular(&marker, 0).and_then(|mut f| {
+            let mut b = Vec::new();
+            std::io::Read::read_to_end(&mut f, &mut b).map(|_| b)
+        });
+        match read {
             Ok(b) => check_marker(&marker, &b)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let body = serde_json::json!({"format": "sluice-ckpt-store", "version": 1});
@@ -139,7 +146,18 @@ impl CkptStore {
             .create(true)
             .truncate(false)
             .write(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open(&lock_path)
+            .and_then(|f| {
+                if f.metadata()?.is_file() {
+                    Ok(f)
+                } else {
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        "not a regular file",
+                    ))
+                }
+            })
             .map_err(CkptError::io(&lock_path))?;
         // SAFETY: flock on a descriptor we own; it is released when the file closes.
         if unsafe { libc::flock(lock.as_raw_fd(), how) } != 0 {

@@ -228,3 +228,29 @@ fn gc_keeps_the_newest_checkpoints_and_every_chunk_they_share() {
     w[0] = 3;
     assert_eq!(load(&store, "step-3", "w", w.len()).unwrap(), w);
 }
+
+#[test]
+fn a_fifo_in_place_of_the_marker_or_the_lock_is_refused_not_waited_on() {
+    // open(2) of a FIFO blocks until the other end opens: a hostile or botched store
+    // must fail at once, naming the file.
+    for name in ["sluice-ckpt.json", "lock"] {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let root = dir.path().join("store");
+        drop(CkptStore::open(&root).unwrap());
+        let path = root.join(name);
+        std::fs::remove_file(&path).unwrap();
+        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo on a path we own.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let r2 = root.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(CkptStore::open(&r2).map(|_| ()));
+        });
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("opening a store whose {name} is a FIFO hung"));
+        let e = got.unwrap_err();
+        assert!(e.to_string().contains(name), "{e}");
+    }
+}
