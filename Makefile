@@ -119,7 +119,7 @@ $(STAMP)/bench-deps: $(STAMP)/deps requirements-bench.txt
 bench-load: $(STAMP)/develop $(STAMP)/bench-deps
 	$(PY) benches/bench_load.py --data bench-data/ckpt-4g --size-gib 4 --runs 3 --out docs/
 
-# `make bench-ckpt` (root; about 45 min; 10 GiB of free disk): grouped saves and loads vs DCP, torch.save
+# `make bench-ckpt` (root; about 35 min; 10 GiB of free disk): grouped saves and loads vs DCP, torch.save
 bench-ckpt: $(STAMP)/develop
 	$(PY) benches/bench_ckpt.py --worlds 2,4 --gib-per-rank 1 --runs 3 --out docs/
 
