@@ -252,6 +252,7 @@ class StorageWriter(_DcpWriter, AsyncStager):
                 "sluice.ckpt.StorageWriter: dcp.save(use_collectives=False) is not supported; "
                 "the ranks pool their chunk tables to deduplicate and plan the writes"
             )
+        _check_rank(self.group, kwargs, "StorageWriter", "dcp.save")
         self._where()
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
@@ -419,6 +420,7 @@ class StorageReader(_DcpReader):
     def set_up_storage_reader(
         self, metadata: Metadata, is_coordinator: bool, *a: Any, **k: Any
     ) -> None:
+        _check_rank(self.group, k, "StorageReader", "dcp.load")
         self._metadata = metadata
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
@@ -521,6 +523,20 @@ class StorageReader(_DcpReader):
         ):
             return None
         return target
+
+
+def _check_rank(group: Any, kwargs: dict[str, Any], cls: str, call: str) -> None:
+    """Refuses a DCP call whose rank is not this process's rank in ``group``: the ranks
+    pool their tables over ``group``, so DCP must run over the same ranks (a process
+    group given to DCP and not to the writer, or ``no_dist=True`` in a group)."""
+    dcp_rank = kwargs.get("rank")
+    rank, world, _ = _ck._group_info(group)
+    if dcp_rank is not None and dcp_rank != rank:
+        raise ConfigError(
+            f"sluice.ckpt.{cls}: {call} runs this process as rank {dcp_rank}, its group "
+            f"as rank {rank} of {world}; give {cls}(..., group=) the process group given "
+            f"to {call} (no_dist=True is not supported in a group)"
+        )
 
 
 def _buffer(where: Path, key: str, e: dict[str, Any], item: Any) -> Any:

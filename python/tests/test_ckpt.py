@@ -642,3 +642,14 @@ def test_device_tensors_stream_through_the_budget_into_the_same_chunks(
     same(sd, ck.load(blank(sd), fresh / "s1"))
     dcp_save(sd, fresh / "d1", staging_bytes=4 * CHUNK)
     same(sd, dcp_load(blank(sd), fresh / "d1"))
+
+
+def test_dcp_running_as_another_rank_than_the_writer_group_is_refused(store):
+    # dcp.save(process_group=pg) with a writer pooling over the world would mix ranks.
+    w = ck.StorageWriter(store / "x", chunk_bytes=CHUNK)
+    with pytest.raises(ConfigError, match="rank 1"):
+        w.set_up_storage_writer(False, rank=1, use_collectives=True)
+    w.set_up_storage_writer(True, rank=0, use_collectives=True)
+    r = ck.StorageReader(store / "x")
+    with pytest.raises(ConfigError, match="group="):
+        r.set_up_storage_reader(None, False, rank=3, use_collectives=True)
