@@ -1,0 +1,43 @@
+//! [`RemoteError`]: every failure names the object URL, and the byte range where a read
+//! failed; a read never returns fewer or other bytes than asked as a success.
+
+use std::ops::Range;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    #[error("{url:?}: not an object URL: {why}")]
+    BadUrl { url: String, why: String },
+    #[error("{url}: cannot configure the store: {why}")]
+    Config { url: String, why: String },
+    #[error("{url}: no such object")]
+    NotFound { url: String },
+    #[error("{url}: the object changed while it was read (ETag was {expected:?})")]
+    Changed { url: String, expected: String },
+    #[error("{url}: bytes {}..{}: got {got} bytes", range.start, range.end)]
+    Short {
+        url: String,
+        range: Range<u64>,
+        got: u64,
+    },
+    #[error("{url}: bytes {}..{}: {source}", range.start, range.end)]
+    Read {
+        url: String,
+        range: Range<u64>,
+        #[source]
+        source: object_store::Error,
+    },
+    #[error("{url}: {source}")]
+    Request {
+        url: String,
+        #[source]
+        source: object_store::Error,
+    },
+    #[error("{url}: bytes {}..{} lie beyond the object's {size} bytes", range.start, range.end)]
+    OutOfRange {
+        url: String,
+        range: Range<u64>,
+        size: u64,
+    },
+    #[error("cannot start the remote I/O runtime: {0}")]
+    Runtime(std::io::Error),
+}

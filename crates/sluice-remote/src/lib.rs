@@ -1,0 +1,21 @@
+//! Remote object stores for Sluice (issue 15, first slice): object URLs, and ranged reads
+//! of objects into caller buffers, many GETs in flight, with retries, typed errors and
+//! ETag pinning.
+//!
+//! The object stores come through the Apache Arrow `object_store` crate (S3-compatible
+//! endpoints, GCS, Azure), with credentials from the standard environment and config
+//! chains; nothing here speaks HTTP or signs requests. The reads are synchronous calls
+//! that run on a small tokio runtime of this crate's own, so callers (the loader's engine,
+//! the Python bindings with the GIL released) stay synchronous.
+//!
+//! Not yet wired into the loaders or a mount: docs/design/remote.md has the plan.
+
+mod error;
+mod faulty;
+mod store;
+mod url;
+
+pub use error::RemoteError;
+pub use faulty::{Fault, FaultyStore};
+pub use store::{ObjectInfo, ReadReport, RemoteOptions, RemoteStore};
+pub use url::{ObjectUrl, Scheme};

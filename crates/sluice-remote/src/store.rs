@@ -1,0 +1,343 @@
+//! [`RemoteStore`]: one bucket of an object store, and ranged reads of its objects into
+//! caller buffers.
+
+use std::ops::Range;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path as ObjPath;
+use object_store::{ClientOptions, GetOptions, GetRange, ObjectStore, RetryConfig};
+use tokio::runtime::Runtime;
+
+use crate::error::RemoteError;
+use crate::url::{ObjectUrl, Scheme};
+
+/// How a store is reached and read.
+#[derive(Clone, Debug)]
+pub struct RemoteOptions {
+    /// An S3-compatible endpoint (MinIO, Ceph, ...); else `AWS_ENDPOINT_URL`, else AWS.
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    /// Virtual-host style (`bucket.host/key`); path style (`host/bucket/key`) otherwise.
+    /// `None` leaves the library's choice (and `AWS_VIRTUAL_HOSTED_STYLE_REQUEST`).
+    pub virtual_hosted: Option<bool>,
+    /// Plain-HTTP endpoints (a local test server).
+    pub allow_http: bool,
+    /// Retries of a failed request, and of a body that broke off or came short.
+    pub retries: usize,
+    /// Per-request timeout.
+    pub timeout: Duration,
+    /// GETs in flight at once.
+    pub concurrency: usize,
+    /// Largest GET: a longer range becomes several GETs in flight together.
+    pub piece_bytes: u64,
+}
+
+impl Default for RemoteOptions {
+    fn default() -> Self {
+        RemoteOptions {
+            endpoint: None,
+            region: None,
+            virtual_hosted: None,
+            allow_http: false,
+            retries: 3,
+            timeout: Duration::from_secs(30),
+            concurrency: 16,
+            piece_bytes: 8 << 20,
+        }
+    }
+}
+
+/// An object's size and version, from one HEAD (or a listing).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectInfo {
+    pub url: ObjectUrl,
+    pub size: u64,
+    /// Every read of the object is pinned to this version (`If-Match`).
+    pub etag: Option<String>,
+}
+
+/// What a read did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadReport {
+    /// GETs that returned the bytes asked for (retries not counted).
+    pub requests: usize,
+    /// Attempts that failed and were retried.
+    pub retried: usize,
+    pub bytes: u64,
+}
+
+/// One bucket (or container) of an object store.
+pub struct RemoteStore {
+    bucket: ObjectUrl,
+    store: Arc<dyn ObjectStore>,
+    opts: RemoteOptions,
+}
+
+fn runtime() -> Result<&'static Runtime, RemoteError> {
+    static RT: OnceLock<Runtime> = OnceLock::new();
+    if let Some(rt) = RT.get() {
+        return Ok(rt);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("sluice-remote")
+        .enable_all()
+        .build()
+        .map_err(RemoteError::Runtime)?;
+    Ok(RT.get_or_init(|| rt))
+}
+
+impl RemoteStore {
+    /// The bucket of `url`, configured from `opts` and the environment's credential and
+    /// config chains (`AWS_*`, `GOOGLE_*`, `AZURE_*`).
+    pub fn open(url: &ObjectUrl, opts: &RemoteOptions) -> Result<RemoteStore, RemoteError> {
+        let retry = RetryConfig {
+            max_retries: opts.retries,
+            retry_timeout: opts.timeout * (opts.retries as u32 + 1),
+            ..RetryConfig::default()
+        };
+        let client = ClientOptions::new()
+            .with_timeout(opts.timeout)
+            .with_allow_http(opts.allow_http);
+        let config = |e: object_store::Error| RemoteError::Config {
+            url: url.to_string(),
+            why: e.to_string(),
+        };
+        let store: Arc<dyn ObjectStore> = match url.scheme {
+            Scheme::S3 => {
+                let mut b = object_store::aws::AmazonS3Builder::from_env()
+                    .with_bucket_name(&url.bucket)
+                    .with_retry(retry)
+                    .with_client_options(client);
+                if let Some(e) = &opts.endpoint {
+                    b = b.with_endpoint(e);
+                }
+                if let Some(r) = &opts.region {
+                    b = b.with_region(r);
+                }
+                if let Some(v) = opts.virtual_hosted {
+                    b = b.with_virtual_hosted_style_request(v);
+                }
+                Arc::new(b.build().map_err(config)?)
+            }
+            Scheme::Gcs => Arc::new(
+                object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                    .with_bucket_name(&url.bucket)
+                    .with_retry(retry)
+                    .with_client_options(client)
+                    .build()
+                    .map_err(config)?,
+            ),
+            Scheme::Azure => Arc::new(
+                object_store::azure::MicrosoftAzureBuilder::from_env()
+                    .with_container_name(&url.bucket)
+                    .with_retry(retry)
+                    .with_client_options(client)
+                    .build()
+                    .map_err(config)?,
+            ),
+        };
+        Ok(RemoteStore::with_store(url, store, opts))
+    }
+
+    /// A store over any `ObjectStore` (an in-memory one, a fault-injecting double).
+    pub fn with_store(
+        url: &ObjectUrl,
+        store: Arc<dyn ObjectStore>,
+        opts: &RemoteOptions,
+    ) -> RemoteStore {
+        RemoteStore {
+            bucket: ObjectUrl {
+                key: String::new(),
+                ..url.clone()
+            },
+            store,
+            opts: opts.clone(),
+        }
+    }
+
+    fn path(&self, url: &ObjectUrl) -> Result<ObjPath, RemoteError> {
+        if url.scheme != self.bucket.scheme || url.bucket != self.bucket.bucket {
+            return Err(RemoteError::BadUrl {
+                url: url.to_string(),
+                why: format!("not in {}", self.bucket),
+            });
+        }
+        ObjPath::parse(&url.key).map_err(|e| RemoteError::BadUrl {
+            url: url.to_string(),
+            why: e.to_string(),
+        })
+    }
+
+    /// Size and version of one object (a HEAD).
+    pub fn info(&self, url: &ObjectUrl) -> Result<ObjectInfo, RemoteError> {
+        let path = self.path(url)?;
+        let meta = runtime()?
+            .block_on(self.store.head(&path))
+            .map_err(|e| request_error(url, e))?;
+        Ok(ObjectInfo {
+            url: url.clone(),
+            size: meta.size,
+            etag: meta.e_tag,
+        })
+    }
+
+    /// The objects under `prefix` (a "directory": `prefix/...`), in key order.
+    pub fn list(&self, prefix: &ObjectUrl) -> Result<Vec<ObjectInfo>, RemoteError> {
+        let path = self.path(prefix)?;
+        let under = if prefix.key.is_empty() {
+            None
+        } else {
+            Some(&path)
+        };
+        let metas: Vec<_> = runtime()?
+            .block_on(self.store.list(under).try_collect::<Vec<_>>())
+            .map_err(|e| request_error(prefix, e))?;
+        let mut out: Vec<ObjectInfo> = metas
+            .into_iter()
+            .map(|m| ObjectInfo {
+                url: ObjectUrl {
+                    key: m.location.to_string(),
+                    ..self.bucket.clone()
+                },
+                size: m.size,
+                etag: m.e_tag,
+            })
+            .collect();
+        out.sort_by(|a, b| a.url.key.cmp(&b.url.key));
+        Ok(out)
+    }
+
+    /// Fills each `(offset, buffer)` with the object's bytes at that offset: every range
+    /// in pieces of at most `piece_bytes`, `concurrency` GETs in flight, each pinned to the
+    /// object's ETag. All or nothing: the first error (after retries) is returned, naming
+    /// the object and the range.
+    pub fn read_ranges(
+        &self,
+        obj: &ObjectInfo,
+        reads: Vec<(u64, &mut [u8])>,
+    ) -> Result<ReadReport, RemoteError> {
+        let path = self.path(&obj.url)?;
+        let piece = self.opts.piece_bytes.max(1) as usize;
+        let mut pieces: Vec<(Range<u64>, &mut [u8])> = Vec::new();
+        for (offset, buf) in reads {
+            let end = offset + buf.len() as u64;
+            if end > obj.size {
+                return Err(RemoteError::OutOfRange {
+                    url: obj.url.to_string(),
+                    range: offset..end,
+                    size: obj.size,
+                });
+            }
+            let mut at = offset;
+            for part in buf.chunks_mut(piece) {
+                let n = part.len() as u64;
+                pieces.push((at..at + n, part));
+                at += n;
+            }
+        }
+        let bytes: u64 = pieces.iter().map(|(r, _)| r.end - r.start).sum();
+        let fetches = pieces
+            .into_iter()
+            .filter(|(r, _)| r.end > r.start)
+            .map(|(range, dst)| self.fetch(&path, obj, range, dst));
+        let retried: Vec<usize> = runtime()?.block_on(
+            futures::stream::iter(fetches)
+                .buffer_unordered(self.opts.concurrency.max(1))
+                .try_collect(),
+        )?;
+        Ok(ReadReport {
+            requests: retried.len(),
+            retried: retried.iter().sum(),
+            bytes,
+        })
+    }
+
+    /// One piece, retried when the body breaks off or comes short; the retries it took.
+    async fn fetch(
+        &self,
+        path: &ObjPath,
+        obj: &ObjectInfo,
+        range: Range<u64>,
+        dst: &mut [u8],
+    ) -> Result<usize, RemoteError> {
+        let mut attempt = 0;
+        loop {
+            match self.fetch_once(path, obj, range.clone(), dst).await {
+                Ok(()) => return Ok(attempt),
+                Err(e @ (RemoteError::Short { .. } | RemoteError::Read { .. }))
+                    if attempt < self.opts.retries =>
+                {
+                    tracing::debug!("{e}; retrying");
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn fetch_once(
+        &self,
+        path: &ObjPath,
+        obj: &ObjectInfo,
+        range: Range<u64>,
+        dst: &mut [u8],
+    ) -> Result<(), RemoteError> {
+        let url = || obj.url.to_string();
+        let opts = GetOptions {
+            range: Some(GetRange::Bounded(range.clone())),
+            if_match: obj.etag.clone(),
+            ..GetOptions::default()
+        };
+        let read_error = |e: object_store::Error| match e {
+            object_store::Error::NotFound { .. } => RemoteError::NotFound { url: url() },
+            object_store::Error::Precondition { .. } => RemoteError::Changed {
+                url: url(),
+                expected: obj.etag.clone().unwrap_or_default(),
+            },
+            e => RemoteError::Read {
+                url: url(),
+                range: range.clone(),
+                source: e,
+            },
+        };
+        let got = self.store.get_opts(path, opts).await.map_err(read_error)?;
+        let mut body = got.into_stream();
+        let mut at = 0usize;
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(read_error)?;
+            let end = at + chunk.len();
+            if end > dst.len() {
+                return Err(RemoteError::Short {
+                    url: url(),
+                    range: range.clone(),
+                    got: end as u64,
+                });
+            }
+            dst[at..end].copy_from_slice(&chunk);
+            at = end;
+        }
+        if at != dst.len() {
+            return Err(RemoteError::Short {
+                url: url(),
+                range,
+                got: at as u64,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn request_error(url: &ObjectUrl, e: object_store::Error) -> RemoteError {
+    match e {
+        object_store::Error::NotFound { .. } => RemoteError::NotFound {
+            url: url.to_string(),
+        },
+        e => RemoteError::Request {
+            url: url.to_string(),
+            source: e,
+        },
+    }
+}
