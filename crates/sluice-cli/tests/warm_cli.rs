@@ -410,17 +410,37 @@ fn start_service(m: &Path, templates: &Path, grace: &str, script: &str) -> std::
     child
 }
 
-/// Waits for `child` with a guard against a hang (not a timing assertion).
+/// Waits for `child` with a guard against a hang (not a timing assertion). Its stdout
+/// and stderr are drained while it runs: a child blocked writing into a full pipe would
+/// otherwise never exit, and the guard would blame it.
 fn finish(mut child: std::process::Child) -> Output {
+    fn drain(mut r: impl std::io::Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut out = Vec::new();
+            let _ = r.read_to_end(&mut out);
+            out
+        })
+    }
+    let stdout = drain(child.stdout.take().unwrap());
+    let stderr = drain(child.stderr.take().unwrap());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while child.try_wait().unwrap().is_none() {
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
         if std::time::Instant::now() > deadline {
             child.kill().unwrap();
-            panic!("sluice warm run did not end");
+            let _ = child.wait();
+            let err = String::from_utf8_lossy(&stderr.join().unwrap()).into_owned();
+            panic!("sluice warm run did not end; its stderr:\n{err}");
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
     }
-    child.wait_with_output().unwrap()
 }
 
 fn signal(child: &std::process::Child, signal: i32) {
@@ -679,4 +699,22 @@ fn a_failed_service_leaves_no_template_unless_asked_and_says_so() {
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success() && template.exists(), "{err}");
     assert!(err.contains("template written to"), "{err}");
+}
+
+#[test]
+fn the_hang_guard_drains_a_child_that_fills_its_pipes() {
+    // A child writing more than a pipe holds must still be seen to end: the guard used to
+    // poll without reading, so such a child blocked and was reported as a hang.
+    let child = Command::new("sh")
+        .args([
+            "-c",
+            "head -c 1000000 /dev/zero >&2; head -c 300000 /dev/zero; exit 4",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = finish(child);
+    assert_eq!(out.status.code(), Some(4));
+    assert_eq!((out.stdout.len(), out.stderr.len()), (300_000, 1_000_000));
 }
