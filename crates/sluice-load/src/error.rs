@@ -11,6 +11,9 @@ use sluice_formats::FormatError;
 pub enum LoadError {
     #[error(transparent)]
     Format(#[from] FormatError),
+    /// An object store refused, failed or changed under a read (issue 15).
+    #[error(transparent)]
+    Remote(#[from] sluice_remote::RemoteError),
     #[error("{}: cannot {op}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -99,6 +102,7 @@ impl LoadError {
                 source.kind() == io::ErrorKind::NotFound
             }
             LoadError::ShardFileMissing { .. } | LoadError::ShardsMissing { .. } => true,
+            LoadError::Remote(sluice_remote::RemoteError::NotFound { .. }) => true,
             _ => false,
         }
     }

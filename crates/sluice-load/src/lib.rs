@@ -13,6 +13,7 @@ mod error;
 mod loader;
 mod open_checkpoint;
 mod read_plan;
+mod remote_reader;
 mod tensor_stream;
 
 pub use checkpoint_reader::{
@@ -24,5 +25,6 @@ pub use error::LoadError;
 pub use loader::{FileMode, LoadStats, LoadedCheckpoint, Loader};
 pub use open_checkpoint::{OpenCheckpoint, TensorBytes};
 pub use read_plan::{window_chunks, PlanOptions, PlannedTensor, ReadPlan, WindowPlan};
+pub use remote_reader::{is_remote, open_remote_checkpoint};
 pub use sluice_formats::parse_bytes;
 pub use tensor_stream::{LoadedWindow, Progress, TensorStream, WindowMemory};

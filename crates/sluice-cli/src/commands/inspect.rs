@@ -11,14 +11,18 @@ pub fn run(args: &InspectArgs) -> Result<(), LoadError> {
     let options = ReadOptions {
         allow_partial: args.allow_partial,
     };
-    let found = open_checkpoint_files(&args.path, options)?;
+    // An object URL (`s3://bucket/prefix`): the headers by ranged GETs.
+    let (checkpoint, missing) = match args.path.to_str().filter(|p| sluice_load::is_remote(p)) {
+        Some(url) => (sluice_load::open_remote_checkpoint(url)?, Vec::new()),
+        None => {
+            let found = open_checkpoint_files(&args.path, options)?;
+            (found.checkpoint, found.missing)
+        }
+    };
     if args.json {
-        println!(
-            "{}",
-            to_json(&found.checkpoint, &found.missing, !args.summary)
-        );
+        println!("{}", to_json(&checkpoint, &missing, !args.summary));
     } else {
-        print_text(&found.checkpoint, &found.missing, !args.summary);
+        print_text(&checkpoint, &missing, !args.summary);
     }
     Ok(())
 }
