@@ -84,5 +84,19 @@ def test_remote_errors_name_the_object(s3, tmp_path):
     client.put_object(Bucket="models", Key="bad/x.safetensors", Body=b"\xff" * 64)
     r = sluice(env, "inspect", "s3://models/bad/x.safetensors")
     assert r.returncode == 3 and "s3://models/bad/x.safetensors" in r.stderr, r.stderr
+    # Hostile objects: a prefix with no shards, an index naming a shard outside its prefix,
+    # a header longer than its object.
+    client.put_object(Bucket="models", Key="empty/readme.txt", Body=b"x")
+    index = b'{"weight_map": {"w": "../../etc/x.safetensors"}}'
+    client.put_object(Bucket="models", Key="evil/model.safetensors.index.json", Body=index)
+    trunc = (10**6).to_bytes(8, "little") + b"{}"
+    client.put_object(Bucket="models", Key="trunc/x.safetensors", Body=trunc)
+    for url, says in [
+        ("s3://models/empty/", "no *.safetensors"),
+        ("s3://models/evil/", "'..' component"),
+        ("s3://models/trunc/x.safetensors", "truncated"),
+    ]:
+        r = sluice(env, "inspect", url)
+        assert r.returncode == 3 and says in r.stderr and url.rstrip("/") in r.stderr, r.stderr
     r = sluice(env, "inspect", "s3://Bad Bucket/x")
     assert r.returncode != 0 and "not an object URL" in r.stderr, r.stderr
