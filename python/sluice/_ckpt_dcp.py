@@ -107,14 +107,42 @@ class _Save:
         self.staged = staged
         self.sizes = {lf.key: lf.nbytes for lf in leaves}
         self.world = world
-        self.durable: Optional[dict[str, Any]] = None
 
     def close(self) -> None:
         self.staged.job.close()
         self.staged.store.close()
 
 
-class StorageWriter(_DcpWriter, AsyncStager):
+class _Located:
+    """The checkpoint path (STORE/NAME) a writer or reader works on, from its constructor or
+    from DCP's ``checkpoint_id``."""
+
+    _call = "dcp.save"  # the DCP call that can give the path, for the message
+
+    def _set_path(self, path: Optional[_ck.PathLike]) -> None:
+        self.path: Optional[Path] = None
+        if path is not None:
+            self.reset(path)
+
+    @property
+    def checkpoint_id(self) -> Optional[str]:
+        return None if self.path is None else str(self.path)
+
+    def reset(self, checkpoint_id: Optional[_ck.PathLike] = None) -> None:
+        if checkpoint_id is not None:
+            self.path = Path(os.fspath(checkpoint_id))
+
+    def _where(self) -> tuple[Path, str]:
+        if self.path is None:
+            cls = type(self).__name__
+            raise ConfigError(
+                f"sluice.ckpt.{cls}: no checkpoint path; give {cls}(STORE/NAME) "
+                f"or {self._call}(..., checkpoint_id=STORE/NAME)"
+            )
+        return _ck._split(self.path)
+
+
+class StorageWriter(_Located, _DcpWriter, AsyncStager):
     """DCP's storage writer (and ``async_save`` stager) over a Sluice checkpoint store.
 
     ``path`` is STORE/NAME (``dcp.save``'s ``checkpoint_id`` may give it instead).
@@ -142,9 +170,7 @@ class StorageWriter(_DcpWriter, AsyncStager):
             raise ConfigError(f"bandwidth: must be positive bytes/s, got {bandwidth!r}")
         self.bandwidth = bandwidth
         self.group = group
-        self.path: Optional[Path] = None
-        if path is not None:
-            self.reset(path)
+        self._set_path(path)
         self.is_coordinator = False
         self._staged: Optional[_Save] = None
         self._save: Optional[_Save] = None
@@ -152,23 +178,10 @@ class StorageWriter(_DcpWriter, AsyncStager):
 
     # -- where -------------------------------------------------------------------------
 
-    @property
-    def checkpoint_id(self) -> Optional[str]:
-        return None if self.path is None else str(self.path)
-
     def _where(self) -> tuple[Path, str]:
-        if self.path is None:
-            raise ConfigError(
-                "sluice.ckpt.StorageWriter: no checkpoint path; give StorageWriter(STORE/NAME) "
-                "or dcp.save(..., checkpoint_id=STORE/NAME)"
-            )
-        root, name = _ck._split(self.path)
+        root, name = super()._where()
         _ck._check_name(root, name)
         return root, name
-
-    def reset(self, checkpoint_id: Optional[_ck.PathLike] = None) -> None:
-        if checkpoint_id is not None:
-            self.path = Path(os.fspath(checkpoint_id))
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: _ck.PathLike) -> bool:
@@ -297,7 +310,6 @@ class StorageWriter(_DcpWriter, AsyncStager):
             report = json.loads(save.staged.job.wait_durable())
             if report["write_bytes_per_s"] > 0:
                 _ck._measured_bandwidth = report["write_bytes_per_s"]
-            save.durable = report
             save.staged.job.close()
         except BaseException:
             save.close()
@@ -355,7 +367,7 @@ class StorageWriter(_DcpWriter, AsyncStager):
             save.close()
 
 
-class StorageReader(_DcpReader):
+class StorageReader(_Located, _DcpReader):
     """DCP's storage reader over a Sluice checkpoint (STORE/NAME): every chunk is verified
     against its digest as it is read. Loads into any world size or sharding DCP's planner
     can map (resharding)."""
@@ -363,26 +375,13 @@ class StorageReader(_DcpReader):
     def __init__(self, path: Optional[_ck.PathLike] = None, *, group: Any = None) -> None:
         super().__init__()
         self.group = group
-        self.path: Optional[Path] = None
-        if path is not None:
-            self.reset(path)
         self._manifest: Optional[dict[str, Any]] = None
+        self._set_path(path)
 
-    @property
-    def checkpoint_id(self) -> Optional[str]:
-        return None if self.path is None else str(self.path)
-
-    def _where(self) -> tuple[Path, str]:
-        if self.path is None:
-            raise ConfigError(
-                "sluice.ckpt.StorageReader: no checkpoint path; give StorageReader(STORE/NAME) "
-                "or dcp.load(..., checkpoint_id=STORE/NAME)"
-            )
-        return _ck._split(self.path)
+    _call = "dcp.load"
 
     def reset(self, checkpoint_id: Optional[_ck.PathLike] = None) -> None:
-        if checkpoint_id is not None:
-            self.path = Path(os.fspath(checkpoint_id))
+        super().reset(checkpoint_id)
         self._manifest = None
 
     @classmethod
@@ -408,7 +407,11 @@ class StorageReader(_DcpReader):
         import numpy as np
 
         buf = np.empty(e["nbytes"], np.uint8)
-        self._read([(METADATA_KEY, buf)])
+        store = _sluice.ckpt_open(str(root))
+        try:  # one process alone: the grouped read without a group
+            _ck._grouped_read(store, root / name, entries, [(METADATA_KEY, buf)], None, 0, 1)
+        finally:
+            store.close()
         try:
             md = pickle.loads(buf.tobytes())
         except Exception as err:
@@ -428,18 +431,6 @@ class StorageReader(_DcpReader):
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         return plans
-
-    def _read(self, reads: list[tuple[str, Any]]) -> None:
-        """Fills host buffers (tensors or arrays) with whole entries, verified."""
-        root, name = self._where()
-        store = _sluice.ckpt_open(str(root))
-        try:
-            store.load(
-                name,
-                [(k, _ck._address_of(b) if _nbytes(b) else 0, _nbytes(b)) for k, b in reads],
-            )
-        finally:
-            store.close()
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:
         """Reads this rank's items (collective over ``group``: each unique chunk that the
@@ -553,9 +544,3 @@ def _buffer(where: Path, key: str, e: dict[str, Any], item: Any) -> Any:
     if not isinstance(dtype, torch.dtype):
         raise StoreFormatError(f"{where}: entry {key!r} has unknown dtype {e['dtype']!r}")
     return torch.empty(e["shape"], dtype=dtype)
-
-
-def _nbytes(b: Any) -> int:
-    if isinstance(b, torch.Tensor):
-        return b.numel() * b.element_size()
-    return int(b.nbytes)

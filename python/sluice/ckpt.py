@@ -260,7 +260,6 @@ class SaveHandle:
         self.staged: Future[float] = Future()
         self.durable: Future[dict[str, Any]] = Future()
         self._job: Any = None
-        self._thread: Optional[threading.Thread] = None
 
     def result(self, timeout: Optional[float] = None) -> dict[str, Any]:
         """Waits until durable; the save's report."""
@@ -390,7 +389,6 @@ def save(
             handle.durable.set_exception(err)
 
     t = threading.Thread(target=finish, name=f"sluice-ckpt-save-{name}", daemon=True)
-    handle._thread = t
     t.start()
     if blocking:
         handle.durable.result()
@@ -1245,12 +1243,6 @@ def _writable_host(v: Any) -> Any:
     if v.flags.c_contiguous and v.flags.writeable:
         return v
     return np.empty(v.shape, v.dtype)
-
-
-def _address_of(v: Any) -> int:
-    if _is_tensor(v):
-        return int(v.data_ptr())
-    return int(v.__array_interface__["data"][0])
 
 
 # ---------------------------------------------------------------------------------------

@@ -105,26 +105,22 @@ impl ChunkStore {
         }
         buf.as_mut_slice()[n..padded].fill(0);
         let bytes = &buf.as_slice()[..padded];
-        let refused = AtomicBool::new(false);
         let r = self.put(c, |tmp| {
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
                 .create(true)
                 .truncate(true)
                 .custom_flags(libc::O_DIRECT)
-                .open(tmp)
-                .inspect_err(|e| {
-                    refused.store(e.raw_os_error() == Some(libc::EINVAL), Ordering::Relaxed)
-                })?;
-            f.write_all(bytes).inspect_err(|e| {
-                refused.store(e.raw_os_error() == Some(libc::EINVAL), Ordering::Relaxed)
-            })?;
+                .open(tmp)?;
+            f.write_all(bytes)?;
             if padded != n {
                 f.set_len(n as u64)?;
             }
             Ok(())
         });
-        if r.is_err() && refused.load(Ordering::Relaxed) {
+        let refused = matches!(&r, Err(CkptError::Io { source, .. })
+            if source.raw_os_error() == Some(libc::EINVAL));
+        if refused {
             if self.direct.swap(false, Ordering::Relaxed) {
                 tracing::info!(
                     "{}: O_DIRECT writes refused (EINVAL); writing chunks through the page cache",

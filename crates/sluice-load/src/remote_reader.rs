@@ -21,21 +21,11 @@ pub fn is_remote(path: &str) -> bool {
     ObjectUrl::is_url(path)
 }
 
-/// The options from the environment: `AWS_ALLOW_HTTP=true` for a plain-HTTP endpoint (a
-/// local test server); endpoint, region and credentials come through the store's own
-/// environment chain.
-fn options() -> RemoteOptions {
-    RemoteOptions {
-        allow_http: std::env::var("AWS_ALLOW_HTTP").is_ok_and(|v| v == "true" || v == "1"),
-        ..RemoteOptions::default()
-    }
-}
-
 /// The checkpoint at `url`: one `.safetensors` object, an index JSON, or a prefix holding
 /// shards (with an index or without).
 pub fn open_remote_checkpoint(url: &str) -> Result<Checkpoint, LoadError> {
     let url = ObjectUrl::parse(url)?;
-    let store = RemoteStore::open(&url, &options())?;
+    let store = RemoteStore::open(&url, &RemoteOptions::default())?;
     let key = url.key.trim_end_matches('/');
     if key.ends_with(".json") {
         return read_indexed(&store, &url);

@@ -425,28 +425,6 @@ impl PyCkptStore {
         Ok(to_json(&m))
     }
 
-    /// Reads entries of checkpoint `name` into (key, address, length) destinations, each
-    /// chunk verified against its digest.
-    fn load(
-        &self,
-        py: Python<'_>,
-        name: String,
-        items: Vec<(String, usize, usize)>,
-    ) -> PyResult<()> {
-        let store = self.get()?;
-        py.detach(|| {
-            let m = Manifest::read(&store.checkpoint_dir(&name)?)?;
-            for (key, addr, len) in &items {
-                // SAFETY: sluice/ckpt.py passes writable, contiguous host memory it keeps
-                // alive for this call; no two destinations overlap.
-                let out = unsafe { region_mut(*addr, *len) };
-                store.read_entry(&m, key, out, threads())?;
-            }
-            Ok(())
-        })
-        .map_err(ckpt_to_py)
-    }
-
     /// Reads chunks (digest, length, destination address, entry named in errors) into
     /// host memory, each verified against its digest.
     fn read_chunks(

@@ -6,8 +6,11 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
+use object_store::aws::AmazonS3ConfigKey;
+use object_store::azure::AzureConfigKey;
+use object_store::gcp::GoogleConfigKey;
 use object_store::path::Path as ObjPath;
-use object_store::{ClientOptions, GetOptions, GetRange, ObjectStore, RetryConfig};
+use object_store::{ClientConfigKey, GetOptions, GetRange, ObjectStore, RetryConfig};
 use tokio::runtime::Runtime;
 
 use crate::error::RemoteError;
@@ -22,7 +25,7 @@ pub struct RemoteOptions {
     /// Virtual-host style (`bucket.host/key`); path style (`host/bucket/key`) otherwise.
     /// `None` leaves the library's choice (and `AWS_VIRTUAL_HOSTED_STYLE_REQUEST`).
     pub virtual_hosted: Option<bool>,
-    /// Plain-HTTP endpoints (a local test server).
+    /// Plain-HTTP endpoints (a local test server); `AWS_ALLOW_HTTP=true` does it too.
     pub allow_http: bool,
     /// Retries of a failed request, and of a body that broke off or came short.
     pub retries: usize,
@@ -98,9 +101,15 @@ impl RemoteStore {
             retry_timeout: opts.timeout * (opts.retries as u32 + 1),
             ..RetryConfig::default()
         };
-        let client = ClientOptions::new()
-            .with_timeout(opts.timeout)
-            .with_allow_http(opts.allow_http);
+        // Client settings go in as config keys on top of what `from_env` read (AWS_ALLOW_HTTP,
+        // proxies, ...), not as a replacement `ClientOptions` that would drop those.
+        let mut client = vec![(
+            ClientConfigKey::Timeout,
+            format!("{}ms", opts.timeout.as_millis()),
+        )];
+        if opts.allow_http {
+            client.push((ClientConfigKey::AllowHttp, "true".to_string()));
+        }
         let config = |e: object_store::Error| RemoteError::Config {
             url: url.to_string(),
             why: e.to_string(),
@@ -109,8 +118,10 @@ impl RemoteStore {
             Scheme::S3 => {
                 let mut b = object_store::aws::AmazonS3Builder::from_env()
                     .with_bucket_name(&url.bucket)
-                    .with_retry(retry)
-                    .with_client_options(client);
+                    .with_retry(retry);
+                for (k, v) in client {
+                    b = b.with_config(AmazonS3ConfigKey::Client(k), v);
+                }
                 if let Some(e) = &opts.endpoint {
                     b = b.with_endpoint(e);
                 }
@@ -122,22 +133,24 @@ impl RemoteStore {
                 }
                 Arc::new(b.build().map_err(config)?)
             }
-            Scheme::Gcs => Arc::new(
-                object_store::gcp::GoogleCloudStorageBuilder::from_env()
+            Scheme::Gcs => {
+                let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
                     .with_bucket_name(&url.bucket)
-                    .with_retry(retry)
-                    .with_client_options(client)
-                    .build()
-                    .map_err(config)?,
-            ),
-            Scheme::Azure => Arc::new(
-                object_store::azure::MicrosoftAzureBuilder::from_env()
+                    .with_retry(retry);
+                for (k, v) in client {
+                    b = b.with_config(GoogleConfigKey::Client(k), v);
+                }
+                Arc::new(b.build().map_err(config)?)
+            }
+            Scheme::Azure => {
+                let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
                     .with_container_name(&url.bucket)
-                    .with_retry(retry)
-                    .with_client_options(client)
-                    .build()
-                    .map_err(config)?,
-            ),
+                    .with_retry(retry);
+                for (k, v) in client {
+                    b = b.with_config(AzureConfigKey::Client(k), v);
+                }
+                Arc::new(b.build().map_err(config)?)
+            }
         };
         Ok(RemoteStore::with_store(url, store, opts))
     }
