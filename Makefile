@@ -17,7 +17,7 @@ CARGO ?= cargo
 # Stamps record that a set-up step is done and redo it when its inputs change.
 STAMP := $(VENV)/.stamps
 
-.PHONY: all demo test lint rust-test py-test numa-test numa-vm-watchdog build develop bench-load bench-ckpt bench-sim bench-warm bench-kv bench-deps fuzz clean
+.PHONY: all demo test lint rust-test py-test numa-test numa-vm-watchdog build develop bench-load bench-ckpt bench-sim bench-warm bench-kv bench-deps bench-remote fuzz clean
 
 all: test
 
@@ -45,7 +45,7 @@ $(STAMP)/develop: $(STAMP)/deps $(STAMP)/rust $(RUST_SOURCES) pyproject.toml
 develop: $(STAMP)/develop
 
 build: $(STAMP)/rust
-	$(CARGO) build --release --bin sluice
+	$(CARGO) build --release --bin sluice --bin sluice-faultproxy
 
 lint: $(STAMP)/deps $(STAMP)/rust
 	$(CARGO) fmt --all -- --check
@@ -57,7 +57,8 @@ rust-test: $(STAMP)/rust
 	$(CARGO) test --workspace --exclude sluice-py
 
 py-test: $(STAMP)/develop build
-	SLUICE_BIN=$(CURDIR)/target/release/sluice $(PY) -m pytest python/tests -q
+	SLUICE_BIN=$(CURDIR)/target/release/sluice SLUICE_FAULTPROXY=$(CURDIR)/target/release/sluice-faultproxy \
+		$(PY) -m pytest python/tests -q
 
 # This machine has one NUMA node and a recent kernel, so the warm plane's own
 # tests also run in a qemu VM with two nodes and Debian's Linux 6.1 (no
@@ -145,6 +146,22 @@ bench-sim: $(STAMP)/develop
 
 bench-warm: $(STAMP)/develop build
 	$(PY) benches/bench_warm.py --data bench-data/warm --size-gib 4 --runs 3 --out docs/
+
+# `make bench-remote` (root; about 30 min, plus 8-10 min the first time to build MinIO from
+# source with `go install` into ~/.cache/sluice/bin; 10 GiB free under /var/tmp): issue 15's
+# benchmark. A 4 GiB, 8-shard checkpoint on MinIO in a network namespace of its own, at 0, 5 and
+# 20 ms round trips from sluice-faultproxy (and direct): Sluice's s3:// loader against Run:ai's
+# streamer, boto3, s3fs-fuse, a cold local load and the server's parallel-GET ceiling. Writes
+# docs/bench-remote.{md,json,png}; removes the namespace, the server and its data on exit.
+bench-remote: $(STAMP)/develop $(STAMP)/bench-deps
+	$(PIP) install --quiet -r requirements-bench-remote.txt
+	command -v s3fs >/dev/null || { apt-get update -qq && apt-get install -y -qq s3fs; }
+	@test -x $(HOME)/.cache/sluice/bin/minio || { \
+	  command -v go >/dev/null || { echo "go not found: MinIO is built from source with Go"; exit 1; }; \
+	  echo "building MinIO: go install github.com/minio/minio@latest (about 8-10 minutes, once)"; \
+	  GOBIN=$(HOME)/.cache/sluice/bin go install github.com/minio/minio@latest; }
+	$(CARGO) build --release -p sluice-testkit --bin sluice-faultproxy
+	$(PY) benches/bench_remote.py --gib 4 --shards 8 --runs 3 --rtts 0,5,20 --out docs/
 
 fuzz:
 	cd fuzz && for t in parse_header decode_template; do \

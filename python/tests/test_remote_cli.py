@@ -1,6 +1,6 @@
-"""`sluice inspect s3://...` against an S3-compatible server on loopback (moto): a single
-object, a prefix of shards, an index JSON, and the errors for a missing object and a
-damaged header, each naming the object URL."""
+"""`sluice inspect s3://...` against an S3-compatible server on loopback (moto, in its own
+process): a single object, a prefix of shards, an index JSON, and the errors for a missing
+object and a damaged header, each naming the object URL."""
 
 from __future__ import annotations
 
@@ -11,33 +11,13 @@ import subprocess
 import pytest
 import torch
 from conftest import write_sharded
-
-boto3 = pytest.importorskip("boto3")
-moto_server = pytest.importorskip("moto.server")
+from s3_support import S3Server
 
 
 @pytest.fixture(scope="module")
 def s3():
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    env = {
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-        "AWS_REGION": "us-east-1",
-        "AWS_ALLOW_HTTP": "true",
-    }
-    client = boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="test",
-        aws_secret_access_key="test",
-    )
-    client.create_bucket(Bucket="models")
-    yield client, env
+    server = S3Server()
+    yield server.client, server.env()
     server.stop()
 
 
@@ -99,4 +79,4 @@ def test_remote_errors_name_the_object(s3, tmp_path):
         r = sluice(env, "inspect", url)
         assert r.returncode == 3 and says in r.stderr and url.rstrip("/") in r.stderr, r.stderr
     r = sluice(env, "inspect", "s3://Bad Bucket/x")
-    assert r.returncode != 0 and "not an object URL" in r.stderr, r.stderr
+    assert r.returncode == 2 and "not an object URL" in r.stderr, r.stderr

@@ -75,6 +75,39 @@ pub enum Command {
     /// Checkpoint stores: list, inspect, verify, compare, collect garbage.
     #[command(subcommand)]
     Ckpt(CkptCommand),
+    /// A read-only caching FUSE mount of an object-store prefix or a directory, with a
+    /// shared block pool and safetensors-aware prefetch.
+    Mount(MountArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct MountArgs {
+    /// What to mount: `s3://bucket/prefix/` (or `gs://`, `az://`), or a directory.
+    pub source: String,
+    /// An existing empty directory.
+    pub mountpoint: PathBuf,
+    /// The shared block pool's budget (ready blocks plus blocks in flight).
+    #[arg(long, default_value = "2GiB")]
+    pub pool: String,
+    /// Fetch and cache unit.
+    #[arg(long, default_value = "8MiB")]
+    pub block: String,
+    /// Threads fetching prefetched blocks (GETs in flight for prefetch).
+    #[arg(long, default_value_t = 16)]
+    pub prefetch_threads: usize,
+    /// Sequential streams followed per file.
+    #[arg(long, default_value_t = 8)]
+    pub streams: usize,
+    /// Next .safetensors files (name order) to start prefetching when a reader passes the
+    /// middle of one.
+    #[arg(long, default_value_t = 1)]
+    pub lookahead_files: usize,
+    /// Run in the background; print the daemon's pid once the mount is up.
+    #[arg(long)]
+    pub daemon: bool,
+    /// The daemon's log (default: a file in the temporary directory).
+    #[arg(long)]
+    pub log: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -679,6 +712,7 @@ pub fn run(cli: Cli) -> i32 {
             };
             report(outcome, ckpt_exit_code)
         }
+        Command::Mount(args) => report(commands::mount::run(&args), commands::mount::exit_code),
         Command::Warm(command) => {
             let launcher = matches!(command, WarmCommand::Run(_) | WarmCommand::Record(_));
             match commands::warm::run(command) {
@@ -833,6 +867,9 @@ pub fn exit_code(err: &LoadError) -> i32 {
         }
         // A limit below the largest tensor is refused before any read: a bad option.
         LoadError::Config(_) | LoadError::TensorExceedsMemoryLimit { .. } => 2,
+        LoadError::Remote(
+            sluice_remote::RemoteError::BadUrl { .. } | sluice_remote::RemoteError::Config { .. },
+        ) => 2,
         _ => EXIT_FAILED,
     }
 }

@@ -42,7 +42,16 @@ impl FileMapping {
                 format!("file is {current_len} bytes now, the range ends at {end}"),
             ));
         }
-        let map = Mapping::file_private(file.buffered_fd(), offset, len)?;
+        let fd = file.buffered_fd().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "{}: a remote object cannot be mapped",
+                    file.path().display()
+                ),
+            )
+        })?;
+        let map = Mapping::file_private(fd, offset, len)?;
         Ok(FileMapping { map, len })
     }
 

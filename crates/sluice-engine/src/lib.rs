@@ -56,7 +56,7 @@ pub use os_error::{retry_eintr, OsError};
 pub use regular_file::{is_not_regular, open_regular, open_regular_rw};
 pub use ring_batch::{read_in_order, with_ring, Part, RingBatch, MAX_PARTS};
 pub use shared_memory::{recv_with_fd, send_with_fd, SharedMemory};
-pub use source_file::{DirectMode, SourceFile};
+pub use source_file::{DirectMode, RangeRead, SourceFile};
 pub use sync_engine::SyncEngine;
 pub use thread_engine::ThreadEngine;
 pub use uring_engine::{probe_io_uring, UringEngine};

@@ -9,9 +9,16 @@ use crate::io_engine::ReadOp;
 /// Returns the bytes read, fewer than asked only at end of file.
 pub fn pread_full(op: &ReadOp) -> io::Result<usize> {
     let dst = op.dst()?;
+    if let Some(remote) = op.file.remote_reader() {
+        // SAFETY: `dst .. dst + len` lies inside the op's buffer (checked by
+        // `op.dst()`), and only this op writes that range while it runs.
+        let dst = unsafe { std::slice::from_raw_parts_mut(dst, op.len) };
+        let end = op.file.len().saturating_sub(op.offset).min(op.len as u64) as usize;
+        return remote.read_at(op.offset, &mut dst[..end]);
+    }
     let mut done = 0usize;
     while done < op.len {
-        let fd = op.file.read_fd();
+        let fd = op.file.read_fd()?;
         let was_direct = op.file.is_direct();
         let offset = op.offset + done as u64;
         let Ok(off) = libc::off_t::try_from(offset) else {

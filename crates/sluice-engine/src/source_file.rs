@@ -11,11 +11,16 @@
 //! open (some FUSE). The engines then call [`SourceFile::demote`], which flips
 //! the file to its buffered descriptor for the rest of the load, and retry.
 //! Every fallback is logged with the file's path and the reason.
+//!
+//! A source may also be an object in a remote store ([`SourceFile::remote`]): its
+//! bytes come through a [`RangeRead`], it has no descriptor, and the engines
+//! that run its reads are the blocking ones ([`crate::ThreadEngine`]).
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use crate::error::OpenError;
 use crate::page_cache;
@@ -52,14 +57,34 @@ impl std::str::FromStr for DirectMode {
 /// though the other half comes from disk through 128 KiB readahead.
 const WARM_FRACTION_FOR_BUFFERED: f64 = 0.5;
 
-/// An open file ready for the engines, with a buffered descriptor always and
-/// a direct one where the platform allows.
+/// Positional reads of something that is not a local file: an object in a
+/// remote store. Implementations pin every read to the version the length
+/// came from, so one load never mixes two versions' bytes.
+pub trait RangeRead: Send + Sync + std::fmt::Debug {
+    /// Fills `dst` with the bytes at `offset`. Returns how many were read:
+    /// fewer than `dst.len()` only where the object ends first. A failure
+    /// names the object and the range.
+    fn read_at(&self, offset: u64, dst: &mut [u8]) -> std::io::Result<usize>;
+}
+
+/// Where a source's bytes come from.
+#[derive(Debug)]
+enum Backing {
+    /// A local file: a buffered descriptor always, a direct one where the
+    /// platform allows.
+    Local {
+        buffered: File,
+        direct: Option<File>,
+    },
+    Remote(Arc<dyn RangeRead>),
+}
+
+/// An open file (or remote object) ready for the engines.
 #[derive(Debug)]
 pub struct SourceFile {
     path: PathBuf,
     len: u64,
-    buffered: File,
-    direct: Option<File>,
+    backing: Backing,
     /// Offset, length and address alignment O_DIRECT needs on this file.
     direct_align: usize,
     demoted: AtomicBool,
@@ -97,8 +122,10 @@ impl SourceFile {
         let mut file = SourceFile {
             path: path.to_path_buf(),
             len,
-            buffered,
-            direct: None,
+            backing: Backing::Local {
+                buffered,
+                direct: None,
+            },
             direct_align: 4096,
             demoted: AtomicBool::new(false),
             why_buffered: None,
@@ -119,12 +146,40 @@ impl SourceFile {
         Ok(file)
     }
 
+    /// A remote object of `len` bytes, shown as `path` (its URL), read
+    /// through `reader`.
+    pub fn remote(path: &Path, len: u64, reader: Arc<dyn RangeRead>) -> SourceFile {
+        SourceFile {
+            path: path.to_path_buf(),
+            len,
+            backing: Backing::Remote(reader),
+            direct_align: 4096,
+            demoted: AtomicBool::new(false),
+            why_buffered: Some("an object in a remote store".into()),
+        }
+    }
+
+    /// The reader of a remote object; `None` for a local file.
+    pub fn remote_reader(&self) -> Option<&Arc<dyn RangeRead>> {
+        match &self.backing {
+            Backing::Remote(r) => Some(r),
+            Backing::Local { .. } => None,
+        }
+    }
+
+    pub fn is_remote(&self) -> bool {
+        matches!(self.backing, Backing::Remote(_))
+    }
+
     /// The alignment to use for O_DIRECT, or why this file stays buffered.
     fn direct_plan(&self, mode: DirectMode) -> Result<usize, String> {
         if mode == DirectMode::Off {
             return Err("direct=off".into());
         }
-        let align = match page_cache::dio_alignment(&self.buffered) {
+        let Backing::Local { buffered, .. } = &self.backing else {
+            return Err("an object in a remote store".into());
+        };
+        let align = match page_cache::dio_alignment(buffered) {
             Some(0) => {
                 return Err("the file system reports no O_DIRECT support (statx DIOALIGN)".into())
             }
@@ -132,7 +187,7 @@ impl SourceFile {
             None => 4096,
         };
         if mode == DirectMode::Auto {
-            if let Some(fraction) = page_cache::cached_fraction(&self.buffered, self.len) {
+            if let Some(fraction) = page_cache::cached_fraction(buffered, self.len) {
                 if fraction >= WARM_FRACTION_FOR_BUFFERED {
                     return Err(format!(
                         "{:.0}% already in the page cache",
@@ -147,7 +202,9 @@ impl SourceFile {
     fn open_direct(&mut self, align: usize, mode: DirectMode) -> Result<(), OpenError> {
         match self.reopen_direct() {
             Ok(f) => {
-                self.direct = Some(f);
+                if let Backing::Local { direct, .. } = &mut self.backing {
+                    *direct = Some(f);
+                }
                 self.direct_align = align;
                 Ok(())
             }
@@ -167,12 +224,15 @@ impl SourceFile {
     /// refused if the path now names another file (replaced since).
     fn reopen_direct(&self) -> std::io::Result<File> {
         use std::os::unix::fs::MetadataExt;
-        let proc_path = PathBuf::from(format!("/proc/self/fd/{}", self.buffered.as_raw_fd()));
+        let Backing::Local { buffered, .. } = &self.backing else {
+            return Err(no_descriptor(&self.path));
+        };
+        let proc_path = PathBuf::from(format!("/proc/self/fd/{}", buffered.as_raw_fd()));
         if let Ok(f) = open_regular(&proc_path, libc::O_DIRECT) {
             return Ok(f);
         }
         let f = open_regular(&self.path, libc::O_DIRECT)?;
-        let (ours, now) = (self.buffered.metadata()?, f.metadata()?);
+        let (ours, now) = (buffered.metadata()?, f.metadata()?);
         if (ours.dev(), ours.ino()) != (now.dev(), now.ino()) {
             return Err(std::io::Error::other(
                 "the path names another file than the one opened (replaced since)",
@@ -185,9 +245,13 @@ impl SourceFile {
         &self.path
     }
 
-    /// File size in bytes now (it may have changed since opening).
+    /// File size in bytes now (it may have changed since opening). A remote
+    /// object's reads are pinned to the version opened, so its length stays.
     pub fn current_len(&self) -> std::io::Result<u64> {
-        Ok(self.buffered.metadata()?.len())
+        match &self.backing {
+            Backing::Local { buffered, .. } => Ok(buffered.metadata()?.len()),
+            Backing::Remote(_) => Ok(self.len),
+        }
     }
 
     /// File size in bytes when opened.
@@ -201,7 +265,13 @@ impl SourceFile {
 
     /// True while reads go through O_DIRECT.
     pub fn is_direct(&self) -> bool {
-        self.direct.is_some() && !self.demoted.load(Ordering::Relaxed)
+        matches!(
+            &self.backing,
+            Backing::Local {
+                direct: Some(_),
+                ..
+            }
+        ) && !self.demoted.load(Ordering::Relaxed)
     }
 
     /// Alignment of offsets, lengths and addresses for direct reads.
@@ -209,17 +279,24 @@ impl SourceFile {
         self.direct_align
     }
 
-    /// The descriptor reads should use now.
-    pub fn read_fd(&self) -> RawFd {
-        match &self.direct {
-            Some(f) if !self.demoted.load(Ordering::Relaxed) => f.as_raw_fd(),
-            _ => self.buffered.as_raw_fd(),
+    /// The descriptor reads should use now; a remote object has none.
+    pub fn read_fd(&self) -> std::io::Result<RawFd> {
+        match &self.backing {
+            Backing::Local {
+                direct: Some(f), ..
+            } if !self.demoted.load(Ordering::Relaxed) => Ok(f.as_raw_fd()),
+            Backing::Local { buffered, .. } => Ok(buffered.as_raw_fd()),
+            Backing::Remote(_) => Err(no_descriptor(&self.path)),
         }
     }
 
-    /// The buffered descriptor (for fadvise and residency queries).
-    pub fn buffered_fd(&self) -> RawFd {
-        self.buffered.as_raw_fd()
+    /// The buffered descriptor (for fadvise, residency queries and
+    /// mappings); `None` for a remote object, which has no page cache.
+    pub fn buffered_fd(&self) -> Option<RawFd> {
+        match &self.backing {
+            Backing::Local { buffered, .. } => Some(buffered.as_raw_fd()),
+            Backing::Remote(_) => None,
+        }
     }
 
     /// Why this file is read buffered, if it is.
@@ -233,10 +310,27 @@ impl SourceFile {
     /// Switches to buffered reads after a direct read was refused. Returns
     /// true if this call made the switch (so the caller logs once).
     pub fn demote(&self, cause: &std::io::Error) -> bool {
-        if self.direct.is_none() || self.demoted.swap(true, Ordering::Relaxed) {
+        let has_direct = matches!(
+            &self.backing,
+            Backing::Local {
+                direct: Some(_),
+                ..
+            }
+        );
+        if !has_direct || self.demoted.swap(true, Ordering::Relaxed) {
             return false;
         }
         tracing::warn!(path = %self.path.display(), error = %cause, "direct read refused; falling back to buffered reads");
         true
     }
+}
+
+fn no_descriptor(path: &Path) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        format!(
+            "{}: an object in a remote store has no file descriptor",
+            path.display()
+        ),
+    )
 }

@@ -191,7 +191,10 @@ fn submit(ring: &mut IoUring, index: usize, mut slot: Slot) -> Result<Slot, (Slo
     };
     let remaining = (slot.op.len - slot.done).min(MAX_SUBMIT_BYTES);
     slot.submitted_direct = slot.op.file.is_direct();
-    let fd = types::Fd(slot.op.file.read_fd());
+    let fd = match slot.op.file.read_fd() {
+        Ok(fd) => types::Fd(fd),
+        Err(e) => return Err((slot, e)),
+    };
     // SAFETY: `dst + done` stays inside the op's buffer (checked by `dst()`).
     let ptr = unsafe { dst.add(slot.done) };
     let sqe = opcode::Read::new(fd, ptr, remaining as u32)

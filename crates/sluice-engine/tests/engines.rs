@@ -12,21 +12,9 @@ use sluice_engine::{
 
 const CHUNK: usize = 256 << 10;
 
-fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 fn write_file(dir: &Path, len: usize) -> (std::path::PathBuf, Vec<u8>) {
     let path = dir.join("data.bin");
-    let bytes = random_bytes(len, len as u64);
+    let bytes = sluice_testkit::random_bytes(len, len as u64);
     std::fs::File::create(&path)
         .unwrap()
         .write_all(&bytes)

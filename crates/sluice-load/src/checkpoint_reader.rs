@@ -18,6 +18,9 @@ use sluice_formats::{
 };
 
 use crate::error::LoadError;
+use crate::remote_reader::{is_remote, open_remote_files};
+use crate::shard_file::ShardFile;
+use sluice_remote::RemoteOptions;
 
 /// The index file name Hugging Face checkpoints use.
 pub const INDEX_FILE_NAME: &str = "model.safetensors.index.json";
@@ -34,10 +37,10 @@ pub struct ReadOptions {
 /// A validated checkpoint with the descriptors its headers were read from,
 /// so later reads see exactly the files that were validated.
 #[derive(Debug)]
-pub struct CheckpointFiles {
+pub struct CheckpointFiles<F = File> {
     pub checkpoint: Checkpoint,
     /// One per shard, in the checkpoint's shard order.
-    pub files: Vec<File>,
+    pub files: Vec<F>,
     /// Shard files that are absent (only with `allow_partial`).
     pub missing: Vec<PathBuf>,
 }
@@ -45,6 +48,23 @@ pub struct CheckpointFiles {
 /// Opens and fully validates the checkpoint at `path`; every shard must be present.
 pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, LoadError> {
     Ok(open_checkpoint_files(path, ReadOptions::default())?.checkpoint)
+}
+
+/// Opens and validates the checkpoint at `path`, local or an object URL
+/// (`s3://`, `gs://`, `az://`), keeping a reader per shard.
+pub(crate) fn open_shard_files(
+    path: &Path,
+    options: ReadOptions,
+) -> Result<CheckpointFiles<ShardFile>, LoadError> {
+    if let Some(url) = path.to_str().filter(|p| is_remote(p)) {
+        return open_remote_files(url, &RemoteOptions::from_env()?);
+    }
+    let found = open_checkpoint_files(path, options)?;
+    Ok(CheckpointFiles {
+        checkpoint: found.checkpoint,
+        files: found.files.into_iter().map(ShardFile::Local).collect(),
+        missing: found.missing,
+    })
 }
 
 /// Opens and validates the checkpoint at `path` (a file, an index, or a

@@ -94,6 +94,29 @@ impl LoadError {
         }
     }
 
+    /// A failed read of `len` bytes at `offset` of `path`. A remote store's
+    /// error, carried through the engines as an `io::Error`, comes back out
+    /// as [`LoadError::Remote`], which names the URL and the range.
+    pub fn read(path: &std::path::Path, offset: u64, len: usize, source: io::Error) -> LoadError {
+        if source
+            .get_ref()
+            .is_some_and(|e| e.is::<sluice_remote::RemoteError>())
+        {
+            if let Some(inner) = source.into_inner() {
+                if let Ok(remote) = inner.downcast::<sluice_remote::RemoteError>() {
+                    return LoadError::Remote(*remote);
+                }
+            }
+            unreachable!("checked above that the error is a RemoteError");
+        }
+        LoadError::Read {
+            path: path.to_path_buf(),
+            offset,
+            len,
+            source,
+        }
+    }
+
     /// True when the error is a missing file or directory.
     pub fn is_not_found(&self) -> bool {
         match self {
@@ -127,6 +150,7 @@ impl LoadError {
             LoadError::Open(OpenError::Io { source, .. }) => {
                 source.kind() == io::ErrorKind::PermissionDenied
             }
+            LoadError::Remote(e) => e.is_permission_denied(),
             _ => false,
         }
     }

@@ -14,6 +14,7 @@ mod loader;
 mod open_checkpoint;
 mod read_plan;
 mod remote_reader;
+mod shard_file;
 mod tensor_stream;
 
 pub use checkpoint_reader::{
@@ -25,6 +26,7 @@ pub use error::LoadError;
 pub use loader::{FileMode, LoadStats, LoadedCheckpoint, Loader};
 pub use open_checkpoint::{OpenCheckpoint, TensorBytes};
 pub use read_plan::{window_chunks, PlanOptions, PlannedTensor, ReadPlan, WindowPlan};
-pub use remote_reader::{is_remote, open_remote_checkpoint};
+pub use remote_reader::{is_remote, open_remote_checkpoint, RemoteObject};
+pub use shard_file::ShardFile;
 pub use sluice_formats::parse_bytes;
 pub use tensor_stream::{LoadedWindow, Progress, TensorStream, WindowMemory};

@@ -1,7 +1,6 @@
 //! The load plane's entry point: open a checkpoint once, then stream it or
 //! load it whole.
 
-use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,10 +11,11 @@ use sluice_engine::{
 };
 use sluice_formats::Checkpoint;
 
-use crate::checkpoint_reader::{open_checkpoint_files, ReadOptions};
+use crate::checkpoint_reader::{open_shard_files, ReadOptions};
 use crate::config::{LoadConfig, DEFAULT_STREAM_MEMORY_LIMIT};
 use crate::error::LoadError;
 use crate::read_plan::{PlanOptions, ReadPlan};
+use crate::shard_file::ShardFile;
 use crate::tensor_stream::{DriverInput, LoadedWindow, TensorStream};
 
 /// Fewest windows a stream's memory limit should hold: one the consumer is
@@ -77,10 +77,11 @@ pub struct LoadedCheckpoint {
 /// A validated checkpoint plus the configuration to read it with.
 pub struct Loader {
     checkpoint: Checkpoint,
-    /// The descriptors the headers were validated from, one per shard: the
-    /// data is read from these same files, whatever the paths name by then.
-    /// Shared with the `OpenCheckpoint` a loader may come from.
-    files: Arc<[File]>,
+    /// The descriptors (or pinned objects) the headers were validated from,
+    /// one per shard: the data is read from these same files, whatever the
+    /// paths name by then. Shared with the `OpenCheckpoint` a loader may
+    /// come from.
+    files: Arc<[ShardFile]>,
     /// Absent shards a partial load leaves out.
     missing: Vec<std::path::PathBuf>,
     config: LoadConfig,
@@ -89,13 +90,14 @@ pub struct Loader {
 
 impl Loader {
     /// Parses and validates the checkpoint at `path` (file, directory or
-    /// index); reads nothing but headers.
+    /// index, local or an `s3://`, `gs://` or `az://` URL); reads nothing
+    /// but headers.
     pub fn open(path: &Path, config: LoadConfig) -> Result<Loader, LoadError> {
         config.validate().map_err(LoadError::Config)?;
         let options = ReadOptions {
             allow_partial: config.allow_partial,
         };
-        let found = open_checkpoint_files(path, options)?;
+        let found = open_shard_files(path, options)?;
         Ok(Loader {
             checkpoint: found.checkpoint,
             files: found.files.into(),
@@ -105,11 +107,23 @@ impl Loader {
         })
     }
 
+    /// Parses and validates the checkpoint at `url` in `store`: the same as
+    /// [`Loader::open`] with an object URL, over a store the caller built
+    /// (tests put a fault-injecting double here).
+    pub fn open_remote(
+        store: Arc<sluice_remote::RemoteStore>,
+        url: &sluice_remote::ObjectUrl,
+        config: LoadConfig,
+    ) -> Result<Loader, LoadError> {
+        let found = crate::remote_reader::open_remote_in(&store, url)?;
+        Loader::from_open_files(found.checkpoint, found.files.into(), found.missing, config)
+    }
+
     /// A loader over a validated checkpoint and the descriptors, one per
     /// shard, its headers were read from.
     pub(crate) fn from_open_files(
         checkpoint: Checkpoint,
-        files: Arc<[File]>,
+        files: Arc<[ShardFile]>,
         missing: Vec<std::path::PathBuf>,
         config: LoadConfig,
     ) -> Result<Loader, LoadError> {
@@ -204,7 +218,7 @@ impl Loader {
             && !self.config.drop_cache;
         // Staging buffered reads and mapping them needs the pages to stay
         // cached, which "burn after reading" forbids.
-        let stage = map_cached && files.iter().any(|f| !f.is_direct());
+        let stage = map_cached && files.iter().any(|f| !f.is_direct() && !f.is_remote());
         if let Some(limit) = limit {
             let scratch_bytes = if stage {
                 pool.capacity_for(chunk_bytes) as u64
@@ -279,14 +293,7 @@ impl Loader {
             .shards
             .iter()
             .zip(self.files.iter())
-            .map(|(s, held)| {
-                let dup = held
-                    .try_clone()
-                    .map_err(|e| LoadError::io(&s.path, "dup", e))?;
-                SourceFile::from_file(&s.path, dup, self.config.direct)
-                    .map(Arc::new)
-                    .map_err(LoadError::from)
-            })
+            .map(|(s, held)| held.source(&s.path, self.config.direct).map(Arc::new))
             .collect()
     }
 }
@@ -338,7 +345,16 @@ fn check_stream_fits(
 /// file is read buffered: io_uring hands buffered reads that miss the cache
 /// to its io-wq workers, which measured 0.9 GB/s cold against 1.1–1.4 GB/s
 /// for 32 `pread` threads on the same files (docs/design/loader.md).
+///
+/// Remote objects are read by blocking ranged GETs, so they always take the
+/// thread pool: each thread keeps one GET in flight.
 fn engine_for(choice: EngineChoice, files: &[Arc<SourceFile>]) -> EngineChoice {
+    if files.iter().any(|f| f.is_remote()) {
+        if !matches!(choice, EngineChoice::Auto | EngineChoice::Threads) {
+            tracing::info!("remote objects are read by the thread pool");
+        }
+        return EngineChoice::Threads;
+    }
     if choice == EngineChoice::Auto && files.iter().any(|f| !f.is_direct()) {
         tracing::info!("some files are read buffered; using the thread pool");
         return EngineChoice::Threads;

@@ -18,17 +18,16 @@
 //! narrow last dimension is not a million tiny reads.
 
 use std::collections::HashMap;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use sluice_formats::{Checkpoint, TensorInfo};
 
-use crate::checkpoint_reader::{open_checkpoint_files, ReadOptions};
+use crate::checkpoint_reader::{open_shard_files, ReadOptions};
 use crate::config::LoadConfig;
 use crate::error::LoadError;
 use crate::loader::Loader;
+use crate::shard_file::ShardFile;
 
 /// Runs closer than this are read as one span (the gap is read and thrown
 /// away): 64 KiB costs less to read than a second system call's latency on a
@@ -52,7 +51,7 @@ const READ_THREADS: usize = 4;
 #[derive(Debug)]
 pub struct OpenCheckpoint {
     checkpoint: Checkpoint,
-    files: Arc<[File]>,
+    files: Arc<[ShardFile]>,
     /// Absent shards left out (only with `allow_partial`).
     missing: Vec<PathBuf>,
     /// Name → (shard, index in that shard's header): lookups are O(1)
@@ -112,7 +111,7 @@ struct Run {
 impl OpenCheckpoint {
     /// Opens and validates the checkpoint at `path`, keeping its files open.
     pub fn open(path: &Path, options: ReadOptions) -> Result<OpenCheckpoint, LoadError> {
-        let found = open_checkpoint_files(path, options)?;
+        let found = open_shard_files(path, options)?;
         let mut by_name = HashMap::with_capacity(found.checkpoint.tensor_count());
         for (shard_index, shard) in found.checkpoint.shards.iter().enumerate() {
             for (i, tensor) in shard.header.tensors.iter().enumerate() {
@@ -313,10 +312,18 @@ fn too_large(name: &str) -> LoadError {
 /// Each group of runs is one `preadv`: the runs land in `dest` in place, and
 /// the gaps between them go to one small discard buffer, so there is no
 /// scratch copy of the span and one system call per [`RUNS_PER_CALL`] runs.
-fn read_span(file: &File, path: &Path, runs: &[Run], dest: &mut [u8]) -> Result<(), LoadError> {
+fn read_span(
+    shard: &ShardFile,
+    path: &Path,
+    runs: &[Run],
+    dest: &mut [u8],
+) -> Result<(), LoadError> {
     if let [run] = runs {
-        return read_exact(file, path, run.file_offset, dest);
+        return read_exact(shard, path, run.file_offset, dest);
     }
+    let Some(file) = shard.local() else {
+        return read_span_remote(shard, path, runs, dest);
+    };
     let max_gap = runs
         .windows(2)
         .map(|w| w[1].file_offset - (w[0].file_offset + w[0].len as u64))
@@ -387,7 +394,7 @@ fn read_span(file: &File, path: &Path, runs: &[Run], dest: &mut [u8]) -> Result<
             // which completes the group or names the truncation.
             let mut out = 0usize;
             for run in group {
-                read_exact(file, path, run.file_offset, &mut head[out..out + run.len])?;
+                read_exact(shard, path, run.file_offset, &mut head[out..out + run.len])?;
                 out += run.len;
             }
         }
@@ -396,8 +403,38 @@ fn read_span(file: &File, path: &Path, runs: &[Run], dest: &mut [u8]) -> Result<
     Ok(())
 }
 
+/// A span of a remote object: one ranged read of the whole span (at most
+/// [`MAX_SPAN`]), then the runs copied out; a GET per run would pay a round
+/// trip each.
+fn read_span_remote(
+    shard: &ShardFile,
+    path: &Path,
+    runs: &[Run],
+    dest: &mut [u8],
+) -> Result<(), LoadError> {
+    let (Some(first), Some(last)) = (runs.first(), runs.last()) else {
+        return Ok(());
+    };
+    let start = first.file_offset;
+    let end = last.file_offset + last.len as u64;
+    let mut span = vec![0u8; (end - start) as usize];
+    read_exact(shard, path, start, &mut span)?;
+    let mut at = 0usize;
+    for run in runs {
+        let from = (run.file_offset - start) as usize;
+        dest[at..at + run.len].copy_from_slice(&span[from..from + run.len]);
+        at += run.len;
+    }
+    Ok(())
+}
+
 /// Fills `dest` from `offset`, or says how much of it the file still had.
-fn read_exact(file: &File, path: &Path, offset: u64, dest: &mut [u8]) -> Result<(), LoadError> {
+fn read_exact(
+    file: &ShardFile,
+    path: &Path,
+    offset: u64,
+    dest: &mut [u8],
+) -> Result<(), LoadError> {
     let mut done = 0;
     while done < dest.len() {
         match file.read_at(&mut dest[done..], offset + done as u64) {
@@ -412,12 +449,12 @@ fn read_exact(file: &File, path: &Path, offset: u64, dest: &mut [u8]) -> Result<
             Ok(n) => done += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(source) => {
-                return Err(LoadError::Read {
-                    path: path.to_path_buf(),
-                    offset: offset + done as u64,
-                    len: dest.len() - done,
+                return Err(LoadError::read(
+                    path,
+                    offset + done as u64,
+                    dest.len() - done,
                     source,
-                })
+                ))
             }
         }
     }

@@ -1,17 +1,20 @@
 //! Checkpoints in object stores (`s3://`, `gs://`, `az://`): the headers, read with two
 //! small ranged GETs per shard, into the same [`Checkpoint`] a local one gives (its paths
-//! are the object URLs). The first slice of issue 15: `sluice inspect` reads remote
-//! checkpoints; loading tensors from them is the next (docs/design/remote.md).
+//! are the object URLs), and [`RemoteObject`], a shard's bytes for the engines, every
+//! ranged GET pinned to the ETag the header was read from (docs/design/remote.md).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use sluice_engine::RangeRead;
 use sluice_formats::{
     parse_header, parse_header_len, parse_index, Checkpoint, CheckpointSource, Shard,
 };
-use sluice_remote::{ObjectInfo, ObjectUrl, RemoteOptions, RemoteStore};
+use sluice_remote::{ObjectInfo, ObjectUrl, RemoteError, RemoteOptions, RemoteStore};
 
-use crate::checkpoint_reader::INDEX_FILE_NAME;
+use crate::checkpoint_reader::{CheckpointFiles, INDEX_FILE_NAME};
 use crate::error::LoadError;
+use crate::shard_file::ShardFile;
 
 /// Largest index JSON read whole.
 const MAX_INDEX_BYTES: u64 = 64 << 20;
@@ -24,15 +27,39 @@ pub fn is_remote(path: &str) -> bool {
 /// The checkpoint at `url`: one `.safetensors` object, an index JSON, or a prefix holding
 /// shards (with an index or without).
 pub fn open_remote_checkpoint(url: &str) -> Result<Checkpoint, LoadError> {
+    Ok(open_remote_files(url, &RemoteOptions::from_env()?)?.checkpoint)
+}
+
+/// The checkpoint at `url` with a reader per shard, each pinned to the version its header
+/// was read from.
+pub(crate) fn open_remote_files(
+    url: &str,
+    opts: &RemoteOptions,
+) -> Result<CheckpointFiles<ShardFile>, LoadError> {
     let url = ObjectUrl::parse(url)?;
-    let store = RemoteStore::open(&url, &RemoteOptions::default())?;
+    let store = Arc::new(RemoteStore::open(&url, opts)?);
+    open_remote_in(&store, &url)
+}
+
+/// The checkpoint at `url` in `store` (any `ObjectStore` behind it: tests use an in-memory
+/// one behind a fault-injecting double).
+pub(crate) fn open_remote_in(
+    store: &Arc<RemoteStore>,
+    url: &ObjectUrl,
+) -> Result<CheckpointFiles<ShardFile>, LoadError> {
+    let store = Arc::clone(store);
+    let url = url.clone();
     let key = url.key.trim_end_matches('/');
     if key.ends_with(".json") {
         return read_indexed(&store, &url);
     }
     if key.ends_with(".safetensors") {
-        let shard = read_shard(&store, &store.info(&url)?)?;
-        return Ok(Checkpoint::from_shards(source_file(&url), vec![shard])?);
+        let (shard, file) = read_shard(&store, store.info(&url)?)?;
+        return Ok(CheckpointFiles {
+            checkpoint: Checkpoint::from_shards(source_file(&url), vec![shard])?,
+            files: vec![file],
+            missing: Vec::new(),
+        });
     }
     let listed = store.list(&url)?;
     if let Some(index) = listed
@@ -41,27 +68,34 @@ pub fn open_remote_checkpoint(url: &str) -> Result<Checkpoint, LoadError> {
     {
         return read_indexed(&store, &index.url);
     }
-    let shards = listed
-        .iter()
+    let objects: Vec<ObjectInfo> = listed
+        .into_iter()
         .filter(|o| o.url.key.ends_with(".safetensors"))
-        .map(|o| read_shard(&store, o))
-        .collect::<Result<Vec<_>, _>>()?;
-    if shards.is_empty() {
+        .collect();
+    if objects.is_empty() {
         return Err(LoadError::NoShards {
             dir: PathBuf::from(url.to_string()),
         });
     }
-    Ok(Checkpoint::from_shards(
-        CheckpointSource::Directory(PathBuf::from(url.to_string())),
-        shards,
-    )?)
+    let (shards, files) = read_shards(&store, objects)?;
+    Ok(CheckpointFiles {
+        checkpoint: Checkpoint::from_shards(
+            CheckpointSource::Directory(PathBuf::from(url.to_string())),
+            shards,
+        )?,
+        files,
+        missing: Vec::new(),
+    })
 }
 
 fn source_file(url: &ObjectUrl) -> CheckpointSource {
     CheckpointSource::File(PathBuf::from(url.to_string()))
 }
 
-fn read_indexed(store: &RemoteStore, index: &ObjectUrl) -> Result<Checkpoint, LoadError> {
+fn read_indexed(
+    store: &Arc<RemoteStore>,
+    index: &ObjectUrl,
+) -> Result<CheckpointFiles<ShardFile>, LoadError> {
     let info = store.info(index)?;
     let shown = PathBuf::from(index.to_string());
     if info.size > MAX_INDEX_BYTES {
@@ -83,30 +117,128 @@ fn read_indexed(store: &RemoteStore, index: &ObjectUrl) -> Result<Checkpoint, Lo
             ..index.clone()
         },
     };
-    let shards = parsed
-        .shard_names()
-        .iter()
-        .map(|name| read_shard(store, &store.info(&dir.join(name))?))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Checkpoint::from_shards(
-        CheckpointSource::Index(shown),
-        shards,
-    )?)
+    let names = parsed.shard_names();
+    let objects = parallel(&names, |name| store.info(&dir.join(name)))?;
+    let (shards, files) = read_shards(store, objects)?;
+    Ok(CheckpointFiles {
+        checkpoint: Checkpoint::from_shards(CheckpointSource::Index(shown), shards)?,
+        files,
+        missing: Vec::new(),
+    })
 }
 
-/// One shard's header: the 8-byte length, then the JSON, each one ranged GET.
-fn read_shard(store: &RemoteStore, obj: &ObjectInfo) -> Result<Shard, LoadError> {
+/// Headers read from every shard at once, so planning costs a round trip or two, not
+/// two per shard.
+fn read_shards(
+    store: &Arc<RemoteStore>,
+    objects: Vec<ObjectInfo>,
+) -> Result<(Vec<Shard>, Vec<ShardFile>), LoadError> {
+    Ok(parallel(&objects, |o| read_shard(store, o.clone()))?
+        .into_iter()
+        .unzip())
+}
+
+/// Most header reads in flight at once.
+const HEADER_READS: usize = 16;
+
+/// `f` over `items` on up to [`HEADER_READS`] threads, results in order; the first error wins.
+fn parallel<T: Sync, R: Send, E: Send>(
+    items: &[T],
+    f: impl Fn(&T) -> Result<R, E> + Sync,
+) -> Result<Vec<R>, E> {
+    if items.len() <= 1 {
+        return items.iter().map(&f).collect();
+    }
+    let per = items.len().div_ceil(HEADER_READS);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = items
+            .chunks(per)
+            .map(|part| scope.spawn(|| part.iter().map(&f).collect::<Result<Vec<R>, E>>()))
+            .collect();
+        let mut out = Vec::with_capacity(items.len());
+        for h in handles {
+            match h.join() {
+                Ok(part) => out.extend(part?),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        Ok(out)
+    })
+}
+
+/// Bytes read with a shard's first GET: most headers fit, so one round trip reads them.
+const FIRST_READ: u64 = 64 << 10;
+
+/// One shard's header: the first [`FIRST_READ`] bytes in one ranged GET, and the rest of
+/// the header in a second where it is longer.
+fn read_shard(store: &Arc<RemoteStore>, obj: ObjectInfo) -> Result<(Shard, ShardFile), LoadError> {
     let shown = PathBuf::from(obj.url.to_string());
     let path: &Path = &shown;
-    let mut prefix = vec![0u8; 8.min(obj.size) as usize];
-    store.read_ranges(obj, vec![(0, &mut prefix)])?;
-    let header_len = parse_header_len(path, &prefix, obj.size)?;
-    let mut json = vec![0u8; header_len as usize];
-    store.read_ranges(obj, vec![(8, &mut json)])?;
-    let header = parse_header(path, &json, obj.size)?;
-    Ok(Shard {
+    let mut head = vec![0u8; FIRST_READ.min(obj.size) as usize];
+    store.read_ranges(&obj, vec![(0, &mut head)])?;
+    let header_len = parse_header_len(path, &head[..8.min(head.len())], obj.size)?;
+    let end = 8 + header_len as usize;
+    if end > head.len() {
+        let at = head.len();
+        head.resize(end, 0);
+        store.read_ranges(&obj, vec![(at as u64, &mut head[at..])])?;
+    }
+    let header = parse_header(path, &head[8..end], obj.size)?;
+    let shard = Shard {
         path: shown,
         file_len: obj.size,
         header,
-    })
+    };
+    let file = ShardFile::Remote(Arc::new(RemoteObject {
+        store: Arc::clone(store),
+        info: obj,
+    }));
+    Ok((shard, file))
+}
+
+/// One object's bytes for the engines and `safe_open`, every read pinned to the ETag its
+/// header was read with.
+pub struct RemoteObject {
+    store: Arc<RemoteStore>,
+    info: ObjectInfo,
+}
+
+impl std::fmt::Debug for RemoteObject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteObject")
+            .field("url", &self.info.url.to_string())
+            .field("size", &self.info.size)
+            .field("etag", &self.info.etag)
+            .finish()
+    }
+}
+
+impl RemoteObject {
+    pub fn size(&self) -> u64 {
+        self.info.size
+    }
+}
+
+impl RangeRead for RemoteObject {
+    fn read_at(&self, offset: u64, dst: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.info.size.saturating_sub(offset).min(dst.len() as u64) as usize;
+        if n == 0 {
+            return Ok(0);
+        }
+        self.store
+            .read_ranges(&self.info, vec![(offset, &mut dst[..n])])
+            .map_err(into_io)?;
+        Ok(n)
+    }
+}
+
+/// A remote failure carried through the engines' `io::Error`; [`LoadError::read`] takes
+/// it back out.
+fn into_io(e: RemoteError) -> std::io::Error {
+    let kind = match &e {
+        RemoteError::NotFound { .. } => std::io::ErrorKind::NotFound,
+        _ if e.is_permission_denied() => std::io::ErrorKind::PermissionDenied,
+        _ => std::io::ErrorKind::Other,
+    };
+    std::io::Error::new(kind, e)
 }

@@ -414,9 +414,12 @@ impl PlanSource<'_> {
         let plan = &self.input.plan.windows[index];
         let file = &self.input.files[plan.shard];
         let map_len = (plan.read_len as u64).min(file.len().saturating_sub(plan.file_offset));
+        let Some(fd) = file.buffered_fd() else {
+            return Ok(None);
+        };
         if !self.input.map_cached
             || map_len < plan.needed_len as u64
-            || !page_cache::range_is_cached(file.buffered_fd(), plan.file_offset, map_len)
+            || !page_cache::range_is_cached(fd, plan.file_offset, map_len)
         {
             return Ok(None);
         }
@@ -516,7 +519,9 @@ fn run_plan(input: &DriverInput, shared: &Shared, tx: &Sender<Result<LoadedWindo
         // Per-read drops can miss pages that were still locked under
         // readahead at the time; one pass at the end catches them.
         for file in input.files.iter().filter(|f| !f.is_direct()) {
-            page_cache::drop_range(file.buffered_fd(), 0, 0);
+            if let Some(fd) = file.buffered_fd() {
+                page_cache::drop_range(fd, 0, 0);
+            }
         }
     }
     if let Some(e) = source.failure.take() {
@@ -611,18 +616,14 @@ fn on_read(
                     got: n as u64,
                 });
             }
-            if input.drop_cache && !op.file.is_direct() && input.scratch.is_none() {
-                page_cache::drop_range(op.file.buffered_fd(), op.offset, op.len as u64);
+            let buffered = op.file.buffered_fd().filter(|_| !op.file.is_direct());
+            if let Some(fd) = buffered.filter(|_| input.drop_cache && input.scratch.is_none()) {
+                page_cache::drop_range(fd, op.offset, op.len as u64);
             }
         }
         Err(source) => {
             if entry.failure.is_none() {
-                entry.failure = Some(LoadError::Read {
-                    path: op.file.path().to_path_buf(),
-                    offset: op.offset,
-                    len: op.len,
-                    source,
-                });
+                entry.failure = Some(LoadError::read(op.file.path(), op.offset, op.len, source));
             }
         }
     }

@@ -114,7 +114,10 @@ fn class_name(err: &LoadError) -> &'static str {
         LoadError::TensorExceedsMemoryLimit { .. } | LoadError::MemoryLimitExhausted { .. } => {
             "MemoryLimitError"
         }
-        LoadError::Config(_) => "ConfigError",
+        LoadError::Config(_)
+        | LoadError::Remote(
+            sluice_remote::RemoteError::BadUrl { .. } | sluice_remote::RemoteError::Config { .. },
+        ) => "ConfigError",
         LoadError::Cancelled => "SluiceError",
         _ => "SluiceIOError",
     }

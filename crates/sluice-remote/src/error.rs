@@ -41,3 +41,17 @@ pub enum RemoteError {
     #[error("cannot start the remote I/O runtime: {0}")]
     Runtime(std::io::Error),
 }
+
+impl RemoteError {
+    /// True when the store refused the credentials or the access (HTTP 401/403).
+    pub fn is_permission_denied(&self) -> bool {
+        match self {
+            RemoteError::Read { source, .. } | RemoteError::Request { source, .. } => matches!(
+                source,
+                object_store::Error::PermissionDenied { .. }
+                    | object_store::Error::Unauthenticated { .. }
+            ),
+            _ => false,
+        }
+    }
+}

@@ -52,6 +52,56 @@ impl Default for RemoteOptions {
     }
 }
 
+impl RemoteOptions {
+    /// The defaults, with what the environment overrides (endpoint, region and addressing
+    /// come from the store's own `AWS_*` variables, read when the store is opened):
+    /// - `SLUICE_REMOTE_CONCURRENCY`: GETs in flight per read call;
+    /// - `SLUICE_REMOTE_PIECE_BYTES`: the largest single GET;
+    /// - `SLUICE_REMOTE_RETRIES`: retries of a failed GET;
+    /// - `SLUICE_REMOTE_TIMEOUT_S`: per-request timeout in seconds.
+    pub fn from_env() -> Result<RemoteOptions, RemoteError> {
+        let mut opts = RemoteOptions::default();
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let bad = |name: &str, value: &str, why: &str| RemoteError::Config {
+            url: format!("${name}"),
+            why: format!("{value:?}: {why}"),
+        };
+        let int = |name: &str, lo: u64, hi: u64| -> Result<Option<u64>, RemoteError> {
+            let Some(v) = var(name) else { return Ok(None) };
+            match v.trim().parse::<u64>() {
+                Ok(n) if (lo..=hi).contains(&n) => Ok(Some(n)),
+                _ => Err(bad(
+                    name,
+                    &v,
+                    &format!("expected a whole number in {lo}..={hi}"),
+                )),
+            }
+        };
+        if let Some(n) = int("SLUICE_REMOTE_CONCURRENCY", 1, 1024)? {
+            opts.concurrency = n as usize;
+        }
+        if let Some(n) = int("SLUICE_REMOTE_PIECE_BYTES", 64 << 10, 1 << 30)? {
+            opts.piece_bytes = n;
+        }
+        if let Some(n) = int("SLUICE_REMOTE_RETRIES", 0, 100)? {
+            opts.retries = n as usize;
+        }
+        if let Some(v) = var("SLUICE_REMOTE_TIMEOUT_S") {
+            match v.trim().parse::<f64>() {
+                Ok(s) if s > 0.0 && s <= 3600.0 => opts.timeout = Duration::from_secs_f64(s),
+                _ => {
+                    return Err(bad(
+                        "SLUICE_REMOTE_TIMEOUT_S",
+                        &v,
+                        "expected seconds in (0, 3600]",
+                    ))
+                }
+            }
+        }
+        Ok(opts)
+    }
+}
+
 /// An object's size and version, from one HEAD (or a listing).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectInfo {

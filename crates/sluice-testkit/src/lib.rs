@@ -6,6 +6,11 @@
 //! pages are clean (only clean pages can be dropped); fanotify and cgroup
 //! tests need root. These helpers provide both and say why when a test
 //! must skip.
+//!
+//! [`faultproxy`] is the library behind the `sluice-faultproxy` binary: a
+//! TCP proxy that adds latency and injects faults for remote-loading tests.
+
+pub mod faultproxy;
 
 use std::fs::File;
 use std::io::Write;
@@ -154,3 +159,17 @@ class Forks(Policy):
             f.write(str(pid))
         return []
 ";
+
+/// `len` pseudo-random bytes (xorshift64) from `seed`: cheap, reproducible, and any
+/// reordered, shifted or zeroed chunk shows.
+pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}

@@ -4,6 +4,7 @@ pub mod inspect;
 pub mod kv;
 pub mod kv_serve;
 pub mod load;
+pub mod mount;
 pub mod signals;
 pub mod sim;
 pub mod warm;

@@ -12,17 +12,7 @@ pub struct TestTensor {
     pub bytes: Vec<u8>,
 }
 
-pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+pub use sluice_testkit::random_bytes;
 
 /// `count` BF16 tensors of varied sizes (some 0-d, one empty) with random bytes.
 pub fn tensors(count: usize, seed: u64) -> Vec<TestTensor> {

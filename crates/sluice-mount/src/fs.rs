@@ -1,0 +1,535 @@
+//! [`MountFs`]: the mount's file system without FUSE: an inode table built from the
+//! backend's listing, and `lookup`, `getattr`, `readdir`, `open`, `read` and `release`
+//! over the shared [`BlockPool`], with per-file [`Streams`] driving a prefetch pool.
+//! The FUSE adapter (`fuse.rs`) only translates; tests drive this directly.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use crate::backend::{Backend, Entry};
+use crate::error::MountError;
+use crate::pool::{BlockPool, Claim, PoolStats};
+use crate::streams::{Prefetch, StreamConfig, Streams};
+
+/// The root directory's inode.
+pub const ROOT_INO: u64 = 1;
+
+/// How a mount caches and prefetches.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    /// Cache and fetch unit.
+    pub block_bytes: u64,
+    /// The shared pool's budget: blocks ready plus blocks being fetched.
+    pub pool_bytes: u64,
+    /// Threads fetching prefetched blocks (each one GET in flight).
+    pub prefetch_threads: usize,
+    pub streams: StreamConfig,
+    /// Next `.safetensors` files (in name order) whose start is prefetched once a reader
+    /// passes the middle of one: Alluxio's `lookahead.files.count`.
+    pub lookahead_files: usize,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            block_bytes: 8 << 20,
+            pool_bytes: 2 << 30,
+            prefetch_threads: 16,
+            streams: StreamConfig::default(),
+            lookahead_files: 1,
+        }
+    }
+}
+
+impl MountOptions {
+    pub fn validate(&self) -> Result<(), MountError> {
+        let bad = |why: String| Err(MountError::Config(why));
+        if !(64 << 10..=256 << 20).contains(&self.block_bytes) {
+            return bad(format!(
+                "block size must be 64 KiB..=256 MiB, not {}",
+                self.block_bytes
+            ));
+        }
+        if self.pool_bytes < 4 * self.block_bytes {
+            return bad(format!(
+                "the pool ({} bytes) must hold at least 4 blocks of {} bytes",
+                self.pool_bytes, self.block_bytes
+            ));
+        }
+        if self.prefetch_threads == 0 || self.prefetch_threads > 256 {
+            return bad(format!(
+                "prefetch threads must be 1..=256, not {}",
+                self.prefetch_threads
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A node's kind and size, what `getattr` answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: u64,
+    pub size: u64,
+    pub is_dir: bool,
+}
+
+/// What `readdir` lists.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub ino: u64,
+    pub name: String,
+    pub is_dir: bool,
+}
+
+struct FileNode {
+    entry: Entry,
+    streams: Mutex<Streams>,
+    opens: AtomicUsize,
+    safetensors: bool,
+    /// Position among the `.safetensors` files, for lookahead.
+    shard_rank: Option<usize>,
+    looked_ahead: AtomicBool,
+}
+
+enum Node {
+    Dir { children: BTreeMap<String, u64> },
+    File(FileNode),
+}
+
+/// Counters of a mount, for `sluice mount --stats` and tests.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MountStats {
+    pub pool: PoolStats,
+    /// Bytes asked of the backend, and in how many reads.
+    pub backend_reads: u64,
+    pub backend_bytes: u64,
+    pub backend_errors: u64,
+    pub prefetch_queued: u64,
+}
+
+struct Job {
+    ino: u64,
+    block: u64,
+    cancel: Arc<AtomicBool>,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    shutdown: bool,
+}
+
+struct Inner {
+    backend: Arc<dyn Backend>,
+    nodes: Vec<Node>,
+    /// Inodes of `.safetensors` files in name order.
+    shards: Vec<u64>,
+    pool: BlockPool,
+    opts: MountOptions,
+    queue: Mutex<Queue>,
+    work: Condvar,
+    backend_reads: AtomicU64,
+    backend_bytes: AtomicU64,
+    backend_errors: AtomicU64,
+    prefetch_queued: AtomicU64,
+    /// Prefetch jobs being fetched now.
+    running: AtomicUsize,
+}
+
+/// The mount's file system. Dropping it stops the prefetch threads.
+pub struct MountFs {
+    inner: Arc<Inner>,
+    workers: Vec<JoinHandle<()>>,
+    next_fh: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn errno(code: i32) -> io::Error {
+    io::Error::from_raw_os_error(code)
+}
+
+impl MountFs {
+    /// Lists the backend once and starts the prefetch threads.
+    pub fn new(backend: Arc<dyn Backend>, opts: MountOptions) -> Result<MountFs, MountError> {
+        opts.validate()?;
+        let listed = backend.list().map_err(|source| MountError::Backend {
+            root: backend.describe(),
+            source,
+        })?;
+        let mut nodes = vec![Node::Dir {
+            children: BTreeMap::new(),
+        }];
+        let mut shards = Vec::new();
+        for entry in listed {
+            let mut dir = ROOT_INO;
+            let parts: Vec<&str> = entry.path.split('/').collect();
+            if parts
+                .iter()
+                .any(|p| p.is_empty() || *p == "." || *p == ".." || p.contains('\0'))
+            {
+                tracing::warn!(path = %entry.path, "skipping a name no file system can hold");
+                continue;
+            }
+            let (name, dirs) = parts.split_last().expect("split gives one part at least");
+            for part in dirs {
+                dir = child_dir(&mut nodes, dir, part);
+            }
+            let ino = nodes.len() as u64 + 1;
+            let Node::Dir { children } = &mut nodes[(dir - 1) as usize] else {
+                continue;
+            };
+            if children.contains_key(*name) {
+                tracing::warn!(path = %entry.path, "skipping a file shadowed by a directory");
+                continue;
+            }
+            children.insert(name.to_string(), ino);
+            let safetensors = name.ends_with(".safetensors");
+            if safetensors {
+                shards.push(ino);
+            }
+            nodes.push(Node::File(FileNode {
+                streams: Mutex::new(Streams::new(opts.streams, opts.block_bytes)),
+                opens: AtomicUsize::new(0),
+                safetensors,
+                shard_rank: safetensors.then(|| shards.len() - 1),
+                looked_ahead: AtomicBool::new(false),
+                entry,
+            }));
+        }
+        let inner = Arc::new(Inner {
+            backend,
+            nodes,
+            shards,
+            pool: BlockPool::new(opts.pool_bytes),
+            queue: Mutex::new(Queue::default()),
+            work: Condvar::new(),
+            backend_reads: AtomicU64::new(0),
+            backend_bytes: AtomicU64::new(0),
+            backend_errors: AtomicU64::new(0),
+            prefetch_queued: AtomicU64::new(0),
+            running: AtomicUsize::new(0),
+            opts,
+        });
+        let mut workers = Vec::new();
+        for i in 0..inner.opts.prefetch_threads {
+            let inner = Arc::clone(&inner);
+            let handle = std::thread::Builder::new()
+                .name(format!("sluice-prefetch-{i}"))
+                .spawn(move || inner.prefetch_worker())
+                .map_err(MountError::Thread)?;
+            workers.push(handle);
+        }
+        Ok(MountFs {
+            inner,
+            workers,
+            next_fh: AtomicU64::new(1),
+        })
+    }
+
+    pub fn options(&self) -> &MountOptions {
+        &self.inner.opts
+    }
+
+    pub fn lookup(&self, parent: u64, name: &str) -> io::Result<Attr> {
+        match self.inner.node(parent)? {
+            Node::Dir { children } => {
+                let ino = *children.get(name).ok_or_else(|| errno(libc::ENOENT))?;
+                self.getattr(ino)
+            }
+            Node::File(_) => Err(errno(libc::ENOTDIR)),
+        }
+    }
+
+    pub fn getattr(&self, ino: u64) -> io::Result<Attr> {
+        Ok(match self.inner.node(ino)? {
+            Node::Dir { .. } => Attr {
+                ino,
+                size: 0,
+                is_dir: true,
+            },
+            Node::File(f) => Attr {
+                ino,
+                size: f.entry.size,
+                is_dir: false,
+            },
+        })
+    }
+
+    pub fn readdir(&self, ino: u64) -> io::Result<Vec<DirEntry>> {
+        match self.inner.node(ino)? {
+            Node::Dir { children } => Ok(children
+                .iter()
+                .map(|(name, &child)| DirEntry {
+                    ino: child,
+                    name: name.clone(),
+                    is_dir: matches!(self.inner.nodes[(child - 1) as usize], Node::Dir { .. }),
+                })
+                .collect()),
+            Node::File(_) => Err(errno(libc::ENOTDIR)),
+        }
+    }
+
+    /// Opens a file for reading; a `.safetensors` file's first open starts prefetching
+    /// its start at once, without waiting for two sequential reads.
+    pub fn open(&self, ino: u64) -> io::Result<u64> {
+        let file = self.inner.file(ino)?;
+        let first = file.opens.fetch_add(1, Ordering::AcqRel) == 0;
+        if first && file.safetensors {
+            let prefetch = lock(&file.streams).arm(0, file.entry.size);
+            if let Some(p) = prefetch {
+                self.inner.enqueue(ino, p);
+            }
+        }
+        Ok(self.next_fh.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Closes a handle; the file's last close cancels its queued prefetch.
+    pub fn release(&self, ino: u64) -> io::Result<()> {
+        let file = self.inner.file(ino)?;
+        let before = file
+            .opens
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .unwrap_or(0);
+        if before == 1 {
+            lock(&file.streams).clear();
+        }
+        Ok(())
+    }
+
+    /// Up to `size` bytes of file `ino` at `offset`: short only at the end of the file.
+    /// A failed backend read is an `EIO` for this read only; the mount stays up.
+    pub fn read(&self, ino: u64, offset: u64, size: u32) -> io::Result<Vec<u8>> {
+        let inner = &self.inner;
+        let file = inner.file(ino)?;
+        let len = file.entry.size.saturating_sub(offset).min(size as u64);
+        let mut out = Vec::with_capacity(len as usize);
+        let block = inner.opts.block_bytes;
+        let mut at = offset;
+        while at < offset + len {
+            let b = at / block;
+            let bytes = inner.block(ino, file, b)?;
+            let from = (at - b * block) as usize;
+            let to = ((offset + len - b * block) as usize).min(bytes.len());
+            if from >= to {
+                tracing::error!(file = %file.entry.path, block = b, "block shorter than the file");
+                return Err(errno(libc::EIO));
+            }
+            out.extend_from_slice(&bytes[from..to]);
+            at += (to - from) as u64;
+        }
+        let prefetch = lock(&file.streams).on_read(offset, len.max(1), file.entry.size);
+        if let Some(p) = prefetch {
+            let passed_middle = p.blocks.end * block > file.entry.size / 2;
+            inner.enqueue(ino, p);
+            if passed_middle {
+                inner.look_ahead(file);
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn stats(&self) -> MountStats {
+        let i = &self.inner;
+        MountStats {
+            pool: i.pool.stats(),
+            backend_reads: i.backend_reads.load(Ordering::Relaxed),
+            backend_bytes: i.backend_bytes.load(Ordering::Relaxed),
+            backend_errors: i.backend_errors.load(Ordering::Relaxed),
+            prefetch_queued: i.prefetch_queued.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Waits until no prefetch is queued or running (tests and benchmarks).
+    pub fn quiesce(&self) {
+        loop {
+            let q = lock(&self.inner.queue);
+            if q.jobs.is_empty() && self.inner.busy() == 0 {
+                return;
+            }
+            drop(q);
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+}
+
+impl Drop for MountFs {
+    fn drop(&mut self) {
+        lock(&self.inner.queue).shutdown = true;
+        self.inner.work.notify_all();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+fn child_dir(nodes: &mut Vec<Node>, parent: u64, name: &str) -> u64 {
+    let next = nodes.len() as u64 + 1;
+    if let Node::Dir { children } = &mut nodes[(parent - 1) as usize] {
+        if let Some(&ino) = children.get(name) {
+            return ino;
+        }
+        children.insert(name.to_string(), next);
+    }
+    nodes.push(Node::Dir {
+        children: BTreeMap::new(),
+    });
+    next
+}
+
+impl Inner {
+    fn node(&self, ino: u64) -> io::Result<&Node> {
+        ino.checked_sub(1)
+            .and_then(|i| self.nodes.get(i as usize))
+            .ok_or_else(|| errno(libc::ENOENT))
+    }
+
+    fn file(&self, ino: u64) -> io::Result<&FileNode> {
+        match self.node(ino)? {
+            Node::File(f) => Ok(f),
+            Node::Dir { .. } => Err(errno(libc::EISDIR)),
+        }
+    }
+
+    fn busy(&self) -> usize {
+        self.running.load(Ordering::Acquire)
+    }
+
+    /// Block `b` of a file, from the pool or fetched now (waiting on a fetch in flight).
+    fn block(&self, ino: u64, file: &FileNode, b: u64) -> io::Result<Arc<[u8]>> {
+        let len = self.block_len(file, b);
+        match self.pool.claim((ino, b), len) {
+            Claim::Ready(bytes) => Ok(bytes),
+            Claim::Wait(p) => p.wait().map_err(|e| self.read_failed(file, b, e)),
+            Claim::Fetch(p) => {
+                let result = self.fetch(file, b, len);
+                let failed = result
+                    .as_ref()
+                    .err()
+                    .map(|e| io::Error::new(e.kind(), e.to_string()));
+                self.pool.complete((ino, b), &p, result);
+                match failed {
+                    Some(e) => Err(self.read_failed(file, b, e)),
+                    None => p.wait(),
+                }
+            }
+        }
+    }
+
+    fn read_failed(&self, file: &FileNode, b: u64, e: io::Error) -> io::Error {
+        tracing::warn!(file = %file.entry.path, block = b, error = %e, "read failed; EIO for this read");
+        errno(libc::EIO)
+    }
+
+    fn block_len(&self, file: &FileNode, b: u64) -> u64 {
+        let block = self.opts.block_bytes;
+        file.entry.size.saturating_sub(b * block).min(block)
+    }
+
+    fn fetch(&self, file: &FileNode, b: u64, len: u64) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; len as usize];
+        self.backend_reads.fetch_add(1, Ordering::Relaxed);
+        let got = self
+            .backend
+            .read(&file.entry, b * self.opts.block_bytes, &mut buf)
+            .inspect_err(|_| {
+                self.backend_errors.fetch_add(1, Ordering::Relaxed);
+            })?;
+        self.backend_bytes.fetch_add(got as u64, Ordering::Relaxed);
+        if got as u64 != len {
+            self.backend_errors.fetch_add(1, Ordering::Relaxed);
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "{}: {} bytes at block {b}, expected {len} (truncated since listed?)",
+                    file.entry.path, got
+                ),
+            ));
+        }
+        Ok(buf)
+    }
+
+    fn enqueue(&self, ino: u64, p: Prefetch) {
+        let mut q = lock(&self.queue);
+        for block in p.blocks {
+            if self.pool.contains((ino, block)) {
+                continue;
+            }
+            q.jobs.push_back(Job {
+                ino,
+                block,
+                cancel: Arc::clone(&p.cancel),
+            });
+            self.prefetch_queued.fetch_add(1, Ordering::Relaxed);
+        }
+        drop(q);
+        self.work.notify_all();
+    }
+
+    /// Starts the next shards' first blocks, once per file.
+    fn look_ahead(&self, file: &FileNode) {
+        let Some(rank) = file.shard_rank else { return };
+        if file.looked_ahead.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let window = self.opts.streams.max_window;
+        for &next in self
+            .shards
+            .iter()
+            .skip(rank + 1)
+            .take(self.opts.lookahead_files)
+        {
+            let Ok(f) = self.file(next) else { continue };
+            let blocks = f.entry.size.div_ceil(self.opts.block_bytes).min(window);
+            self.enqueue(
+                next,
+                Prefetch {
+                    blocks: 0..blocks,
+                    cancel: Arc::new(AtomicBool::new(false)),
+                },
+            );
+        }
+    }
+
+    fn prefetch_worker(&self) {
+        loop {
+            let job = {
+                let mut q = lock(&self.queue);
+                loop {
+                    if q.shutdown {
+                        return;
+                    }
+                    if let Some(job) = q.jobs.pop_front() {
+                        self.running.fetch_add(1, Ordering::AcqRel);
+                        break job;
+                    }
+                    q = self.work.wait(q).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            self.prefetch_one(&job);
+            self.running.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    fn prefetch_one(&self, job: &Job) {
+        if job.cancel.load(Ordering::Relaxed) {
+            return;
+        }
+        let Ok(file) = self.file(job.ino) else { return };
+        let len = self.block_len(file, job.block);
+        let Some(p) = self.pool.claim_prefetch((job.ino, job.block), len) else {
+            return;
+        };
+        let result = self.fetch(file, job.block, len);
+        if let Err(e) = &result {
+            tracing::debug!(file = %file.entry.path, block = job.block, error = %e, "prefetch failed");
+        }
+        self.pool.complete((job.ino, job.block), &p, result);
+    }
+}

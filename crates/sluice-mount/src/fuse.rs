@@ -1,0 +1,394 @@
+//! The FUSE adapter: translates kernel requests to [`MountFs`] calls and holds no logic of
+//! its own. Reads run on a pool of threads, so one slow fetch does not hold up the
+//! kernel's other requests (several streams of one mmap'd file arrive at once).
+
+use std::ffi::OsStr;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    FileAttr, FileType, Filesystem, KernelConfig, MountOption, ReplyAttr, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, Request,
+};
+
+use crate::error::MountError;
+use crate::fs::{Attr, MountFs};
+
+/// How long the kernel may cache names and attributes: the listing is fixed for the
+/// mount's life.
+const TTL: Duration = Duration::from_secs(3600);
+/// Threads serving reads.
+const READ_THREADS: usize = 16;
+/// The kernel's readahead asked for at INIT; raised further through the bdi afterwards.
+const MAX_READAHEAD: u32 = 8 << 20;
+
+struct ReadJob {
+    ino: u64,
+    offset: u64,
+    size: u32,
+    reply: ReplyData,
+}
+
+struct Adapter {
+    fs: Arc<MountFs>,
+    reads: Mutex<mpsc::Sender<ReadJob>>,
+    uid: u32,
+    gid: u32,
+}
+
+fn attr(a: Attr, uid: u32, gid: u32) -> FileAttr {
+    let now = SystemTime::UNIX_EPOCH;
+    FileAttr {
+        ino: a.ino,
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        atime: now,
+        mtime: now,
+        ctime: now,
+        crtime: now,
+        kind: if a.is_dir {
+            FileType::Directory
+        } else {
+            FileType::RegularFile
+        },
+        perm: if a.is_dir { 0o555 } else { 0o444 },
+        nlink: if a.is_dir { 2 } else { 1 },
+        uid,
+        gid,
+        rdev: 0,
+        blksize: 1 << 20,
+        flags: 0,
+    }
+}
+
+fn code(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(libc::EIO)
+}
+
+impl Filesystem for Adapter {
+    fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), libc::c_int> {
+        if let Err(nearest) = config.set_max_readahead(MAX_READAHEAD) {
+            let _ = config.set_max_readahead(nearest);
+        }
+        let _ = config.add_capabilities(fuser::consts::FUSE_ASYNC_READ);
+        if let Err(nearest) = config.set_max_background(64) {
+            let _ = config.set_max_background(nearest);
+        }
+        Ok(())
+    }
+
+    fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
+        let Some(name) = name.to_str() else {
+            return reply.error(libc::ENOENT);
+        };
+        match self.fs.lookup(parent, name) {
+            Ok(a) => reply.entry(&TTL, &attr(a, self.uid, self.gid), 0),
+            Err(e) => reply.error(code(&e)),
+        }
+    }
+
+    fn getattr(&mut self, _req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
+        match self.fs.getattr(ino) {
+            Ok(a) => reply.attr(&TTL, &attr(a, self.uid, self.gid)),
+            Err(e) => reply.error(code(&e)),
+        }
+    }
+
+    fn open(&mut self, _req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
+        if flags & libc::O_ACCMODE != libc::O_RDONLY {
+            return reply.error(libc::EROFS);
+        }
+        match self.fs.open(ino) {
+            // The bytes never change under a handle: let the kernel keep its cache.
+            Ok(fh) => reply.opened(fh, fuser::consts::FOPEN_KEEP_CACHE),
+            Err(e) => reply.error(code(&e)),
+        }
+    }
+
+    fn read(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        _fh: u64,
+        offset: i64,
+        size: u32,
+        _flags: i32,
+        _lock_owner: Option<u64>,
+        reply: ReplyData,
+    ) {
+        let Ok(offset) = u64::try_from(offset) else {
+            return reply.error(libc::EINVAL);
+        };
+        let job = ReadJob {
+            ino,
+            offset,
+            size,
+            reply,
+        };
+        let sent = match self.reads.lock() {
+            Ok(tx) => tx.send(job),
+            Err(p) => p.into_inner().send(job),
+        };
+        if let Err(mpsc::SendError(job)) = sent {
+            job.reply.error(libc::EIO);
+        }
+    }
+
+    fn release(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        _fh: u64,
+        _flags: i32,
+        _lock_owner: Option<u64>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.fs.release(ino) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(code(&e)),
+        }
+    }
+
+    fn readdir(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        _fh: u64,
+        offset: i64,
+        mut reply: ReplyDirectory,
+    ) {
+        let entries = match self.fs.readdir(ino) {
+            Ok(e) => e,
+            Err(e) => return reply.error(code(&e)),
+        };
+        let dots = [
+            (ino, FileType::Directory, ".".to_string()),
+            (ino, FileType::Directory, "..".to_string()),
+        ];
+        let all = dots.into_iter().chain(entries.into_iter().map(|e| {
+            let kind = if e.is_dir {
+                FileType::Directory
+            } else {
+                FileType::RegularFile
+            };
+            (e.ino, kind, e.name)
+        }));
+        for (i, (child, kind, name)) in all.enumerate().skip(offset.max(0) as usize) {
+            if reply.add(child, i as i64 + 1, kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+}
+
+fn serve_reads(fs: Arc<MountFs>, jobs: Arc<Mutex<mpsc::Receiver<ReadJob>>>) {
+    loop {
+        let job = match jobs.lock() {
+            Ok(rx) => rx.recv(),
+            Err(_) => return,
+        };
+        let Ok(job) = job else { return };
+        match fs.read(job.ino, job.offset, job.size) {
+            Ok(bytes) => job.reply.data(&bytes),
+            Err(e) => job.reply.error(code(&e)),
+        }
+    }
+}
+
+/// A live mount; dropping it unmounts.
+pub struct Mounted {
+    session: Option<std::thread::JoinHandle<io::Result<()>>>,
+    path: PathBuf,
+    fs: Arc<MountFs>,
+    /// The mount's device number, which names its FUSE connection.
+    dev: u64,
+}
+
+/// How long an unmount waits for the session to end before aborting the connection.
+const UNMOUNT_GRACE: Duration = Duration::from_secs(2);
+
+impl Mounted {
+    pub fn fs(&self) -> &Arc<MountFs> {
+        &self.fs
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// True once the kernel side has gone (unmounted from outside, or the connection
+    /// aborted).
+    pub fn is_finished(&self) -> bool {
+        self.session.as_ref().is_none_or(|s| s.is_finished())
+    }
+
+    /// Unmounts and waits for the session to end.
+    pub fn unmount(mut self) {
+        self.stop();
+    }
+
+    /// Unmounts: a plain unmount, else (files still open) a lazy one, so the mount point
+    /// is free at once; then the session ends when the kernel lets go, or after
+    /// [`UNMOUNT_GRACE`] by aborting the FUSE connection (readers still holding files get
+    /// ENOTCONN, never stale or wrong bytes).
+    fn stop(&mut self) {
+        let Some(session) = self.session.take() else {
+            return;
+        };
+        if is_mount_point(&self.path) {
+            unmount_path(&self.path);
+        }
+        let deadline = std::time::Instant::now() + UNMOUNT_GRACE;
+        while !session.is_finished() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if !session.is_finished() {
+            let knob = format!("/sys/fs/fuse/connections/{}/abort", libc::minor(self.dev));
+            match std::fs::write(&knob, "1") {
+                Ok(()) => tracing::info!(%knob, "files still open; aborted the FUSE connection"),
+                Err(e) => {
+                    tracing::warn!(%knob, error = %e, "cannot abort the FUSE connection; leaving its thread");
+                    return;
+                }
+            }
+        }
+        if let Ok(Err(e)) = session.join() {
+            tracing::debug!(error = %e, "FUSE session ended with an error");
+        }
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn unmount_path(path: &Path) {
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return;
+    };
+    // SAFETY: `c` is a valid NUL-terminated path for the duration of both calls.
+    unsafe {
+        if libc::umount2(c.as_ptr(), 0) == 0 {
+            return;
+        }
+        if libc::umount2(c.as_ptr(), libc::MNT_DETACH) != 0 {
+            let e = io::Error::last_os_error();
+            tracing::warn!(path = %path.display(), error = %e, "unmount failed");
+        }
+    }
+}
+
+/// Whether `path` is a mount point now (its line in /proc/self/mountinfo).
+fn is_mount_point(path: &Path) -> bool {
+    let Ok(canon) = std::fs::canonicalize(path).or_else(|_| Ok::<_, io::Error>(path.to_path_buf()))
+    else {
+        return false;
+    };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = canon.to_string_lossy().replace(' ', "\\040");
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|m| m == want)
+}
+
+/// Refuses a mount point that is not an empty-enough directory, is already a mount, or
+/// holds a stale mount left by a daemon that died (ENOTCONN).
+pub fn check_mount_point(path: &Path) -> Result<(), MountError> {
+    let bad = |why: &str| MountError::MountPoint {
+        path: path.to_path_buf(),
+        why: why.to_string(),
+    };
+    match std::fs::metadata(path) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            return Err(MountError::Stale {
+                path: path.to_path_buf(),
+            })
+        }
+        Err(e) => return Err(bad(&format!("cannot use as a mount point: {e}"))),
+        Ok(m) if !m.is_dir() => return Err(bad("not a directory")),
+        Ok(_) => {}
+    }
+    if is_mount_point(path) {
+        // The kernel may answer a stat from its cache; listing asks the daemon.
+        if let Err(e) = std::fs::read_dir(path) {
+            if e.raw_os_error() == Some(libc::ENOTCONN) {
+                return Err(MountError::Stale {
+                    path: path.to_path_buf(),
+                });
+            }
+        }
+        return Err(bad("something is already mounted here"));
+    }
+    Ok(())
+}
+
+/// Mounts `fs` read-only at `path` and serves it on background threads.
+pub fn mount(fs: Arc<MountFs>, path: &Path, fs_name: &str) -> Result<Mounted, MountError> {
+    check_mount_point(path)?;
+    let (tx, rx) = mpsc::channel();
+    let rx = Arc::new(Mutex::new(rx));
+    for i in 0..READ_THREADS {
+        let fs = Arc::clone(&fs);
+        let rx = Arc::clone(&rx);
+        std::thread::Builder::new()
+            .name(format!("sluice-fuse-read-{i}"))
+            .spawn(move || serve_reads(fs, rx))
+            .map_err(MountError::Thread)?;
+    }
+    // SAFETY: getuid/getgid cannot fail.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let adapter = Adapter {
+        fs: Arc::clone(&fs),
+        reads: Mutex::new(tx),
+        uid,
+        gid,
+    };
+    let options = [
+        MountOption::RO,
+        MountOption::FSName(fs_name.to_string()),
+        MountOption::Subtype("sluice".to_string()),
+        MountOption::AllowOther,
+        MountOption::DefaultPermissions,
+    ];
+    let mount_error = |source| MountError::Mount {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut session = fuser::Session::new(adapter, path, &options).map_err(mount_error)?;
+    let runner = std::thread::Builder::new()
+        .name("sluice-fuse".into())
+        .spawn(move || session.run())
+        .map_err(MountError::Thread)?;
+    // Only now, with the session answering: a stat of the mount point asks it.
+    let dev = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path).map(|m| m.dev()).unwrap_or(0)
+    };
+    raise_readahead(dev, fs.options().block_bytes);
+    Ok(Mounted {
+        session: Some(runner),
+        path: path.to_path_buf(),
+        fs,
+        dev,
+    })
+}
+
+/// FUSE caps readahead at the bdi's 128 KiB default whatever INIT asked for; as root, the
+/// mount's bdi can be raised so an mmap fault reads ahead a whole block. Logged when not.
+fn raise_readahead(dev: u64, block_bytes: u64) {
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let knob = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
+    let kb = (block_bytes / 1024).to_string();
+    if let Err(e) = std::fs::write(&knob, &kb) {
+        tracing::info!(%knob, error = %e, "cannot raise the mount's readahead; the kernel's 128 KiB stays");
+    }
+}

@@ -1,0 +1,21 @@
+//! Sluice mount: a read-only caching mount over an object-store prefix or a directory.
+//!
+//! - [`Backend`]: where the bytes come from ([`DirBackend`], [`ObjectBackend`]).
+//! - [`BlockPool`]: one byte-budgeted cache of blocks shared by every reader, each block
+//!   fetched once.
+//! - [`Streams`]: several sequential streams per file, each with its own prefetch window.
+//! - [`MountFs`]: the file system, tested without FUSE; [`mount`] serves it over FUSE.
+
+mod backend;
+mod error;
+mod fs;
+mod fuse;
+mod pool;
+mod streams;
+
+pub use backend::{Backend, DirBackend, Entry, FaultyBackend, ObjectBackend};
+pub use error::MountError;
+pub use fs::{Attr, DirEntry, MountFs, MountOptions, MountStats, ROOT_INO};
+pub use fuse::{check_mount_point, mount, Mounted};
+pub use pool::{BlockPool, Claim, PoolStats};
+pub use streams::{Prefetch, StreamConfig, Streams};

@@ -1,0 +1,164 @@
+"""`sluice mount` through the kernel (FUSE, as root): a directory and an S3 prefix mounted
+read-only, unmodified `safetensors.torch.load_file` on 1 and 2 torch threads bit-exact
+through it, SIGTERM unmounting cleanly even with a file mapped, a daemon killed with
+SIGKILL leaving a stale mount that the next `sluice mount` reports, and bad options."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_same_tensors, random_tensor, write_sharded
+from s3_support import S3Server
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not os.path.exists("/dev/fuse"), reason="needs root and /dev/fuse"
+)
+
+BIN = os.environ.get("SLUICE_BIN", "target/release/sluice")
+
+
+def mount(source: str, mnt: Path, *extra: str, env=None) -> int:
+    r = subprocess.run(
+        [BIN, "mount", source, str(mnt), "--daemon", "--pool", "256MiB", *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+    assert r.returncode == 0, r.stderr
+    assert os.path.ismount(mnt)
+    return int(r.stdout.split()[0])
+
+
+def wait_gone(pid: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"mount daemon {pid} still running")
+
+
+def force_unmount(mnt: Path) -> None:
+    if os.path.ismount(mnt) or _stale(mnt):
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _stale(mnt: Path) -> bool:
+    try:
+        os.listdir(mnt)  # a stat may come from the kernel's cache; a listing asks the daemon
+        return False
+    except OSError as e:
+        return e.errno == 107  # ENOTCONN
+
+
+@pytest.fixture
+def mnt(tmp_path):
+    """An empty mount point, unmounted after the test whatever happened."""
+    path = tmp_path / "mnt"
+    path.mkdir()
+    yield path
+    force_unmount(path)
+
+
+@pytest.fixture
+def model(tmp_path):
+    gen = torch.Generator().manual_seed(5)
+    shards = {
+        f"model-{i:05d}-of-00002.safetensors": {
+            f"l{i}.{j}": random_tensor(torch.bfloat16, (512, 1024 + j), gen) for j in range(8)
+        }
+        for i in range(2)
+    }
+    index = write_sharded(tmp_path / "src", shards)
+    return index.parent, {k: v for s in shards.values() for k, v in s.items()}
+
+
+def load_through(mnt: Path, threads: int) -> dict:
+    """Unmodified safetensors, in a fresh process with `threads` torch threads (the loader
+    copies from the mmap on that many threads)."""
+    code = (
+        "import sys, torch; from safetensors.torch import load_file\n"
+        f"torch.set_num_threads({threads})\n"
+        "out = {}\n"
+        "for p in sorted(__import__('pathlib').Path(sys.argv[1]).glob('*.safetensors')):\n"
+        "    out.update({k: v.clone() for k, v in load_file(str(p)).items()})\n"
+        "torch.save(out, sys.argv[2])\n"
+    )
+    dest = mnt.parent / f"loaded-{threads}.pt"
+    subprocess.run([sys.executable, "-c", code, str(mnt), str(dest)], check=True, timeout=300)
+    return torch.load(dest)
+
+
+def test_directory_mount_serves_unmodified_loaders_and_unmounts_on_sigterm(model, mnt):
+    src, want = model
+    pid = mount(str(src), mnt)
+    assert sorted(os.listdir(mnt)) == sorted(os.listdir(src))
+    for f in src.iterdir():
+        assert (mnt / f.name).stat().st_size == f.stat().st_size
+        assert (mnt / f.name).read_bytes() == f.read_bytes()
+    with pytest.raises(OSError):
+        (mnt / "new").write_bytes(b"x")
+    for threads in (1, 2):
+        assert_same_tensors(load_through(mnt, threads), want)
+    # SIGTERM with a file still open: the mount point is freed, the daemon exits.
+    with open(mnt / "model-00001-of-00002.safetensors", "rb") as f:
+        f.read(10)
+        os.kill(pid, signal.SIGTERM)
+        wait_gone(pid)
+        assert not os.path.ismount(mnt)
+
+
+def test_s3_prefix_mount(tmp_path, model):
+    src, want = model
+    server = S3Server()
+    try:
+        server.upload_dir(src, "mounted")
+        mnt = tmp_path / "s3mnt"
+        mnt.mkdir()
+        pid = mount("s3://models/mounted/", mnt, env=server.env())
+        try:
+            assert sorted(os.listdir(mnt)) == sorted(os.listdir(src))
+            assert_same_tensors(load_through(mnt, 2), want)
+            os.kill(pid, signal.SIGINT)
+            wait_gone(pid)
+        finally:
+            force_unmount(mnt)
+    finally:
+        server.stop()
+
+
+def test_a_killed_daemon_leaves_a_stale_mount_that_is_reported(model, mnt):
+    src, _ = model
+    pid = mount(str(src), mnt)
+    os.kill(pid, signal.SIGKILL)
+    wait_gone(pid)
+    assert _stale(mnt)
+    r = subprocess.run([BIN, "mount", str(src), str(mnt)], capture_output=True, text=True)
+    assert r.returncode == 3 and "stale mount" in r.stderr, r.stderr
+    force_unmount(mnt)
+    assert not _stale(mnt)
+
+
+def test_bad_mounts_are_refused(model, mnt, tmp_path):
+    src, _ = model
+    cases = [
+        ([str(src), str(mnt), "--pool", "1MiB"], 2, "pool"),
+        ([str(src), str(mnt), "--block", "lots"], 2, "--block"),
+        ([str(tmp_path / "missing"), str(mnt)], 4, "missing"),
+        ([str(src), str(tmp_path / "nodir")], 3, "nodir"),
+        ([str(src), str(src / "model.safetensors.index.json")], 3, "not a directory"),
+    ]
+    for args, code, says in cases:
+        r = subprocess.run([BIN, "mount", *args], capture_output=True, text=True, timeout=60)
+        assert r.returncode == code and says in r.stderr, (args, r.returncode, r.stderr)
+    assert not os.path.ismount(mnt)
