@@ -85,6 +85,8 @@ pub enum EngineKind {
     Threads,
     /// One read at a time on the calling thread: the plain reference engine.
     Sync,
+    /// Ranged GETs of remote objects, as futures on an async runtime.
+    ObjectStore,
 }
 
 impl EngineKind {
@@ -93,6 +95,7 @@ impl EngineKind {
             EngineKind::IoUring => "io_uring",
             EngineKind::Threads => "threads",
             EngineKind::Sync => "sync",
+            EngineKind::ObjectStore => "object_store",
         }
     }
 }

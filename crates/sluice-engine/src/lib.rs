@@ -53,6 +53,7 @@ pub use file_mapping::FileMapping;
 pub use io_engine::{EngineKind, IoEngine, Next, OpSource, ReadOp, Sink};
 pub use mapping::Mapping;
 pub use os_error::{retry_eintr, OsError};
+pub use pread::pread_full;
 pub use regular_file::{is_not_regular, open_regular, open_regular_rw};
 pub use ring_batch::{read_in_order, with_ring, Part, RingBatch, MAX_PARTS};
 pub use shared_memory::{recv_with_fd, send_with_fd, SharedMemory};

@@ -65,6 +65,10 @@ pub trait RangeRead: Send + Sync + std::fmt::Debug {
     /// fewer than `dst.len()` only where the object ends first. A failure
     /// names the object and the range.
     fn read_at(&self, offset: u64, dst: &mut [u8]) -> std::io::Result<usize>;
+
+    /// The reader as `Any`, so an engine that knows the concrete type can run its reads
+    /// its own way (the loader's object engine, asynchronously).
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// Where a source's bytes come from.

@@ -11,6 +11,7 @@ mod checkpoint_reader;
 mod config;
 mod error;
 mod loader;
+mod object_engine;
 mod open_checkpoint;
 mod read_plan;
 mod remote_reader;
@@ -24,6 +25,7 @@ pub use checkpoint_reader::{
 pub use config::{ConfigError, LoadConfig, DEFAULT_STREAM_MEMORY_LIMIT};
 pub use error::LoadError;
 pub use loader::{FileMode, LoadStats, LoadedCheckpoint, Loader};
+pub use object_engine::ObjectEngine;
 pub use open_checkpoint::{OpenCheckpoint, TensorBytes};
 pub use read_plan::{window_chunks, PlanOptions, PlannedTensor, ReadPlan, WindowPlan};
 pub use remote_reader::{is_remote, open_remote_checkpoint, RemoteObject};

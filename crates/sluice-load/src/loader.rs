@@ -14,6 +14,7 @@ use sluice_formats::Checkpoint;
 use crate::checkpoint_reader::{open_shard_files, ReadOptions};
 use crate::config::{LoadConfig, DEFAULT_STREAM_MEMORY_LIMIT};
 use crate::error::LoadError;
+use crate::object_engine::ObjectEngine;
 use crate::read_plan::{PlanOptions, ReadPlan};
 use crate::shard_file::ShardFile;
 use crate::tensor_stream::{DriverInput, LoadedWindow, TensorStream};
@@ -231,6 +232,10 @@ impl Loader {
         }
         let engine = match &self.engine {
             Some(e) => Arc::clone(e),
+            // Remote objects: GETs as futures on the remote runtime (object_engine.rs).
+            None if files.iter().any(|f| f.is_remote()) => {
+                Arc::new(ObjectEngine::new(self.config.concurrency)) as Arc<dyn IoEngine>
+            }
             None => {
                 let denied = self
                     .config
@@ -345,16 +350,7 @@ fn check_stream_fits(
 /// file is read buffered: io_uring hands buffered reads that miss the cache
 /// to its io-wq workers, which measured 0.9 GB/s cold against 1.1–1.4 GB/s
 /// for 32 `pread` threads on the same files (docs/design/loader.md).
-///
-/// Remote objects are read by blocking ranged GETs, so they always take the
-/// thread pool: each thread keeps one GET in flight.
 fn engine_for(choice: EngineChoice, files: &[Arc<SourceFile>]) -> EngineChoice {
-    if files.iter().any(|f| f.is_remote()) {
-        if !matches!(choice, EngineChoice::Auto | EngineChoice::Threads) {
-            tracing::info!("remote objects are read by the thread pool");
-        }
-        return EngineChoice::Threads;
-    }
     if choice == EngineChoice::Auto && files.iter().any(|f| !f.is_direct()) {
         tracing::info!("some files are read buffered; using the thread pool");
         return EngineChoice::Threads;

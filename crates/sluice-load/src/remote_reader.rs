@@ -217,6 +217,20 @@ impl RemoteObject {
     pub fn size(&self) -> u64 {
         self.info.size
     }
+
+    /// Fills `dst` from `offset` (clipped at the object's end) on the shared runtime;
+    /// returns the bytes read.
+    pub(crate) async fn read_into(&self, offset: u64, dst: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.info.size.saturating_sub(offset).min(dst.len() as u64) as usize;
+        if n == 0 {
+            return Ok(0);
+        }
+        self.store
+            .read_into(&self.info, offset, &mut dst[..n])
+            .await
+            .map_err(into_io)?;
+        Ok(n)
+    }
 }
 
 impl RangeRead for RemoteObject {
@@ -229,6 +243,10 @@ impl RangeRead for RemoteObject {
             .read_ranges(&self.info, vec![(offset, &mut dst[..n])])
             .map_err(into_io)?;
         Ok(n)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

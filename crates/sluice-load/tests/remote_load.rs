@@ -73,9 +73,9 @@ fn url() -> ObjectUrl {
 }
 
 #[test]
-fn a_prefix_loads_exactly_through_the_thread_engine() {
+fn a_prefix_loads_exactly_through_the_object_engine_and_the_thread_engine() {
     let (faulty, store, want) = setup(vec![]);
-    let loader = Loader::open_remote(store, &url(), small_reads()).unwrap();
+    let loader = Loader::open_remote(store.clone(), &url(), small_reads()).unwrap();
     let got = collect(&loader).unwrap();
     assert_eq!(got.len(), want.len());
     for t in &want {
@@ -84,11 +84,16 @@ fn a_prefix_loads_exactly_through_the_thread_engine() {
     // Headers (one GET each: they fit the first read) plus data in pieces.
     assert!(faulty.gets() > 3 + 3, "{} GETs", faulty.gets());
     let (_, stats) = loader.stream(None).unwrap();
-    assert_eq!(stats.engine, "threads");
+    assert_eq!(stats.engine, "object_store");
     assert!(stats
         .files
         .iter()
         .all(|f| !f.direct && f.path.to_str().unwrap().starts_with("s3://bucket/m/")));
+    // The blocking thread engine reads remote objects to the same bytes.
+    let threads = Loader::open_remote(store, &url(), small_reads())
+        .unwrap()
+        .with_engine(Arc::new(sluice_engine::ThreadEngine::new(4)));
+    assert_eq!(collect(&threads).unwrap(), got);
 }
 
 #[test]

@@ -1,14 +1,12 @@
-//! Remote object stores for Sluice (issue 15, first slice): object URLs, and ranged reads
-//! of objects into caller buffers, many GETs in flight, with retries, typed errors and
-//! ETag pinning.
+//! Remote object stores for Sluice (issue 15): object URLs, and ranged reads of objects
+//! into caller buffers, many GETs in flight, with retries, typed errors and ETag pinning.
 //!
 //! The object stores come through the Apache Arrow `object_store` crate (S3-compatible
 //! endpoints, GCS, Azure), with credentials from the standard environment and config
 //! chains; nothing here speaks HTTP or signs requests. The reads are synchronous calls
-//! that run on a small tokio runtime of this crate's own, so callers (the loader's engine,
-//! the Python bindings with the GIL released) stay synchronous.
-//!
-//! Not yet wired into the loaders or a mount: docs/design/remote.md has the plan.
+//! that run on a small tokio runtime of this crate's own, so callers (the Python bindings
+//! with the GIL released, the mount) stay synchronous; the loader's object engine spawns
+//! [`RemoteStore::read_into`] futures on that runtime instead (docs/design/remote.md).
 
 mod error;
 mod faulty;
@@ -17,5 +15,5 @@ mod url;
 
 pub use error::RemoteError;
 pub use faulty::{Fault, FaultyStore};
-pub use store::{ObjectInfo, ReadReport, RemoteOptions, RemoteStore};
+pub use store::{runtime_handle, ObjectInfo, ReadReport, RemoteOptions, RemoteStore};
 pub use url::{ObjectUrl, Scheme};

@@ -128,6 +128,12 @@ pub struct RemoteStore {
     opts: RemoteOptions,
 }
 
+/// The shared runtime remote reads run on (two workers), for callers that spawn reads of
+/// their own ([`RemoteStore::read_into`]).
+pub fn runtime_handle() -> Result<tokio::runtime::Handle, RemoteError> {
+    Ok(runtime()?.handle().clone())
+}
+
 fn runtime() -> Result<&'static Runtime, RemoteError> {
     static RT: OnceLock<Runtime> = OnceLock::new();
     if let Some(rt) = RT.get() {
@@ -311,6 +317,50 @@ impl RemoteStore {
                 .buffer_unordered(self.opts.concurrency.max(1))
                 .try_collect(),
         )?;
+        Ok(ReadReport {
+            requests: retried.len(),
+            retried: retried.iter().sum(),
+            bytes,
+        })
+    }
+
+    /// Fills `dst` with the object's bytes at `offset`, as [`RemoteStore::read_ranges`] does
+    /// for one range, but as a future: an engine runs many on the shared runtime instead of
+    /// blocking a thread on each.
+    pub async fn read_into(
+        &self,
+        obj: &ObjectInfo,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<ReadReport, RemoteError> {
+        let path = self.path(&obj.url)?;
+        let end = offset + dst.len() as u64;
+        if end > obj.size {
+            return Err(RemoteError::OutOfRange {
+                url: obj.url.to_string(),
+                range: offset..end,
+                size: obj.size,
+            });
+        }
+        let piece = self.opts.piece_bytes.max(1) as usize;
+        let bytes = dst.len() as u64;
+        // The pieces are cut before the first await: a lazy iterator's closure held across
+        // awaits would keep the future from being `Send`.
+        let mut pieces = Vec::new();
+        let mut at = offset;
+        for part in dst.chunks_mut(piece) {
+            let range = at..at + part.len() as u64;
+            at = range.end;
+            pieces.push((range, part));
+        }
+        let fetches: Vec<_> = pieces
+            .into_iter()
+            .map(|(range, part)| self.fetch(&path, obj, range, part))
+            .collect();
+        let retried: Vec<usize> = futures::stream::iter(fetches)
+            .buffer_unordered(self.opts.concurrency.max(1))
+            .try_collect()
+            .await?;
         Ok(ReadReport {
             requests: retried.len(),
             retried: retried.iter().sum(),
