@@ -102,6 +102,7 @@ ACCESS_KEY, SECRET_KEY = "sluicebench", "sluicebench-secret-key"
 REGION = "us-east-1"
 DEFAULT_MINIO = Path.home() / ".cache/sluice/bin/minio"
 DEFAULT_PROXY = ROOT / "target/release/sluice-faultproxy"
+SLUICE_BIN = ROOT / "target/release/sluice"
 
 # Peer settings (see the module docstring and docs/bench-remote.md for how they were chosen).
 BOTO3_THREADS = 32
@@ -140,9 +141,22 @@ READERS: dict[str, Reader] = {
     "sluice": Reader("Sluice load_file s3:// (default flags)", ("sluice.torch",)),
     "sluice-stream": Reader("Sluice stream s3:// (512 MiB limit)", ("sluice.torch",)),
     "s3fs": Reader("s3fs-fuse mount + safetensors load_file", ("safetensors.torch",)),
+    "sluice-mount-1t": Reader(
+        "sluice mount + safetensors load_file, 1 torch thread", ("safetensors.torch",)
+    ),
+    "sluice-mount-2t": Reader(
+        "sluice mount + safetensors load_file, 2 torch threads", ("safetensors.torch",)
+    ),
+    "sluice-mount-warm": Reader(
+        "sluice mount, second load (pool warm), 2 torch threads", ("safetensors.torch",)
+    ),
+    "local-warm": Reader(
+        "safetensors load_file, warm local page cache", ("safetensors.torch",), remote=False
+    ),
 }
 DEFAULT_READERS = [
-    *("local", "ceiling-8", "ceiling-32", "runai", "boto3", "sluice", "sluice-stream", "s3fs")
+    *("local", "ceiling-8", "ceiling-32", "runai", "boto3", "sluice", "sluice-stream", "s3fs"),
+    *("sluice-mount-1t", "sluice-mount-2t", "sluice-mount-warm", "local-warm"),
 ]
 CEILINGS = ("ceiling-8", "ceiling-32")
 
@@ -238,6 +252,7 @@ def worker_main(args: argparse.Namespace) -> None:
     baseline_rss = current_rss_bytes()
     consumer = Consumer(layout) if reader.fills else None
     run = WORKER_RUNS[name]
+    prepare_worker(name, plan)
     seconds, cpu_s, nbytes = timed(lambda: run(plan, consumer, layout))
     maxrss_timed = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     hwm = vm_hwm_bytes()
@@ -316,6 +331,40 @@ def run_local(plan: Plan, consumer, layout) -> None:
 
     for obj in plan.objects:
         consumer.take_all(load_file(obj["local"]))
+
+
+def run_local_warm(plan: Plan, consumer, layout) -> None:
+    run_local(plan, consumer, layout)
+
+
+def run_sluice_mount(plan: Plan, consumer, layout) -> None:
+    """Unmodified safetensors over `sluice mount` (SLUICE_BENCH_MOUNT: the mount point)."""
+    from safetensors.torch import load_file
+
+    mnt = os.environ["SLUICE_BENCH_MOUNT"]
+    for obj in plan.objects:
+        consumer.take_all(load_file(os.path.join(mnt, os.path.basename(obj["key"]))))
+
+
+def read_through(paths: list[str]) -> None:
+    """Reads files whole (untimed), so a second load finds them cached."""
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            while f.read(8 * MiB):
+                pass
+
+
+def prepare_worker(name: str, plan: Plan) -> None:
+    """Before the clock: torch threads per reader, and the first load of the warm readers."""
+    import torch
+
+    threads = {"sluice-mount-1t": 1}.get(name, 2)
+    torch.set_num_threads(threads)
+    if name == "local-warm":
+        read_through([o["local"] for o in plan.objects])
+    if name == "sluice-mount-warm":
+        mnt = os.environ["SLUICE_BENCH_MOUNT"]
+        read_through([os.path.join(mnt, os.path.basename(o["key"])) for o in plan.objects])
 
 
 def run_s3fs(plan: Plan, consumer, layout) -> None:
@@ -534,6 +583,10 @@ WORKER_RUNS = {
     "runai": run_runai,
     "sluice": run_sluice,
     "sluice-stream": run_sluice_stream,
+    "sluice-mount-1t": run_sluice_mount,
+    "sluice-mount-2t": run_sluice_mount,
+    "sluice-mount-warm": run_sluice_mount,
+    "local-warm": run_local_warm,
 }
 
 
@@ -790,6 +843,47 @@ def s3fs_mount(endpoint: Endpoint, work: Path) -> Iterator[str]:
         sh("umount", "-l", str(mnt), check=False)
 
 
+SLUICE_MOUNT_POOL = "6GiB"  # holds the whole 4 GiB checkpoint, so a second load is warm
+
+
+def sluice_mount_up(ep: Endpoint, work: Path, prefix: str, env: dict[str, str]) -> tuple[int, str]:
+    """A fresh `sluice mount` of the prefix through `ep` (a cold pool for every run)."""
+    mnt = work / "sluice-mnt"
+    mnt.mkdir(parents=True, exist_ok=True)
+    cmd = [str(SLUICE_BIN), "mount", f"s3://{BUCKET}/{prefix}/", str(mnt), "--daemon"]
+    cmd += ["--pool", SLUICE_MOUNT_POOL, "--log", str(work / "sluice-mount.log")]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        raise RuntimeError(f"sluice mount failed: {r.stderr.strip()}")
+    return int(r.stdout.split()[0]), str(mnt)
+
+
+def process_alive(pid: int) -> bool:
+    """Running (a zombie no init has reaped yet counts as gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def sluice_mount_down(daemon: tuple[int, str]) -> int | None:
+    """Stops the mount daemon; returns its peak RSS (VmHWM) in bytes."""
+    pid, mnt = daemon
+    hwm = None
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                hwm = int(line.split()[1]) * 1024
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and process_alive(pid):
+        time.sleep(0.05)
+    sh("umount", "-l", mnt, check=False)
+    return hwm
+
+
 # --- runs ----------------------------------------------------------------------------------------
 
 
@@ -860,8 +954,8 @@ def round_order(
     blocks: list[list[tuple[str, Endpoint | None]]] = []
     for ep in rotate(endpoints, round_no):
         blocks.append([(r, ep) for r in rotate(remote, round_no)])
-    if "local" in readers:
-        blocks.insert(round_no % (len(blocks) + 1), [("local", None)])
+    for r in [r for r in readers if not READERS[r].remote]:
+        blocks.insert(round_no % (len(blocks) + 1), [(r, None)])
     return [pair for block in blocks for pair in block]
 
 
@@ -956,6 +1050,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]
             )
             s["cpu_s_per_gb"] = statistics.median(r["cpu_timed_s"] / (r["bytes"] / 1e9) for r in ok)
             s["bit_exact"] = any(r.get("verify", {}).get("bit_exact") for r in ok) or None
+            daemon = [r["daemon_hwm_bytes"] for r in ok if r.get("daemon_hwm_bytes")]
+            s["daemon_hwm_gib"] = max(daemon) / GiB if daemon else None
         out.setdefault(ep, {})[reader] = s
     return out
 
@@ -998,6 +1094,53 @@ def check_targets(summary: dict, endpoints: list[dict[str, Any]]) -> list[dict[s
                 2.0,
                 "runai",
             )
+        )
+    if five:
+        key, rtt = five["key"], five["rtt_ms"]
+        ceil = ceiling(summary, key)
+        for reader in ("sluice-mount-1t", "sluice-mount-2t"):
+            rows.append(
+                ratio_target(
+                    f"{reader} ≥ 0.8x parallel-GET ceiling at {rtt:g} ms",
+                    gbps(summary, key, reader),
+                    ceil[1] if ceil else None,
+                    0.8,
+                    ceil[0] if ceil else "ceiling",
+                )
+            )
+        rows.append(
+            ratio_target(
+                f"sluice-mount-2t ≥ 2x s3fs at {rtt:g} ms",
+                gbps(summary, key, "sluice-mount-2t"),
+                gbps(summary, key, "s3fs"),
+                2.0,
+                "s3fs",
+            )
+        )
+        rows.append(
+            ratio_target(
+                f"sluice mount second load ≥ 0.9x warm local load at {rtt:g} ms",
+                gbps(summary, key, "sluice-mount-warm"),
+                gbps(summary, "local", "local-warm"),
+                0.9,
+                "local-warm",
+            )
+        )
+    hwms = [
+        s["daemon_hwm_gib"]
+        for ep in summary.values()
+        for s in ep.values()
+        if s.get("daemon_hwm_gib") is not None
+    ]
+    if hwms:
+        pool = float(SLUICE_MOUNT_POOL.removesuffix("GiB"))
+        rows.append(
+            {
+                "target": f"mount daemon RSS ≤ pool ({pool:g} GiB) + 0.2 GiB",
+                "value": max(hwms),
+                "measured": f"{max(hwms):.2f} GiB peak (worst run)",
+                "status": "PASS" if max(hwms) <= pool + 0.2 else "MISS",
+            }
         )
     limit = SLUICE_MEMORY_LIMIT / GiB + 0.3
     for reader in ("sluice", "sluice-stream"):
@@ -1423,7 +1566,17 @@ def run_benchmark(args: argparse.Namespace) -> None:
                     page_cache.drop()
                     foreign, services = idle_cpu(work)
                     env = worker_env(ep, reader, {})
-                    result = run_worker(reader, plans[key], env, verify=round_no == 0)
+                    daemon = None
+                    if base_reader(reader).startswith("sluice-mount"):
+                        daemon = sluice_mount_up(ep, work, prefix, env)
+                        env["SLUICE_BENCH_MOUNT"] = daemon[1]
+                    try:
+                        result = run_worker(reader, plans[key], env, verify=round_no == 0)
+                    finally:
+                        if daemon is not None:
+                            hwm = sluice_mount_down(daemon)
+                    if daemon is not None:
+                        result["daemon_hwm_bytes"] = hwm
                     result.update(
                         reader=reader,
                         label=READERS[reader].label,
