@@ -10,8 +10,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use crate::backend::{Backend, Entry};
+use crate::block_buf::BlockBuf;
 use crate::error::MountError;
-use crate::pool::{BlockPool, Claim, PoolStats};
+use crate::pool::{Block, BlockPool, Claim, PoolStats};
 use crate::streams::{Prefetch, StreamConfig, Streams};
 
 /// The root directory's inode.
@@ -109,6 +110,10 @@ pub struct MountStats {
     pub backend_bytes: u64,
     pub backend_errors: u64,
     pub prefetch_queued: u64,
+    /// Block reads that waited on a prefetch still in flight.
+    pub waited_on_prefetch: u64,
+    /// Blocks a read had to fetch itself (no prefetch had asked for them).
+    pub demand_fetches: u64,
 }
 
 struct Job {
@@ -138,6 +143,10 @@ struct Inner {
     prefetch_queued: AtomicU64,
     /// Prefetch jobs being fetched now.
     running: AtomicUsize,
+    /// Reads that waited on a prefetch in flight, and reads that fetched a block nobody
+    /// had asked for (prefetch missed it).
+    waited: AtomicU64,
+    demand_fetches: AtomicU64,
 }
 
 /// The mount's file system. Dropping it stops the prefetch threads.
@@ -215,6 +224,8 @@ impl MountFs {
             backend_errors: AtomicU64::new(0),
             prefetch_queued: AtomicU64::new(0),
             running: AtomicUsize::new(0),
+            waited: AtomicU64::new(0),
+            demand_fetches: AtomicU64::new(0),
             opts,
         });
         let mut workers = Vec::new();
@@ -343,6 +354,8 @@ impl MountFs {
             backend_bytes: i.backend_bytes.load(Ordering::Relaxed),
             backend_errors: i.backend_errors.load(Ordering::Relaxed),
             prefetch_queued: i.prefetch_queued.load(Ordering::Relaxed),
+            waited_on_prefetch: i.waited.load(Ordering::Relaxed),
+            demand_fetches: i.demand_fetches.load(Ordering::Relaxed),
         }
     }
 
@@ -402,12 +415,17 @@ impl Inner {
     }
 
     /// Block `b` of a file, from the pool or fetched now (waiting on a fetch in flight).
-    fn block(&self, ino: u64, file: &FileNode, b: u64) -> io::Result<Arc<[u8]>> {
+    fn block(&self, ino: u64, file: &FileNode, b: u64) -> io::Result<Block> {
         let len = self.block_len(file, b);
         match self.pool.claim((ino, b), len) {
             Claim::Ready(bytes) => Ok(bytes),
-            Claim::Wait(p) => p.wait().map_err(|e| self.read_failed(file, b, e)),
+            Claim::Wait(p) => {
+                self.waited.fetch_add(1, Ordering::Relaxed);
+                p.wait().map_err(|e| self.read_failed(file, b, e))
+            }
             Claim::Fetch(p) => {
+                self.demand_fetches.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(file = %file.entry.path, block = b, "demand fetch (not prefetched)");
                 let result = self.fetch(file, b, len);
                 let failed = result
                     .as_ref()
@@ -432,12 +450,12 @@ impl Inner {
         file.entry.size.saturating_sub(b * block).min(block)
     }
 
-    fn fetch(&self, file: &FileNode, b: u64, len: u64) -> io::Result<Vec<u8>> {
-        let mut buf = vec![0u8; len as usize];
+    fn fetch(&self, file: &FileNode, b: u64, len: u64) -> io::Result<BlockBuf> {
+        let mut buf = BlockBuf::new(len as usize)?;
         self.backend_reads.fetch_add(1, Ordering::Relaxed);
         let got = self
             .backend
-            .read(&file.entry, b * self.opts.block_bytes, &mut buf)
+            .read(&file.entry, b * self.opts.block_bytes, buf.as_mut_slice())
             .inspect_err(|_| {
                 self.backend_errors.fetch_add(1, Ordering::Relaxed);
             })?;
@@ -478,7 +496,9 @@ impl Inner {
         if file.looked_ahead.swap(true, Ordering::AcqRel) {
             return;
         }
-        let window = self.opts.streams.max_window;
+        // A small start: the lookahead shares the queue with the current file's prefetch,
+        // and must not hold it up; the next file's own cursor takes over once it is read.
+        let window = self.opts.streams.min_window;
         for &next in self
             .shards
             .iter()

@@ -203,6 +203,9 @@ fn serve_reads(fs: Arc<MountFs>, jobs: Arc<Mutex<mpsc::Receiver<ReadJob>>>) {
 /// A live mount; dropping it unmounts.
 pub struct Mounted {
     session: Option<std::thread::JoinHandle<io::Result<()>>>,
+    /// fuser's handle on the mount: unmounting through it first means the session's own
+    /// unmount at its end finds nothing left to do (else it tries again and logs EINVAL).
+    unmounter: fuser::SessionUnmounter,
     path: PathBuf,
     fs: Arc<MountFs>,
     /// The mount's device number, which names its FUSE connection.
@@ -241,7 +244,11 @@ impl Mounted {
             return;
         };
         if is_mount_point(&self.path) {
-            unmount_path(&self.path);
+            let _ = self.unmounter.unmount();
+            if is_mount_point(&self.path) {
+                // Files are still open: detach it, so the mount point is free at once.
+                lazy_unmount(&self.path);
+            }
         }
         let deadline = std::time::Instant::now() + UNMOUNT_GRACE;
         while !session.is_finished() && std::time::Instant::now() < deadline {
@@ -249,6 +256,9 @@ impl Mounted {
         }
         if !session.is_finished() {
             let knob = format!("/sys/fs/fuse/connections/{}/abort", libc::minor(self.dev));
+            if !Path::new(&knob).exists() {
+                mount_fusectl();
+            }
             match std::fs::write(&knob, "1") {
                 Ok(()) => tracing::info!(%knob, "files still open; aborted the FUSE connection"),
                 Err(e) => {
@@ -269,19 +279,34 @@ impl Drop for Mounted {
     }
 }
 
-fn unmount_path(path: &Path) {
+/// Mounts the FUSE control file system where systemd has not (containers), so a
+/// connection can be aborted; logged when it cannot be.
+fn mount_fusectl() {
+    let (src, dir, fstype) = (c"fusectl", c"/sys/fs/fuse/connections", c"fusectl");
+    // SAFETY: every argument is a valid NUL-terminated string; no data is passed.
+    let rc = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            dir.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        tracing::debug!(error = %e, "cannot mount fusectl");
+    }
+}
+
+fn lazy_unmount(path: &Path) {
     let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
         return;
     };
-    // SAFETY: `c` is a valid NUL-terminated path for the duration of both calls.
-    unsafe {
-        if libc::umount2(c.as_ptr(), 0) == 0 {
-            return;
-        }
-        if libc::umount2(c.as_ptr(), libc::MNT_DETACH) != 0 {
-            let e = io::Error::last_os_error();
-            tracing::warn!(path = %path.display(), error = %e, "unmount failed");
-        }
+    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+        let e = io::Error::last_os_error();
+        tracing::warn!(path = %path.display(), error = %e, "unmount failed");
     }
 }
 
@@ -364,6 +389,7 @@ pub fn mount(fs: Arc<MountFs>, path: &Path, fs_name: &str) -> Result<Mounted, Mo
         source,
     };
     let mut session = fuser::Session::new(adapter, path, &options).map_err(mount_error)?;
+    let unmounter = session.unmount_callable();
     let runner = std::thread::Builder::new()
         .name("sluice-fuse".into())
         .spawn(move || session.run())
@@ -376,6 +402,7 @@ pub fn mount(fs: Arc<MountFs>, path: &Path, fs_name: &str) -> Result<Mounted, Mo
     raise_readahead(dev, fs.options().block_bytes);
     Ok(Mounted {
         session: Some(runner),
+        unmounter,
         path: path.to_path_buf(),
         fs,
         dev,

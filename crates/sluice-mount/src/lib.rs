@@ -7,6 +7,7 @@
 //! - [`MountFs`]: the file system, tested without FUSE; [`mount`] serves it over FUSE.
 
 mod backend;
+mod block_buf;
 mod error;
 mod fs;
 mod fuse;
@@ -14,8 +15,9 @@ mod pool;
 mod streams;
 
 pub use backend::{Backend, DirBackend, Entry, FaultyBackend, ObjectBackend};
+pub use block_buf::BlockBuf;
 pub use error::MountError;
 pub use fs::{Attr, DirEntry, MountFs, MountOptions, MountStats, ROOT_INO};
 pub use fuse::{check_mount_point, mount, Mounted};
-pub use pool::{BlockPool, Claim, PoolStats};
+pub use pool::{Block, BlockPool, Claim, PoolStats};
 pub use streams::{Prefetch, StreamConfig, Streams};

@@ -10,12 +10,17 @@ use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+use crate::block_buf::BlockBuf;
+
 /// A block of a file: the file's index in the mount and the block number.
 pub type BlockKey = (u64, u64);
 
+/// A block's bytes, shared by the pool and every reader copying out of it.
+pub type Block = Arc<BlockBuf>;
+
 /// How a fetch ended: the block's bytes, or its error's kind and message (an
 /// `io::Error` cannot be cloned to every waiter).
-type Outcome = Result<Arc<[u8]>, (io::ErrorKind, String)>;
+type Outcome = Result<Block, (io::ErrorKind, String)>;
 
 /// A fetch in progress; waiters block on it until the fetcher completes it.
 #[derive(Default)]
@@ -26,7 +31,7 @@ pub struct Pending {
 
 impl Pending {
     /// The block's bytes once fetched, or the fetch's error.
-    pub fn wait(&self) -> io::Result<Arc<[u8]>> {
+    pub fn wait(&self) -> io::Result<Block> {
         let mut outcome = lock(&self.outcome);
         loop {
             match &*outcome {
@@ -46,7 +51,7 @@ impl Pending {
 /// What a claim on a block found.
 pub enum Claim {
     /// In the pool.
-    Ready(Arc<[u8]>),
+    Ready(Block),
     /// Being fetched by someone else: wait on it.
     Wait(Arc<Pending>),
     /// Yours to fetch; call [`BlockPool::complete`] with the result.
@@ -56,7 +61,7 @@ pub enum Claim {
 enum Slot {
     Loading(Arc<Pending>),
     Ready {
-        bytes: Arc<[u8]>,
+        bytes: Block,
         last_use: u64,
         /// A reader has read from it (prefetched blocks start unused).
         used: bool,
@@ -181,12 +186,12 @@ impl BlockPool {
 
     /// Ends the fetch of `key`: its bytes become a ready block, or on error the claim is
     /// dropped (the next reader fetches again) and every waiter gets the error.
-    pub fn complete(&self, key: BlockKey, pending: &Arc<Pending>, result: io::Result<Vec<u8>>) {
+    pub fn complete(&self, key: BlockKey, pending: &Arc<Pending>, result: io::Result<BlockBuf>) {
         let mut s = lock(&self.state);
         let ours = matches!(s.blocks.get(&key), Some(Entry { slot: Slot::Loading(p), .. }) if Arc::ptr_eq(p, pending));
         match result {
             Ok(bytes) => {
-                let bytes: Arc<[u8]> = bytes.into();
+                let bytes: Block = Arc::new(bytes);
                 s.stats.fetched_blocks += 1;
                 s.stats.fetched_bytes += bytes.len() as u64;
                 s.tick += 1;

@@ -8,9 +8,10 @@
 //! other: the failure the issue measured in Mountpoint's one prefetcher per open file.
 //!
 //! A cursor prefetches once it has seen `trigger` sequential reads (a safetensors file's
-//! first cursor starts armed). Its window starts at `min_window` blocks and doubles, up to
-//! `max_window`, each time the reader passes the middle of what was prefetched; a jump
-//! away drops the cursor, and with it the prefetch not yet started (its cancel flag).
+//! first cursor starts armed). It keeps `window` blocks past the reader asked for, topping
+//! up as the reader moves; the window starts at `min_window` blocks and doubles with each
+//! top-up, up to `max_window`. A jump away drops the cursor, and with it the prefetch not
+//! yet started (its cancel flag).
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,7 +32,7 @@ impl Default for StreamConfig {
             max_cursors: 8,
             trigger: 2,
             min_window: 2,
-            max_window: 8,
+            max_window: 32,
         }
     }
 }
@@ -160,7 +161,7 @@ impl Streams {
         }
         let at = c.next / block;
         let target = (at + c.window).min(last_block);
-        if c.ahead_to > at + c.window / 2 || target <= c.ahead_to.max(at) {
+        if target <= c.ahead_to.max(at) {
             return None;
         }
         let from = c.ahead_to.max(at);
@@ -185,7 +186,11 @@ mod tests {
 
     #[test]
     fn a_sequential_reader_arms_after_the_trigger_and_the_window_grows() {
-        let mut s = Streams::new(StreamConfig::default(), B);
+        let config = StreamConfig {
+            max_window: 8,
+            ..StreamConfig::default()
+        };
+        let mut s = Streams::new(config, B);
         let len = 100 * B;
         assert_eq!(blocks(s.on_read(0, B / 2, len)), None);
         assert_eq!(blocks(s.on_read(B / 2, B / 2, len)), Some(1..3));

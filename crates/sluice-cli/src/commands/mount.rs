@@ -95,7 +95,7 @@ fn serve(args: &MountArgs, opts: MountOptions) -> Result<(), MountError> {
     mounted.unmount();
     let s = fs.stats();
     eprintln!(
-        "sluice: unmounted {}{}: fetched {} in {} reads ({} failed), pool peak {}, {} hits, {} misses",
+        "sluice: unmounted {}{}: fetched {} in {} reads ({} failed), pool peak {}, {} hits, {} misses ({} waited on prefetch, {} not prefetched)",
         args.mountpoint.display(),
         if outside { " (from outside)" } else { "" },
         super::human_bytes(s.backend_bytes),
@@ -104,6 +104,8 @@ fn serve(args: &MountArgs, opts: MountOptions) -> Result<(), MountError> {
         super::human_bytes(s.pool.peak_bytes),
         s.pool.hits,
         s.pool.misses,
+        s.waited_on_prefetch,
+        s.demand_fetches,
     );
     Ok(())
 }
