@@ -7,9 +7,11 @@ naming the object URL, after a bounded time, and never a partial result."""
 
 from __future__ import annotations
 
+import _thread
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -312,3 +314,22 @@ def test_bad_remote_settings_are_config_errors(s3_env, monkeypatch):
     monkeypatch.setenv("SLUICE_REMOTE_CONCURRENCY", "lots")
     with pytest.raises(sluice.errors.ConfigError, match="SLUICE_REMOTE_CONCURRENCY"):
         sluice.torch.load_file(f"s3://{BUCKET}/dtypes/model.safetensors")
+
+
+@needs_proxy
+def test_ctrl_c_interrupts_a_slow_remote_load(s3_env, big_object, monkeypatch):
+    """A window from a slow store can take minutes; Ctrl-C (KeyboardInterrupt) must still
+    stop the load within about a GET, not when the window lands."""
+    url, _ = big_object
+    with FaultProxy(s3_env.port, "--delay-ms", "300") as proxy:
+        through(monkeypatch, proxy)
+        timer = threading.Timer(1.5, _thread.interrupt_main)
+        timer.start()
+        start = time.monotonic()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                # About 400 GETs of 0.6 s each, one at a time: minutes without the interrupt.
+                sluice.torch.load_file(url, concurrency=1, chunk_bytes="64KiB")
+        finally:
+            timer.cancel()
+        assert time.monotonic() - start < 20

@@ -31,4 +31,4 @@ pub use read_plan::{window_chunks, PlanOptions, PlannedTensor, ReadPlan, WindowP
 pub use remote_reader::{is_remote, open_remote_checkpoint, RemoteObject};
 pub use shard_file::ShardFile;
 pub use sluice_formats::parse_bytes;
-pub use tensor_stream::{LoadedWindow, Progress, TensorStream, WindowMemory};
+pub use tensor_stream::{LoadedWindow, Polled, Progress, TensorStream, WindowMemory};

@@ -135,6 +135,16 @@ pub struct TensorStream {
     memory_limit: Option<u64>,
     finished: bool,
     started: Instant,
+    /// Since when the driver has been waiting on the memory budget, if it is.
+    starved_since: Option<Instant>,
+}
+
+/// What [`TensorStream::poll_window`] found within its wait.
+pub enum Polled {
+    /// The next window, an error, or `None` at the end (as `next_window`).
+    Ready(Option<Result<LoadedWindow, LoadError>>),
+    /// Nothing yet: the caller may do other work (check for Ctrl-C) and ask again.
+    Pending,
 }
 
 /// Everything the driver needs, moved into its thread.
@@ -191,47 +201,62 @@ impl TensorStream {
             memory_limit,
             finished: false,
             started: Instant::now(),
+            starved_since: None,
         })
     }
 
     /// The next finished window, blocking until one lands; `None` at the end.
     /// After an error the stream is finished.
     pub fn next_window(&mut self) -> Option<Result<LoadedWindow, LoadError>> {
-        if self.finished {
-            return None;
+        loop {
+            if let Polled::Ready(next) = self.poll_window(Duration::from_secs(3600)) {
+                return next;
+            }
         }
-        let mut starved_since: Option<Instant> = None;
+    }
+
+    /// As [`TensorStream::next_window`], but gives up after about `wait` with
+    /// [`Polled::Pending`], so a caller blocked on a slow source (a remote
+    /// store) can check for interrupts between waits.
+    pub fn poll_window(&mut self, wait: Duration) -> Polled {
+        if self.finished {
+            return Polled::Ready(None);
+        }
+        let deadline = Instant::now() + wait;
         loop {
             let received = self
                 .rx
                 .get_mut()
                 .unwrap_or_else(|p| p.into_inner())
-                .recv_timeout(STARVATION_POLL);
+                .recv_timeout(STARVATION_POLL.min(wait));
             match received {
                 Ok(Ok(window)) => {
                     let bytes: u64 = window.tensors.iter().map(|t| t.byte_len as u64).sum();
                     self.shared
                         .tensor_bytes_done
                         .fetch_add(bytes, Ordering::Relaxed);
-                    return Some(Ok(window));
+                    self.starved_since = None;
+                    return Polled::Ready(Some(Ok(window)));
                 }
-                Ok(Err(e)) => return Some(Err(self.finish_with(e))),
+                Ok(Err(e)) => return Polled::Ready(Some(Err(self.finish_with(e)))),
                 Err(RecvTimeoutError::Disconnected) => {
                     self.finished = true;
-                    return None;
+                    return Polled::Ready(None);
                 }
                 Err(RecvTimeoutError::Timeout) => {
                     if !self.shared.starved.load(Ordering::Acquire) {
-                        starved_since = None;
-                        continue;
+                        self.starved_since = None;
+                    } else {
+                        let since = *self.starved_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() >= STARVATION_GRACE {
+                            let held = self.pool.stats().held_bytes;
+                            let limit = self.memory_limit.unwrap_or(u64::MAX);
+                            let e = LoadError::MemoryLimitExhausted { limit, held };
+                            return Polled::Ready(Some(Err(self.finish_with(e))));
+                        }
                     }
-                    let since = *starved_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() >= STARVATION_GRACE {
-                        let held = self.pool.stats().held_bytes;
-                        let limit = self.memory_limit.unwrap_or(u64::MAX);
-                        return Some(Err(
-                            self.finish_with(LoadError::MemoryLimitExhausted { limit, held })
-                        ));
+                    if Instant::now() >= deadline {
+                        return Polled::Pending;
                     }
                 }
             }

@@ -2,7 +2,11 @@
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use sluice_load::{LoadStats, Loader, TensorStream};
+use sluice_load::{LoadStats, Loader, Polled, TensorStream};
+
+/// How long a wait for the next window runs with the GIL released before checking for
+/// signals (Ctrl-C).
+const SIGNAL_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
 use crate::checkpoint::PyCheckpoint;
 use crate::config;
@@ -69,10 +73,26 @@ impl Stream {
     /// The next finished window, or `None` at the end. Blocks with the GIL
     /// released.
     fn next_window(&mut self, py: Python<'_>) -> PyResult<Option<Window>> {
+        let next = loop {
+            let Some(inner) = self.inner.as_mut() else {
+                return Ok(None);
+            };
+            // Waits in slices, checking for Ctrl-C between them: a window from a slow
+            // remote store can take minutes, and a KeyboardInterrupt must not.
+            match py.detach(|| inner.poll_window(SIGNAL_POLL)) {
+                Polled::Ready(next) => break next,
+                Polled::Pending => {
+                    if let Err(e) = py.check_signals() {
+                        self.close(py);
+                        return Err(e);
+                    }
+                }
+            }
+        };
         let Some(inner) = self.inner.as_mut() else {
             return Ok(None);
         };
-        match py.detach(|| inner.next_window()) {
+        match next {
             Some(Ok(w)) => Ok(Some(Window::new(w))),
             Some(Err(e)) => {
                 self.close(py);

@@ -470,15 +470,15 @@ mod tests {
             }
         });
         let by_populate = folios(&file, &path, len).unwrap();
-        // A factor of two, not an exact bound. The two threads share one
+        // A factor of four, not an exact bound. The two threads share one
         // descriptor's readahead state, and how their faults interleave
         // decides where a neighbour's readahead cached smaller folios first:
-        // this file came out in 16 folios in most runs and in 1,038 in some
-        // (always with the whole file cached, read() making 937). The
-        // regression pinned here is populate without the hint: about 7,600
-        // folios, nearly all base pages.
+        // this file came out in 16 folios in most runs, in 1,038 in some, and
+        // in 2,060 once on a machine busy with a build (always with the whole
+        // file cached, read() making 937). The regression pinned here is
+        // populate without the hint: about 7,600 folios, nearly all base pages.
         assert!(
-            by_populate <= 2 * by_read,
+            by_populate <= 4 * by_read,
             "populate cached {len} bytes in {by_populate} folios, read() in {by_read}"
         );
     }
