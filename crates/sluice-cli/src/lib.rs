@@ -867,9 +867,7 @@ pub fn exit_code(err: &LoadError) -> i32 {
         }
         // A limit below the largest tensor is refused before any read: a bad option.
         LoadError::Config(_) | LoadError::TensorExceedsMemoryLimit { .. } => 2,
-        LoadError::Remote(
-            sluice_remote::RemoteError::BadUrl { .. } | sluice_remote::RemoteError::Config { .. },
-        ) => 2,
+        LoadError::Remote(e) if e.is_config() => 2,
         _ => EXIT_FAILED,
     }
 }

@@ -59,5 +59,5 @@ pub use ring_batch::{read_in_order, with_ring, Part, RingBatch, MAX_PARTS};
 pub use shared_memory::{recv_with_fd, send_with_fd, SharedMemory};
 pub use source_file::{DirectMode, RangeRead, SourceFile};
 pub use sync_engine::SyncEngine;
-pub use thread_engine::ThreadEngine;
+pub use thread_engine::{drive, ThreadEngine};
 pub use uring_engine::{probe_io_uring, UringEngine};

@@ -47,7 +47,12 @@ impl IoEngine for ThreadEngine {
                     .map_err(|e| io::Error::other(format!("cannot start reader thread: {e}")))?;
             }
             drop(done_tx);
-            let result = drive(self.threads, source, sink, &job_tx, &done_rx);
+            let mut submit = |op: ReadOp| {
+                job_tx
+                    .send(op)
+                    .map_err(|_| io::Error::other("reader threads exited"))
+            };
+            let result = drive(self.threads, source, sink, &mut submit, &done_rx);
             drop(job_tx);
             result
         })
@@ -68,11 +73,15 @@ fn worker(jobs: &Mutex<mpsc::Receiver<ReadOp>>, done: &mpsc::Sender<(ReadOp, io:
     }
 }
 
-fn drive(
+/// The loop of an engine whose reads finish elsewhere (threads, async tasks): hands up to
+/// `depth` ops to `submit`, and reports each completion that arrives on `done` to `sink`,
+/// until the source is done and nothing is in flight. Every op submitted must come back
+/// on `done` exactly once.
+pub fn drive(
     depth: usize,
     source: &mut dyn OpSource,
     sink: &mut Sink<'_>,
-    jobs: &mpsc::Sender<ReadOp>,
+    submit: &mut dyn FnMut(ReadOp) -> io::Result<()>,
     done: &mpsc::Receiver<(ReadOp, io::Result<usize>)>,
 ) -> io::Result<()> {
     let mut in_flight = 0usize;
@@ -81,8 +90,7 @@ fn drive(
         while !source_done && in_flight < depth {
             match source.next_op(in_flight == 0) {
                 Next::Op(op) => {
-                    jobs.send(op)
-                        .map_err(|_| io::Error::other("reader threads exited"))?;
+                    submit(op)?;
                     in_flight += 1;
                 }
                 Next::Wait if in_flight == 0 => std::thread::yield_now(),
@@ -95,7 +103,7 @@ fn drive(
         }
         let (op, outcome) = done
             .recv()
-            .map_err(|_| io::Error::other("reader threads exited"))?;
+            .map_err(|_| io::Error::other("readers exited without reporting"))?;
         in_flight -= 1;
         sink(op, outcome);
         while let Ok((op, outcome)) = done.try_recv() {

@@ -52,7 +52,7 @@ pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, LoadError> {
 
 /// Opens and validates the checkpoint at `path`, local or an object URL
 /// (`s3://`, `gs://`, `az://`), keeping a reader per shard.
-pub(crate) fn open_shard_files(
+pub fn open_shard_files(
     path: &Path,
     options: ReadOptions,
 ) -> Result<CheckpointFiles<ShardFile>, LoadError> {

@@ -19,8 +19,8 @@ mod shard_file;
 mod tensor_stream;
 
 pub use checkpoint_reader::{
-    open_checkpoint_files, read_checkpoint, read_shard, CheckpointFiles, ReadOptions,
-    INDEX_FILE_NAME,
+    open_checkpoint_files, open_shard_files, read_checkpoint, read_shard, CheckpointFiles,
+    ReadOptions, INDEX_FILE_NAME,
 };
 pub use config::{ConfigError, LoadConfig, DEFAULT_STREAM_MEMORY_LIMIT};
 pub use error::LoadError;
@@ -28,7 +28,7 @@ pub use loader::{FileMode, LoadStats, LoadedCheckpoint, Loader};
 pub use object_engine::ObjectEngine;
 pub use open_checkpoint::{OpenCheckpoint, TensorBytes};
 pub use read_plan::{window_chunks, PlanOptions, PlannedTensor, ReadPlan, WindowPlan};
-pub use remote_reader::{is_remote, open_remote_checkpoint, RemoteObject};
+pub use remote_reader::{is_remote, RemoteObject};
 pub use shard_file::ShardFile;
 pub use sluice_formats::parse_bytes;
 pub use tensor_stream::{LoadedWindow, Polled, Progress, TensorStream, WindowMemory};

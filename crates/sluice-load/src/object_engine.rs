@@ -10,7 +10,7 @@
 use std::io;
 use std::sync::mpsc;
 
-use sluice_engine::{EngineKind, IoEngine, Next, OpSource, ReadOp, Sink};
+use sluice_engine::{EngineKind, IoEngine, OpSource, ReadOp, Sink};
 
 use crate::remote_reader::RemoteObject;
 
@@ -70,48 +70,28 @@ impl IoEngine for ObjectEngine {
     fn run(&self, source: &mut dyn OpSource, sink: &mut Sink<'_>) -> io::Result<()> {
         let runtime = sluice_remote::runtime_handle().map_err(io::Error::other)?;
         let (done_tx, done_rx) = mpsc::channel::<(ReadOp, io::Result<usize>)>();
-        let mut in_flight = 0usize;
-        let mut source_done = false;
-        loop {
-            while !source_done && in_flight < self.depth {
-                match source.next_op(in_flight == 0) {
-                    Next::Op(op) if op.file.is_remote() => {
-                        let mut reply = Reply {
-                            op: Some(op),
-                            done: done_tx.clone(),
-                        };
-                        runtime.spawn(async move {
-                            let outcome = match &reply.op {
-                                Some(op) => read_op(op).await,
-                                None => return,
-                            };
-                            if let Some(op) = reply.op.take() {
-                                let _ = reply.done.send((op, outcome));
-                            }
-                        });
-                        in_flight += 1;
-                    }
-                    Next::Op(op) => {
-                        let outcome = sluice_engine::pread_full(&op);
-                        sink(op, outcome);
-                    }
-                    Next::Wait if in_flight == 0 => std::thread::yield_now(),
-                    Next::Wait => break,
-                    Next::Done => source_done = true,
-                }
-            }
-            if in_flight == 0 {
+        let mut submit = |op: ReadOp| {
+            if !op.file.is_remote() {
+                // A local file in a remote load: read inline, reported like the rest.
+                let outcome = sluice_engine::pread_full(&op);
+                let _ = done_tx.send((op, outcome));
                 return Ok(());
             }
-            let (op, outcome) = done_rx
-                .recv()
-                .map_err(|_| io::Error::other("remote read tasks ended without reporting"))?;
-            in_flight -= 1;
-            sink(op, outcome);
-            while let Ok((op, outcome)) = done_rx.try_recv() {
-                in_flight -= 1;
-                sink(op, outcome);
-            }
-        }
+            let mut reply = Reply {
+                op: Some(op),
+                done: done_tx.clone(),
+            };
+            runtime.spawn(async move {
+                let outcome = match &reply.op {
+                    Some(op) => read_op(op).await,
+                    None => return,
+                };
+                if let Some(op) = reply.op.take() {
+                    let _ = reply.done.send((op, outcome));
+                }
+            });
+            Ok(())
+        };
+        sluice_engine::drive(self.depth, source, sink, &mut submit, &done_rx)
     }
 }

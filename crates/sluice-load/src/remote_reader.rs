@@ -24,14 +24,9 @@ pub fn is_remote(path: &str) -> bool {
     ObjectUrl::is_url(path)
 }
 
-/// The checkpoint at `url`: one `.safetensors` object, an index JSON, or a prefix holding
-/// shards (with an index or without).
-pub fn open_remote_checkpoint(url: &str) -> Result<Checkpoint, LoadError> {
-    Ok(open_remote_files(url, &RemoteOptions::from_env()?)?.checkpoint)
-}
-
-/// The checkpoint at `url` with a reader per shard, each pinned to the version its header
-/// was read from.
+/// The checkpoint at `url` (one `.safetensors` object, an index JSON, or a prefix holding
+/// shards, with an index or without) with a reader per shard, each pinned to the version
+/// its header was read from.
 pub(crate) fn open_remote_files(
     url: &str,
     opts: &RemoteOptions,
@@ -228,7 +223,7 @@ impl RemoteObject {
         self.store
             .read_into(&self.info, offset, &mut dst[..n])
             .await
-            .map_err(into_io)?;
+            .map_err(RemoteError::into_io)?;
         Ok(n)
     }
 }
@@ -241,22 +236,11 @@ impl RangeRead for RemoteObject {
         }
         self.store
             .read_ranges(&self.info, vec![(offset, &mut dst[..n])])
-            .map_err(into_io)?;
+            .map_err(RemoteError::into_io)?;
         Ok(n)
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
-}
-
-/// A remote failure carried through the engines' `io::Error`; [`LoadError::read`] takes
-/// it back out.
-fn into_io(e: RemoteError) -> std::io::Error {
-    let kind = match &e {
-        RemoteError::NotFound { .. } => std::io::ErrorKind::NotFound,
-        _ if e.is_permission_denied() => std::io::ErrorKind::PermissionDenied,
-        _ => std::io::ErrorKind::Other,
-    };
-    std::io::Error::new(kind, e)
 }

@@ -135,7 +135,10 @@ impl ObjectBackend {
 
 impl Backend for ObjectBackend {
     fn list(&self) -> io::Result<Vec<Entry>> {
-        let listed = self.store.list(&self.prefix).map_err(into_io)?;
+        let listed = self
+            .store
+            .list(&self.prefix)
+            .map_err(RemoteError::into_io)?;
         let prefix = self.prefix_key();
         Ok(listed
             .into_iter()
@@ -165,22 +168,13 @@ impl Backend for ObjectBackend {
         };
         self.store
             .read_ranges(&info, vec![(offset, &mut dst[..n])])
-            .map_err(into_io)?;
+            .map_err(RemoteError::into_io)?;
         Ok(n)
     }
 
     fn describe(&self) -> String {
         self.prefix.to_string()
     }
-}
-
-fn into_io(e: RemoteError) -> io::Error {
-    let kind = match &e {
-        RemoteError::NotFound { .. } => io::ErrorKind::NotFound,
-        _ if e.is_permission_denied() => io::ErrorKind::PermissionDenied,
-        _ => io::ErrorKind::Other,
-    };
-    io::Error::new(kind, e)
 }
 
 /// A [`Backend`] test double: passes to another, counts reads per (file, offset), and

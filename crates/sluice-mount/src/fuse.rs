@@ -312,10 +312,7 @@ fn lazy_unmount(path: &Path) {
 
 /// Whether `path` is a mount point now (its line in /proc/self/mountinfo).
 fn is_mount_point(path: &Path) -> bool {
-    let Ok(canon) = std::fs::canonicalize(path).or_else(|_| Ok::<_, io::Error>(path.to_path_buf()))
-    else {
-        return false;
-    };
+    let canon = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return false;
     };

@@ -114,10 +114,8 @@ fn class_name(err: &LoadError) -> &'static str {
         LoadError::TensorExceedsMemoryLimit { .. } | LoadError::MemoryLimitExhausted { .. } => {
             "MemoryLimitError"
         }
-        LoadError::Config(_)
-        | LoadError::Remote(
-            sluice_remote::RemoteError::BadUrl { .. } | sluice_remote::RemoteError::Config { .. },
-        ) => "ConfigError",
+        LoadError::Remote(e) if e.is_config() => "ConfigError",
+        LoadError::Config(_) => "ConfigError",
         LoadError::Cancelled => "SluiceError",
         _ => "SluiceIOError",
     }

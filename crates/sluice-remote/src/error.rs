@@ -43,6 +43,25 @@ pub enum RemoteError {
 }
 
 impl RemoteError {
+    /// True for a bad URL or store setting: the caller's input, not the store, is at fault.
+    pub fn is_config(&self) -> bool {
+        matches!(
+            self,
+            RemoteError::BadUrl { .. } | RemoteError::Config { .. }
+        )
+    }
+
+    /// The error as an `io::Error` of the matching kind (not found, permission denied,
+    /// other), for I/O traits; the `RemoteError` stays inside for whoever downcasts it.
+    pub fn into_io(self) -> std::io::Error {
+        let kind = match &self {
+            RemoteError::NotFound { .. } => std::io::ErrorKind::NotFound,
+            _ if self.is_permission_denied() => std::io::ErrorKind::PermissionDenied,
+            _ => std::io::ErrorKind::Other,
+        };
+        std::io::Error::new(kind, self)
+    }
+
     /// True when the store refused the credentials or the access (HTTP 401/403).
     pub fn is_permission_denied(&self) -> bool {
         match self {

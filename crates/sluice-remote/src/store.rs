@@ -288,8 +288,30 @@ impl RemoteStore {
         obj: &ObjectInfo,
         reads: Vec<(u64, &mut [u8])>,
     ) -> Result<ReadReport, RemoteError> {
+        runtime()?.block_on(self.read_all(obj, reads))
+    }
+
+    /// Fills `dst` with the object's bytes at `offset`, as [`RemoteStore::read_ranges`] does
+    /// for one range, but as a future: an engine runs many on the shared runtime instead of
+    /// blocking a thread on each.
+    pub async fn read_into(
+        &self,
+        obj: &ObjectInfo,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<ReadReport, RemoteError> {
+        self.read_all(obj, vec![(offset, dst)]).await
+    }
+
+    async fn read_all(
+        &self,
+        obj: &ObjectInfo,
+        reads: Vec<(u64, &mut [u8])>,
+    ) -> Result<ReadReport, RemoteError> {
         let path = self.path(&obj.url)?;
         let piece = self.opts.piece_bytes.max(1) as usize;
+        // The pieces are cut before the first await: a lazy iterator's closure held across
+        // awaits would keep the future from being `Send`.
         let mut pieces: Vec<(Range<u64>, &mut [u8])> = Vec::new();
         for (offset, buf) in reads {
             let end = offset + buf.len() as u64;
@@ -308,54 +330,10 @@ impl RemoteStore {
             }
         }
         let bytes: u64 = pieces.iter().map(|(r, _)| r.end - r.start).sum();
-        let fetches = pieces
-            .into_iter()
-            .filter(|(r, _)| r.end > r.start)
-            .map(|(range, dst)| self.fetch(&path, obj, range, dst));
-        let retried: Vec<usize> = runtime()?.block_on(
-            futures::stream::iter(fetches)
-                .buffer_unordered(self.opts.concurrency.max(1))
-                .try_collect(),
-        )?;
-        Ok(ReadReport {
-            requests: retried.len(),
-            retried: retried.iter().sum(),
-            bytes,
-        })
-    }
-
-    /// Fills `dst` with the object's bytes at `offset`, as [`RemoteStore::read_ranges`] does
-    /// for one range, but as a future: an engine runs many on the shared runtime instead of
-    /// blocking a thread on each.
-    pub async fn read_into(
-        &self,
-        obj: &ObjectInfo,
-        offset: u64,
-        dst: &mut [u8],
-    ) -> Result<ReadReport, RemoteError> {
-        let path = self.path(&obj.url)?;
-        let end = offset + dst.len() as u64;
-        if end > obj.size {
-            return Err(RemoteError::OutOfRange {
-                url: obj.url.to_string(),
-                range: offset..end,
-                size: obj.size,
-            });
-        }
-        let piece = self.opts.piece_bytes.max(1) as usize;
-        let bytes = dst.len() as u64;
-        // The pieces are cut before the first await: a lazy iterator's closure held across
-        // awaits would keep the future from being `Send`.
-        let mut pieces = Vec::new();
-        let mut at = offset;
-        for part in dst.chunks_mut(piece) {
-            let range = at..at + part.len() as u64;
-            at = range.end;
-            pieces.push((range, part));
-        }
         let fetches: Vec<_> = pieces
             .into_iter()
-            .map(|(range, part)| self.fetch(&path, obj, range, part))
+            .filter(|(r, _)| r.end > r.start)
+            .map(|(range, dst)| self.fetch(&path, obj, range, dst))
             .collect();
         let retried: Vec<usize> = futures::stream::iter(fetches)
             .buffer_unordered(self.opts.concurrency.max(1))

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use sluice_formats::Checkpoint;
-use sluice_load::{open_checkpoint_files, LoadError, ReadOptions};
+use sluice_load::{open_shard_files, LoadError, ReadOptions};
 
 use crate::InspectArgs;
 
@@ -11,14 +11,9 @@ pub fn run(args: &InspectArgs) -> Result<(), LoadError> {
     let options = ReadOptions {
         allow_partial: args.allow_partial,
     };
-    // An object URL (`s3://bucket/prefix`): the headers by ranged GETs.
-    let (checkpoint, missing) = match args.path.to_str().filter(|p| sluice_load::is_remote(p)) {
-        Some(url) => (sluice_load::open_remote_checkpoint(url)?, Vec::new()),
-        None => {
-            let found = open_checkpoint_files(&args.path, options)?;
-            (found.checkpoint, found.missing)
-        }
-    };
+    // Local, or an object URL (`s3://bucket/prefix`) whose headers come by ranged GETs.
+    let found = open_shard_files(&args.path, options)?;
+    let (checkpoint, missing) = (found.checkpoint, found.missing);
     if args.json {
         println!("{}", to_json(&checkpoint, &missing, !args.summary));
     } else {

@@ -27,9 +27,7 @@ pub fn exit_code(err: &MountError) -> i32 {
         MountError::Stale { .. } | MountError::MountPoint { .. } => 3,
         MountError::Backend { source, .. } if source.kind() == std::io::ErrorKind::NotFound => 4,
         MountError::Remote(sluice_remote::RemoteError::NotFound { .. }) => 4,
-        MountError::Remote(
-            sluice_remote::RemoteError::BadUrl { .. } | sluice_remote::RemoteError::Config { .. },
-        ) => 2,
+        MountError::Remote(e) if e.is_config() => 2,
         _ => 1,
     }
 }
