@@ -1,7 +1,8 @@
 """`sluice mount` through the kernel (FUSE, as root): a directory and an S3 prefix mounted
 read-only, unmodified `safetensors.torch.load_file` on 1 and 2 torch threads bit-exact
 through it, SIGTERM unmounting cleanly even with a file mapped, a daemon killed with
-SIGKILL leaving a stale mount that the next `sluice mount` reports, and bad options."""
+SIGKILL leaving a stale mount that the next `sluice mount` reports, the disk tier serving a
+restarted mount (and refetching a corrupted block), and bad options."""
 
 from __future__ import annotations
 
@@ -157,8 +158,41 @@ def test_bad_mounts_are_refused(model, mnt, tmp_path):
         ([str(tmp_path / "missing"), str(mnt)], 4, "missing"),
         ([str(src), str(tmp_path / "nodir")], 3, "nodir"),
         ([str(src), str(src / "model.safetensors.index.json")], 3, "not a directory"),
+        ([str(src), str(mnt), "--cache-dir", str(src)], 2, "other files"),
+        ([str(src), str(mnt), "--cache-size", "1GiB"], 2, "--cache-dir"),
+        (
+            [str(src), str(mnt), "--cache-dir", str(tmp_path / "c"), "--cache-size", "1KiB"],
+            2,
+            "4 blocks",
+        ),
     ]
     for args, code, says in cases:
         r = subprocess.run([BIN, "mount", *args], capture_output=True, text=True, timeout=60)
         assert r.returncode == code and says in r.stderr, (args, r.returncode, r.stderr)
     assert not os.path.ismount(mnt)
+
+
+def test_disk_cache_serves_a_restarted_mount_and_refetches_a_corrupt_block(model, mnt, tmp_path):
+    src, want = model
+    cache = tmp_path / "cache"
+    log = tmp_path / "mount.log"
+
+    def session() -> str:
+        pid = mount(str(src), mnt, "--cache-dir", str(cache), "--log", str(log))
+        assert_same_tensors(load_through(mnt, 2), want)
+        os.kill(pid, signal.SIGTERM)
+        wait_gone(pid)
+        return log.read_text()
+
+    first = session()
+    assert "0 hits" in first.split("disk cache")[-1], first
+    blocks = sorted(cache.glob("*/*.blk"))
+    assert blocks, first
+    # One bit flipped in a block's data: it fails its check and is fetched again.
+    data = bytearray(blocks[0].read_bytes())
+    data[-1] ^= 1
+    blocks[0].write_bytes(bytes(data))
+    second = session()
+    summary = second.split("disk cache")[-1]
+    assert "1 corrupt blocks refetched" in summary, second
+    assert f"{len(blocks) - 1} hits" in summary, second

@@ -102,6 +102,13 @@ pub struct MountArgs {
     /// middle of one.
     #[arg(long, default_value_t = 1)]
     pub lookahead_files: usize,
+    /// A local directory (an SSD) keeping fetched blocks, checksummed, across restarts: a
+    /// second tier under the pool. New or empty, or one a mount made before.
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// The disk tier's budget [default: 16GiB].
+    #[arg(long, requires = "cache_dir")]
+    pub cache_size: Option<String>,
     /// Run in the background; print the daemon's pid once the mount is up.
     #[arg(long)]
     pub daemon: bool,

@@ -11,6 +11,7 @@ use std::thread::JoinHandle;
 
 use crate::backend::{Backend, Entry};
 use crate::block_buf::BlockBuf;
+use crate::disk_cache::{DiskCache, DiskCacheOptions, DiskStats};
 use crate::error::MountError;
 use crate::pool::{Block, BlockPool, Claim, PoolStats};
 use crate::streams::{Prefetch, StreamConfig, Streams};
@@ -31,6 +32,8 @@ pub struct MountOptions {
     /// Next `.safetensors` files (in name order) whose start is prefetched once a reader
     /// passes the middle of one: Alluxio's `lookahead.files.count`.
     pub lookahead_files: usize,
+    /// The optional second tier: blocks kept in a local directory under their own budget.
+    pub disk_cache: Option<DiskCacheOptions>,
 }
 
 impl Default for MountOptions {
@@ -41,6 +44,7 @@ impl Default for MountOptions {
             prefetch_threads: 16,
             streams: StreamConfig::default(),
             lookahead_files: 1,
+            disk_cache: None,
         }
     }
 }
@@ -65,6 +69,14 @@ impl MountOptions {
                 "prefetch threads must be 1..=256, not {}",
                 self.prefetch_threads
             ));
+        }
+        if let Some(d) = &self.disk_cache {
+            if d.budget < 4 * self.block_bytes {
+                return bad(format!(
+                    "the disk cache ({} bytes) must hold at least 4 blocks of {} bytes",
+                    d.budget, self.block_bytes
+                ));
+            }
         }
         Ok(())
     }
@@ -114,6 +126,8 @@ pub struct MountStats {
     pub waited_on_prefetch: u64,
     /// Blocks a read had to fetch itself (no prefetch had asked for them).
     pub demand_fetches: u64,
+    /// The disk tier's counters (all zero without one).
+    pub disk: DiskStats,
 }
 
 struct Job {
@@ -134,6 +148,7 @@ struct Inner {
     /// Inodes of `.safetensors` files in name order.
     shards: Vec<u64>,
     pool: BlockPool,
+    disk: Option<DiskCache>,
     opts: MountOptions,
     queue: Mutex<Queue>,
     work: Condvar,
@@ -165,9 +180,14 @@ fn errno(code: i32) -> io::Error {
 }
 
 impl MountFs {
-    /// Lists the backend once and starts the prefetch threads.
+    /// Lists the backend once, opens the disk tier if asked, and starts the prefetch
+    /// threads.
     pub fn new(backend: Arc<dyn Backend>, opts: MountOptions) -> Result<MountFs, MountError> {
         opts.validate()?;
+        let disk = match &opts.disk_cache {
+            Some(d) => Some(DiskCache::open(d, &backend.describe())?),
+            None => None,
+        };
         let listed = backend.list().map_err(|source| MountError::Backend {
             root: backend.describe(),
             source,
@@ -217,6 +237,7 @@ impl MountFs {
             nodes,
             shards,
             pool: BlockPool::new(opts.pool_bytes),
+            disk,
             queue: Mutex::new(Queue::default()),
             work: Condvar::new(),
             backend_reads: AtomicU64::new(0),
@@ -356,6 +377,7 @@ impl MountFs {
             prefetch_queued: i.prefetch_queued.load(Ordering::Relaxed),
             waited_on_prefetch: i.waited.load(Ordering::Relaxed),
             demand_fetches: i.demand_fetches.load(Ordering::Relaxed),
+            disk: i.disk.as_ref().map(DiskCache::stats).unwrap_or_default(),
         }
     }
 
@@ -426,7 +448,7 @@ impl Inner {
             Claim::Fetch(p) => {
                 self.demand_fetches.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(file = %file.entry.path, block = b, "demand fetch (not prefetched)");
-                let result = self.fetch(file, b, len);
+                let (result, fresh) = self.fetch(file, b, len);
                 let failed = result
                     .as_ref()
                     .err()
@@ -434,7 +456,13 @@ impl Inner {
                 self.pool.complete((ino, b), &p, result);
                 match failed {
                     Some(e) => Err(self.read_failed(file, b, e)),
-                    None => p.wait(),
+                    None => {
+                        let block = p.wait()?;
+                        if fresh {
+                            self.keep_on_disk(file, b, &block);
+                        }
+                        Ok(block)
+                    }
                 }
             }
         }
@@ -450,8 +478,29 @@ impl Inner {
         file.entry.size.saturating_sub(b * block).min(block)
     }
 
-    fn fetch(&self, file: &FileNode, b: u64, len: u64) -> io::Result<BlockBuf> {
-        let mut buf = BlockBuf::new(len as usize)?;
+    /// Block `b`'s bytes from the disk tier, or else from the backend; `true` with bytes
+    /// that came from the backend (for the disk tier to keep).
+    fn fetch(&self, file: &FileNode, b: u64, len: u64) -> (io::Result<BlockBuf>, bool) {
+        let mut buf = match BlockBuf::new(len as usize) {
+            Ok(buf) => buf,
+            Err(e) => return (Err(e), false),
+        };
+        let offset = b * self.opts.block_bytes;
+        if let Some(disk) = &self.disk {
+            if disk.read(&file.entry, offset, buf.as_mut_slice()) {
+                return (Ok(buf), false);
+            }
+        }
+        (self.fetch_backend(file, b, len, buf), true)
+    }
+
+    fn fetch_backend(
+        &self,
+        file: &FileNode,
+        b: u64,
+        len: u64,
+        mut buf: BlockBuf,
+    ) -> io::Result<BlockBuf> {
         self.backend_reads.fetch_add(1, Ordering::Relaxed);
         let got = self
             .backend
@@ -471,6 +520,13 @@ impl Inner {
             ));
         }
         Ok(buf)
+    }
+
+    /// Writes a block fetched from the backend to the disk tier, if there is one.
+    fn keep_on_disk(&self, file: &FileNode, b: u64, block: &Block) {
+        if let Some(disk) = &self.disk {
+            disk.write(&file.entry, b * self.opts.block_bytes, block);
+        }
     }
 
     fn enqueue(&self, ino: u64, p: Prefetch) {
@@ -546,10 +602,16 @@ impl Inner {
         let Some(p) = self.pool.claim_prefetch((job.ino, job.block), len) else {
             return;
         };
-        let result = self.fetch(file, job.block, len);
+        let (result, fresh) = self.fetch(file, job.block, len);
         if let Err(e) = &result {
             tracing::debug!(file = %file.entry.path, block = job.block, error = %e, "prefetch failed");
         }
+        let ok = result.is_ok();
         self.pool.complete((job.ino, job.block), &p, result);
+        if ok && fresh {
+            if let Ok(block) = p.wait() {
+                self.keep_on_disk(file, job.block, &block);
+            }
+        }
     }
 }

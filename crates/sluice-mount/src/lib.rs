@@ -3,11 +3,13 @@
 //! - [`Backend`]: where the bytes come from ([`DirBackend`], [`ObjectBackend`]).
 //! - [`BlockPool`]: one byte-budgeted cache of blocks shared by every reader, each block
 //!   fetched once.
+//! - [`DiskCache`]: the optional second tier, checksummed blocks in a local directory.
 //! - [`Streams`]: several sequential streams per file, each with its own prefetch window.
 //! - [`MountFs`]: the file system, tested without FUSE; [`mount`] serves it over FUSE.
 
 mod backend;
 mod block_buf;
+mod disk_cache;
 mod error;
 mod fs;
 mod fuse;
@@ -16,6 +18,7 @@ mod streams;
 
 pub use backend::{Backend, DirBackend, Entry, FaultyBackend, ObjectBackend};
 pub use block_buf::BlockBuf;
+pub use disk_cache::{DiskCache, DiskCacheOptions, DiskStats};
 pub use error::MountError;
 pub use fs::{Attr, DirEntry, MountFs, MountOptions, MountStats, ROOT_INO};
 pub use fuse::{check_mount_point, mount, Mounted};

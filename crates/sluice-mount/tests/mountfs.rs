@@ -32,6 +32,7 @@ fn options(pool_blocks: u64) -> MountOptions {
             ..StreamConfig::default()
         },
         lookahead_files: 1,
+        disk_cache: None,
     }
 }
 

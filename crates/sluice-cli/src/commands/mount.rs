@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice_mount::{Backend, DirBackend, MountError, MountFs, MountOptions, ObjectBackend};
+use sluice_mount::{
+    Backend, DirBackend, DiskCacheOptions, MountError, MountFs, MountOptions, ObjectBackend,
+};
 use sluice_remote::{ObjectUrl, RemoteOptions, RemoteStore};
 
 use crate::MountArgs;
@@ -41,6 +43,13 @@ fn options(args: &MountArgs) -> Result<MountOptions, MountError> {
         block_bytes: size("block", &args.block)?,
         prefetch_threads: args.prefetch_threads,
         lookahead_files: args.lookahead_files,
+        disk_cache: match &args.cache_dir {
+            Some(dir) => Some(DiskCacheOptions {
+                dir: dir.clone(),
+                budget: size("cache-size", args.cache_size.as_deref().unwrap_or("16GiB"))?,
+            }),
+            None => None,
+        },
         ..MountOptions::default()
     };
     opts.streams.max_cursors = args.streams;
@@ -80,11 +89,20 @@ fn serve(args: &MountArgs, opts: MountOptions) -> Result<(), MountError> {
     let fs = Arc::new(MountFs::new(backend, opts)?);
     let mounted = sluice_mount::mount(Arc::clone(&fs), &args.mountpoint, &args.source)?;
     eprintln!(
-        "sluice: mounted {} at {} (pool {}, block {}); Ctrl-C or SIGTERM unmounts",
+        "sluice: mounted {} at {} (pool {}, block {}{}); Ctrl-C or SIGTERM unmounts",
         args.source,
         args.mountpoint.display(),
         super::human_bytes(fs.options().pool_bytes),
         super::human_bytes(fs.options().block_bytes),
+        match &fs.options().disk_cache {
+            Some(d) => format!(
+                ", disk cache {} of {} ({} held)",
+                d.dir.display(),
+                super::human_bytes(d.budget),
+                super::human_bytes(fs.stats().disk.held_bytes)
+            ),
+            None => String::new(),
+        },
     );
     while !STOP.load(Ordering::Acquire) && !mounted.is_finished() {
         std::thread::sleep(Duration::from_millis(100));
@@ -105,6 +123,20 @@ fn serve(args: &MountArgs, opts: MountOptions) -> Result<(), MountError> {
         s.waited_on_prefetch,
         s.demand_fetches,
     );
+    if let Some(dir) = &args.cache_dir {
+        let d = s.disk;
+        eprintln!(
+            "sluice: disk cache {}: {} hits, {} misses, {} corrupt blocks refetched, {} written ({} write errors), {} evicted, holds {}",
+            dir.display(),
+            d.hits,
+            d.misses,
+            d.corrupt,
+            super::human_bytes(d.written_bytes),
+            d.write_errors,
+            d.evicted,
+            super::human_bytes(d.held_bytes),
+        );
+    }
     Ok(())
 }
 
