@@ -113,6 +113,23 @@ enum Node {
     File(FileNode),
 }
 
+/// The bytes of a read: a range of one pooled block (kept alive while the reply is
+/// sent), or a copy where the read spans blocks.
+pub enum ReadData {
+    Block(Block, std::ops::Range<usize>),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for ReadData {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            ReadData::Block(bytes, range) => &bytes[range.clone()],
+            ReadData::Owned(v) => v,
+        }
+    }
+}
+
 /// Counters of a mount, for `sluice mount --stats` and tests.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MountStats {
@@ -338,11 +355,18 @@ impl MountFs {
     /// Up to `size` bytes of file `ino` at `offset`: short only at the end of the file.
     /// A failed backend read is an `EIO` for this read only; the mount stays up.
     pub fn read(&self, ino: u64, offset: u64, size: u32) -> io::Result<Vec<u8>> {
+        self.read_data(ino, offset, size).map(|d| d.to_vec())
+    }
+
+    /// [`MountFs::read`] without a copy where the range lies in one block (nearly every
+    /// read: the kernel asks at most 1 MiB, blocks are 8 MiB): the reply is sent straight
+    /// from the pooled block.
+    pub fn read_data(&self, ino: u64, offset: u64, size: u32) -> io::Result<ReadData> {
         let inner = &self.inner;
         let file = inner.file(ino)?;
         let len = file.entry.size.saturating_sub(offset).min(size as u64);
-        let mut out = Vec::with_capacity(len as usize);
         let block = inner.opts.block_bytes;
+        let mut parts: Vec<(Block, usize, usize)> = Vec::new();
         let mut at = offset;
         while at < offset + len {
             let b = at / block;
@@ -353,9 +377,23 @@ impl MountFs {
                 tracing::error!(file = %file.entry.path, block = b, "block shorter than the file");
                 return Err(errno(libc::EIO));
             }
-            out.extend_from_slice(&bytes[from..to]);
             at += (to - from) as u64;
+            parts.push((bytes, from, to));
         }
+        let out = match parts.len() {
+            0 => ReadData::Owned(Vec::new()),
+            1 => {
+                let (bytes, from, to) = parts.pop().expect("one part");
+                ReadData::Block(bytes, from..to)
+            }
+            _ => {
+                let mut out = Vec::with_capacity(len as usize);
+                for (bytes, from, to) in &parts {
+                    out.extend_from_slice(&bytes[*from..*to]);
+                }
+                ReadData::Owned(out)
+            }
+        };
         let prefetch = lock(&file.streams).on_read(offset, len.max(1), file.entry.size);
         if let Some(p) = prefetch {
             let passed_middle = p.blocks.end * block > file.entry.size / 2;
@@ -481,7 +519,7 @@ impl Inner {
     /// Block `b`'s bytes from the disk tier, or else from the backend; `true` with bytes
     /// that came from the backend (for the disk tier to keep).
     fn fetch(&self, file: &FileNode, b: u64, len: u64) -> (io::Result<BlockBuf>, bool) {
-        let mut buf = match BlockBuf::new(len as usize) {
+        let mut buf = match self.pool.buffer(len) {
             Ok(buf) => buf,
             Err(e) => return (Err(e), false),
         };

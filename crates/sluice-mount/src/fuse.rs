@@ -193,7 +193,7 @@ fn serve_reads(fs: Arc<MountFs>, jobs: Arc<Mutex<mpsc::Receiver<ReadJob>>>) {
             Err(_) => return,
         };
         let Ok(job) = job else { return };
-        match fs.read(job.ino, job.offset, job.size) {
+        match fs.read_data(job.ino, job.offset, job.size) {
             Ok(bytes) => job.reply.data(&bytes),
             Err(e) => job.reply.error(code(&e)),
         }

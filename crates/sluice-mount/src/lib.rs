@@ -20,7 +20,7 @@ pub use backend::{Backend, DirBackend, Entry, FaultyBackend, ObjectBackend};
 pub use block_buf::BlockBuf;
 pub use disk_cache::{DiskCache, DiskCacheOptions, DiskStats};
 pub use error::MountError;
-pub use fs::{Attr, DirEntry, MountFs, MountOptions, MountStats, ROOT_INO};
+pub use fs::{Attr, DirEntry, MountFs, MountOptions, MountStats, ReadData, ROOT_INO};
 pub use fuse::{check_mount_point, mount, Mounted};
 pub use pool::{Block, BlockPool, Claim, PoolStats};
 pub use streams::{Prefetch, StreamConfig, Streams};

@@ -5,12 +5,19 @@
 //! reservations of blocks being fetched) never exceed the budget. Demand reads wait for
 //! room (backpressure); prefetch takes room only from blocks readers already used, and is
 //! declined otherwise, so it never pushes out data a reader has yet to read.
+//!
+//! An evicted block's memory is kept for the next fetch (up to [`FREE_MAX`] buffers, outside
+//! the budget) rather than unmapped: fresh memory must be zeroed and mapped by the kernel,
+//! which cost the daemon more CPU than the bytes' own copies (docs/design/remote.md).
 
 use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use crate::block_buf::BlockBuf;
+
+/// Evicted buffers kept for reuse, beyond the budget.
+pub const FREE_MAX: usize = 4;
 
 /// A block of a file: the file's index in the mount and the block number.
 pub type BlockKey = (u64, u64);
@@ -79,6 +86,8 @@ struct State {
     held: u64,
     tick: u64,
     stats: PoolStats,
+    /// Evicted blocks' buffers, no reader holding them, for the next fetches.
+    free: Vec<BlockBuf>,
 }
 
 /// Counters of a pool's life.
@@ -97,6 +106,8 @@ pub struct PoolStats {
     pub declined: u64,
     /// Blocks evicted before any reader used them.
     pub evicted_unused: u64,
+    /// Fetches that reused an evicted block's memory.
+    pub recycled: u64,
 }
 
 pub struct BlockPool {
@@ -128,6 +139,19 @@ impl BlockPool {
             held_bytes: s.held,
             ..s.stats
         }
+    }
+
+    /// Memory for a block of `len` bytes: an evicted block's buffer of that size if one is
+    /// kept (its old bytes are all overwritten by a fetch, or it is dropped), else a new one.
+    pub fn buffer(&self, len: u64) -> std::io::Result<BlockBuf> {
+        {
+            let mut s = lock(&self.state);
+            if let Some(i) = s.free.iter().position(|b| b.len() as u64 == len) {
+                s.stats.recycled += 1;
+                return Ok(s.free.swap_remove(i));
+            }
+        }
+        BlockBuf::new(len as usize)
     }
 
     /// Whether `key` is ready or being fetched.
@@ -278,6 +302,13 @@ fn make_room(s: &mut State, len: u64, budget: u64, demand: bool) -> bool {
         }
         if let Some(e) = s.blocks.remove(&key) {
             s.held -= e.charge;
+            if let Slot::Ready { bytes, .. } = e.slot {
+                if s.free.len() < FREE_MAX {
+                    if let Ok(buf) = Arc::try_unwrap(bytes) {
+                        s.free.push(buf);
+                    }
+                }
+            }
         }
     }
     true
