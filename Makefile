@@ -155,7 +155,7 @@ bench-warm: $(STAMP)/develop build
 # docs/bench-remote.{md,json,png}; removes the namespace, the server and its data on exit.
 bench-remote: $(STAMP)/develop $(STAMP)/bench-deps
 	$(PIP) install --quiet -r requirements-bench-remote.txt
-	command -v s3fs >/dev/null || { apt-get update -qq && apt-get install -y -qq s3fs; }
+	command -v s3fs >/dev/null && command -v rclone >/dev/null || { apt-get update -qq && apt-get install -y -qq s3fs rclone; }
 	@test -x $(HOME)/.cache/sluice/bin/minio || { \
 	  command -v go >/dev/null || { echo "go not found: MinIO is built from source with Go"; exit 1; }; \
 	  echo "building MinIO: go install github.com/minio/minio@latest (about 8-10 minutes, once)"; \
