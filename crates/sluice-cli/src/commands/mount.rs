@@ -54,6 +54,22 @@ fn options(args: &MountArgs) -> Result<MountOptions, MountError> {
     };
     opts.streams.max_cursors = args.streams;
     opts.validate()?;
+    if let Some(dir) = &args.cache_dir {
+        // Blocks kept under the mount point would be written through the mount itself.
+        let inside = |d: &Path| {
+            let m = args.mountpoint.canonicalize().ok()?;
+            let d = std::path::absolute(d).ok()?;
+            let d = d.ancestors().find_map(|a| a.canonicalize().ok())?;
+            Some(d.starts_with(m))
+        };
+        if inside(dir) == Some(true) {
+            return Err(MountError::Config(format!(
+                "--cache-dir {} lies under the mount point {}",
+                dir.display(),
+                args.mountpoint.display()
+            )));
+        }
+    }
     Ok(opts)
 }
 
