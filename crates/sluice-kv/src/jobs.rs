@@ -13,6 +13,7 @@
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -103,6 +104,9 @@ struct JobState {
     outcome: Mutex<Option<Outcome>>,
     done: Condvar,
     queue: Weak<JobQueue>,
+    /// Reported by `wait` or `result`; set under the queue's lock, where the worker that
+    /// ran the job decides whether to list it for `poll`.
+    reported: AtomicBool,
 }
 
 struct Outcome {
@@ -194,12 +198,13 @@ impl KvJob {
             .unwrap_or_default()
     }
 
-    /// Takes the job off the store's list of finished, unreported jobs.
+    /// Takes the job off the store's list of finished, unreported jobs, or keeps it off:
+    /// a waiter can see the outcome before the worker that set it lists the job.
     fn collected(&self) {
         if let Some(q) = self.state.queue.upgrade() {
-            lock(&q.state)
-                .finished
-                .retain(|j| !Arc::ptr_eq(&j.state, &self.state));
+            let mut g = lock(&q.state);
+            self.state.reported.store(true, Ordering::Relaxed);
+            g.finished.retain(|j| !Arc::ptr_eq(&j.state, &self.state));
         }
     }
 
@@ -261,6 +266,7 @@ impl JobQueue {
                 outcome: Mutex::new(None),
                 done: Condvar::new(),
                 queue: Arc::downgrade(self),
+                reported: AtomicBool::new(false),
             }),
         };
         g.tasks.push_back(Task {
@@ -312,7 +318,9 @@ impl JobQueue {
             run(task);
             let mut g = lock(&self.state);
             g.running -= 1;
-            g.finished.push(job);
+            if !job.state.reported.load(Ordering::Relaxed) {
+                g.finished.push(job);
+            }
             drop(g);
             self.idle.notify_all();
         }

@@ -72,6 +72,26 @@ fn poll_reports_each_finished_job_once_and_wait_collects_it() {
 }
 
 #[test]
+fn a_waited_job_is_never_polled_even_when_the_wait_beats_the_worker() {
+    // The worker sets a job's outcome, then lists it for `poll`; a waiter can wake and
+    // return in between. That job must stay off the list (this raced once in `make test`).
+    let dir = tempdir();
+    let store = KvStore::open(dir.path(), config(0, 64)).unwrap();
+    store
+        .submit_put(keys(&[1]), blocks(&[1]))
+        .unwrap()
+        .wait(None)
+        .unwrap();
+    for _ in 0..2000 {
+        let job = store.submit_get(keys(&[1]), empty(1)).unwrap();
+        assert_eq!(job.wait(None).unwrap(), vec![true]);
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let polled: Vec<u64> = store.poll().iter().map(|j| j.id()).collect();
+    assert!(polled.is_empty(), "waited jobs polled again: {polled:?}");
+}
+
+#[test]
 fn bad_arguments_fail_the_submit_not_the_job() {
     let dir = tempdir();
     let store = KvStore::open(dir.path(), config(0, 64)).unwrap();

@@ -158,6 +158,17 @@ impl Watch {
         self.root.store(pid, Ordering::SeqCst);
     }
 
+    /// A service will be launched, but not yet: no process counts.
+    pub fn no_service_yet(&self) {
+        self.root.store(process_tree::NOBODY, Ordering::SeqCst);
+    }
+
+    /// A service is being launched: events wait (briefly) for its pid, then
+    /// count only if they come from its tree ([`Watch::only_tree_of`]).
+    pub fn awaiting_service(&self) {
+        self.root.store(process_tree::AWAITING, Ordering::SeqCst);
+    }
+
     /// The next event, waiting at most `timeout`.
     pub fn recv_timeout(&self, timeout: std::time::Duration) -> Option<AccessEvent> {
         self.events.recv_timeout(timeout).ok()

@@ -235,11 +235,11 @@ fn run_in(
     let watch = open_watch(config, ctx, manager.needs_read_ranges())?;
     let level = watch.as_ref().map(FanotifySource::level);
     // A launched service is a process tree: other processes opening the
-    // model files (a monitoring tool, a second service) are not its
-    // readers. Until the service's pid is known, the tree is ours (the
-    // service will be our child); then it is the service's.
+    // model files (a monitoring tool, a second service, another child of
+    // this process) are not its readers. Before the launch nothing counts;
+    // during it events wait for the pid; then only the service's tree counts.
     if let (Some(w), false) = (&watch, config.command.is_empty()) {
-        w.only_tree_of(std::process::id() as i32);
+        w.no_service_yet();
     }
     if manager.wait_for_init() {
         manager.drain();
@@ -257,6 +257,9 @@ fn run_in(
         },
         None => None,
     };
+    if let (Some(w), false) = (&watch, config.command.is_empty()) {
+        w.awaiting_service();
+    }
     let mut service = match config.command.is_empty() {
         true => None,
         false => Some(ChildService::spawn(

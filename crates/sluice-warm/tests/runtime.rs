@@ -5,6 +5,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_engine::page_cache;
@@ -579,15 +581,27 @@ fn a_recording_ignores_processes_outside_the_service() {
     c.builtin.template_dir = Some(dir.path().join("templates"));
     c.builtin.record = true;
     let stop = StopRequest::new();
-    let outsider = std::thread::spawn(move || {
-        for _ in 0..6 {
-            std::thread::sleep(Duration::from_millis(100));
-            let done = std::process::Command::new("cat").arg(&b).output().unwrap();
-            assert!(done.status.success());
-        }
-    });
+    // Reads of b back to back, from before the watch opens until the run
+    // ends: some land while the service is being launched, when its pid is
+    // not known yet (once, those counted as the service's: a flaky test).
+    let running = Arc::new(AtomicBool::new(true));
+    let outsider = {
+        let running = running.clone();
+        std::thread::spawn(move || {
+            let mut reads = 0;
+            while running.load(Ordering::Relaxed) {
+                // Its exit status is not checked: another test of this binary
+                // may hold this process in its service cgroup for a while, and
+                // kill what it started meanwhile when it ends.
+                let _ = std::process::Command::new("cat").arg(&b).output();
+                reads += 1;
+            }
+            reads
+        })
+    };
     let rec = run(&c, &stop, &mut |_| {}).unwrap();
-    outsider.join().unwrap();
+    running.store(false, Ordering::Relaxed);
+    assert!(outsider.join().unwrap() > 10);
     if rec.level != Some(Level::PreContent) {
         // A read() loader this short is recorded from exact ranges only.
         eprintln!("skipped: no pre-content events here ({:?})", rec.level);

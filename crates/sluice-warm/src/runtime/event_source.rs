@@ -76,6 +76,16 @@ impl FanotifySource {
     pub fn only_tree_of(&self, pid: i32) {
         self.watch.only_tree_of(pid);
     }
+
+    /// A service will be launched, not yet (see [`Watch::no_service_yet`]).
+    pub fn no_service_yet(&self) {
+        self.watch.no_service_yet();
+    }
+
+    /// A service is being launched (see [`Watch::awaiting_service`]).
+    pub fn awaiting_service(&self) {
+        self.watch.awaiting_service();
+    }
 }
 
 impl EventSource for FanotifySource {
