@@ -155,6 +155,11 @@ impl DiskCache {
         if opts.budget == 0 {
             return Err(bad("the cache size must be above 0".into()));
         }
+        if std::fs::symlink_metadata(dir).is_ok_and(|m| !m.is_dir())
+            && !std::fs::metadata(dir).is_ok_and(|m| m.is_dir())
+        {
+            return Err(bad("not a directory".into()));
+        }
         std::fs::create_dir_all(dir).map_err(|e| bad(format!("cannot create it: {e}")))?;
         if !std::fs::metadata(dir)
             .map_err(|e| bad(e.to_string()))?

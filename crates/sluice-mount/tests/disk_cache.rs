@@ -264,6 +264,7 @@ fn a_directory_of_other_files_or_in_use_is_refused() {
     let file = cache.path().join("SLUICE-CACHE");
     let why = config_error(src.path(), options(&file, 64));
     assert!(why.contains(&file.display().to_string()), "{why}");
+    assert!(why.contains("not a directory"), "{why}");
     let why = config_error(src.path(), options(cache.path(), 2));
     assert!(why.contains("at least 4 blocks"), "{why}");
 }
