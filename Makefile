@@ -17,7 +17,7 @@ CARGO ?= cargo
 # Stamps record that a set-up step is done and redo it when its inputs change.
 STAMP := $(VENV)/.stamps
 
-.PHONY: all demo test lint rust-test py-test numa-test numa-vm-watchdog build develop bench-load bench-ckpt bench-sim bench-warm bench-kv bench-deps bench-remote fuzz clean
+.PHONY: all demo test lint rust-test py-test numa-test numa-vm-watchdog build develop bench-load bench-ckpt bench-sim bench-warm bench-kv bench-deps bench-remote fuzz clean azurite
 
 all: test
 
@@ -56,7 +56,17 @@ lint: $(STAMP)/deps $(STAMP)/rust
 rust-test: $(STAMP)/rust
 	$(CARGO) test --workspace --exclude sluice-py
 
-py-test: $(STAMP)/develop build
+# Azurite, Microsoft's Azure Blob emulator, for the az:// tests: from the npm registry into
+# ~/.cache/sluice/azurite once (about 30 s); without npm those tests skip and say why.
+AZURITE_DIR := $(HOME)/.cache/sluice/azurite
+$(AZURITE_DIR)/node_modules/.bin/azurite-blob:
+	@if command -v npm >/dev/null; then \
+	  mkdir -p $(AZURITE_DIR) && npm install --prefix $(AZURITE_DIR) --silent --no-audit --no-fund azurite@3; \
+	else echo "npm not found: the az:// tests will skip (Azurite comes from npm)"; fi
+
+azurite: $(AZURITE_DIR)/node_modules/.bin/azurite-blob
+
+py-test: $(STAMP)/develop build azurite
 	SLUICE_BIN=$(CURDIR)/target/release/sluice SLUICE_FAULTPROXY=$(CURDIR)/target/release/sluice-faultproxy \
 		$(PY) -m pytest python/tests -q
 

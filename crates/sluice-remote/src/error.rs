@@ -65,12 +65,57 @@ impl RemoteError {
     /// True when the store refused the credentials or the access (HTTP 401/403).
     pub fn is_permission_denied(&self) -> bool {
         match self {
-            RemoteError::Read { source, .. } | RemoteError::Request { source, .. } => matches!(
-                source,
-                object_store::Error::PermissionDenied { .. }
-                    | object_store::Error::Unauthenticated { .. }
-            ),
+            RemoteError::Read { source, .. } | RemoteError::Request { source, .. } => {
+                matches!(
+                    source,
+                    object_store::Error::PermissionDenied { .. }
+                        | object_store::Error::Unauthenticated { .. }
+                ) || refused_status(source)
+            }
             _ => false,
         }
+    }
+}
+
+/// Whether a store's generic error is an HTTP 401 or 403. object_store types those for
+/// GETs and HEADs, but its Azure and GCS list requests come back `Generic`, with the
+/// status only in the message of an error in the chain (its retry error is not public).
+fn refused_status(e: &object_store::Error) -> bool {
+    if !matches!(e, object_store::Error::Generic { .. }) {
+        return false;
+    }
+    let mut at: Option<&dyn std::error::Error> = Some(e);
+    while let Some(err) = at {
+        let text = err.to_string();
+        if text.contains("403 Forbidden") || text.contains("401 Unauthorized") {
+            return true;
+        }
+        at = err.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn generic(msg: &str) -> RemoteError {
+        RemoteError::Request {
+            url: "az://c/k".into(),
+            source: object_store::Error::Generic {
+                store: "MicrosoftAzure",
+                source: Box::new(std::io::Error::other(msg.to_string())),
+            },
+        }
+    }
+
+    #[test]
+    fn a_generic_401_or_403_is_permission_denied_and_nothing_else_is() {
+        let denied = "Error performing list request: Server returned non-2xx status code: 403 Forbidden: <Error>";
+        assert!(generic(denied).is_permission_denied());
+        assert!(generic("status code: 401 Unauthorized").is_permission_denied());
+        assert!(!generic("status code: 500 Internal Server Error").is_permission_denied());
+        let e = generic(denied).into_io();
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied);
     }
 }
