@@ -35,6 +35,15 @@ impl AlignedBuf {
         })
     }
 
+    /// As [`AlignedBuf::new`], with every page already mapped writable: for a buffer that
+    /// is filled once by copies (a socket's bytes) rather than by the kernel's reads.
+    /// Faulting fresh pages one at a time inside the copy cost more CPU than the copy.
+    pub fn populated(len: usize) -> io::Result<AlignedBuf> {
+        let mut buf = AlignedBuf::new(len)?;
+        populate_write(buf.as_mut_slice());
+        Ok(buf)
+    }
+
     /// Usable length in bytes (what was asked for, not the page-rounded size).
     pub fn len(&self) -> usize {
         self.len
@@ -84,6 +93,27 @@ impl std::fmt::Debug for AlignedBuf {
         f.debug_struct("AlignedBuf")
             .field("len", &self.len)
             .finish()
+    }
+}
+
+/// Maps every whole page inside `buf` writable in one call (`MADV_POPULATE_WRITE`, Linux
+/// 5.14+) without changing a byte, so a copy into fresh memory does not fault a page at a
+/// time: on this VM 0.6 s per GiB touched against 0.3 s populated (docs/design/remote.md).
+/// Best effort: on an older kernel the copy faults as before.
+pub fn populate_write(buf: &mut [u8]) {
+    let page = page_size();
+    let start = (buf.as_mut_ptr() as usize).next_multiple_of(page);
+    let end = (buf.as_mut_ptr() as usize + buf.len()) & !(page - 1);
+    if end > start {
+        // SAFETY: the range lies inside `buf`, memory this call borrows mutably; populating
+        // maps its pages without changing a byte of them.
+        unsafe {
+            libc::madvise(
+                start as *mut libc::c_void,
+                end - start,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
     }
 }
 

@@ -41,7 +41,7 @@ mod sync_engine;
 mod thread_engine;
 mod uring_engine;
 
-pub use aligned_buf::{page_size, AlignedBuf};
+pub use aligned_buf::{page_size, populate_write, AlignedBuf};
 pub use atomic_write::{
     atomic_write, atomic_write_steps, atomic_write_with, AtomicSteps, Fill, RealSteps,
 };

@@ -102,14 +102,10 @@ impl Index {
         self.held += size;
     }
 
-    fn remove(&mut self, name: &Name) -> bool {
-        match self.files.remove(name) {
-            Some((size, last)) => {
-                self.lru.remove(&last);
-                self.held -= size;
-                true
-            }
-            None => false,
+    fn remove(&mut self, name: &Name) {
+        if let Some((size, last)) = self.files.remove(name) {
+            self.lru.remove(&last);
+            self.held -= size;
         }
     }
 }
@@ -294,12 +290,11 @@ impl DiskCache {
         }
         let path = self.path_of(&name);
         match self.check(&path, key, dst) {
-            Ok(()) => {
+            Ok(file) => {
                 lock(&self.index).stats.hits += 1;
-                // Keeps the order of use across restarts; a failure only costs that.
-                if let Ok(f) = File::options().write(true).open(&path) {
-                    let _ = f.set_modified(SystemTime::now());
-                }
+                // Keeps the order of use across restarts (the mount owns its blocks, so the
+                // read-only descriptor may set the time); a failure only costs that order.
+                let _ = file.set_modified(SystemTime::now());
                 true
             }
             Err(why) => {
@@ -319,7 +314,8 @@ impl DiskCache {
         }
     }
 
-    fn check(&self, path: &Path, key: blake3::Hash, dst: &mut [u8]) -> io::Result<()> {
+    /// Fills `dst` from the block file at `path` if it passes every check; the open file.
+    fn check(&self, path: &Path, key: blake3::Hash, dst: &mut [u8]) -> io::Result<File> {
         let corrupt = |why: &str| io::Error::new(io::ErrorKind::InvalidData, why.to_string());
         let file = OpenOptions::new()
             .read(true)
@@ -353,7 +349,7 @@ impl DiskCache {
         if header[48..80] != *blake3::hash(dst).as_bytes() {
             return Err(corrupt("checksum mismatch"));
         }
-        Ok(())
+        Ok(file)
     }
 
     /// Keeps `data`, the block at `offset` of `entry`, evicting the least recently used

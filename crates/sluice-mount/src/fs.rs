@@ -9,8 +9,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
+use sluice_engine::AlignedBuf;
+
 use crate::backend::{Backend, Entry};
-use crate::block_buf::BlockBuf;
 use crate::disk_cache::{DiskCache, DiskCacheOptions, DiskStats};
 use crate::error::MountError;
 use crate::pool::{Block, BlockPool, Claim, PoolStats};
@@ -124,7 +125,7 @@ impl std::ops::Deref for ReadData {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match self {
-            ReadData::Block(bytes, range) => &bytes[range.clone()],
+            ReadData::Block(bytes, range) => &bytes.as_slice()[range.clone()],
             ReadData::Owned(v) => v,
         }
     }
@@ -389,7 +390,7 @@ impl MountFs {
             _ => {
                 let mut out = Vec::with_capacity(len as usize);
                 for (bytes, from, to) in &parts {
-                    out.extend_from_slice(&bytes[*from..*to]);
+                    out.extend_from_slice(&bytes.as_slice()[*from..*to]);
                 }
                 ReadData::Owned(out)
             }
@@ -487,21 +488,14 @@ impl Inner {
                 self.demand_fetches.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(file = %file.entry.path, block = b, "demand fetch (not prefetched)");
                 let (result, fresh) = self.fetch(file, b, len);
-                let failed = result
-                    .as_ref()
-                    .err()
-                    .map(|e| io::Error::new(e.kind(), e.to_string()));
-                self.pool.complete((ino, b), &p, result);
-                match failed {
-                    Some(e) => Err(self.read_failed(file, b, e)),
-                    None => {
-                        let block = p.wait()?;
-                        if fresh {
-                            self.keep_on_disk(file, b, &block);
-                        }
-                        Ok(block)
-                    }
+                let block = self
+                    .pool
+                    .complete((ino, b), &p, result)
+                    .map_err(|e| self.read_failed(file, b, e))?;
+                if fresh {
+                    self.keep_on_disk(file, b, &block);
                 }
+                Ok(block)
             }
         }
     }
@@ -518,7 +512,7 @@ impl Inner {
 
     /// Block `b`'s bytes from the disk tier, or else from the backend; `true` with bytes
     /// that came from the backend (for the disk tier to keep).
-    fn fetch(&self, file: &FileNode, b: u64, len: u64) -> (io::Result<BlockBuf>, bool) {
+    fn fetch(&self, file: &FileNode, b: u64, len: u64) -> (io::Result<AlignedBuf>, bool) {
         let mut buf = match self.pool.buffer(len) {
             Ok(buf) => buf,
             Err(e) => return (Err(e), false),
@@ -537,8 +531,8 @@ impl Inner {
         file: &FileNode,
         b: u64,
         len: u64,
-        mut buf: BlockBuf,
-    ) -> io::Result<BlockBuf> {
+        mut buf: AlignedBuf,
+    ) -> io::Result<AlignedBuf> {
         self.backend_reads.fetch_add(1, Ordering::Relaxed);
         let got = self
             .backend
@@ -563,7 +557,7 @@ impl Inner {
     /// Writes a block fetched from the backend to the disk tier, if there is one.
     fn keep_on_disk(&self, file: &FileNode, b: u64, block: &Block) {
         if let Some(disk) = &self.disk {
-            disk.write(&file.entry, b * self.opts.block_bytes, block);
+            disk.write(&file.entry, b * self.opts.block_bytes, block.as_slice());
         }
     }
 
@@ -641,14 +635,11 @@ impl Inner {
             return;
         };
         let (result, fresh) = self.fetch(file, job.block, len);
-        if let Err(e) = &result {
-            tracing::debug!(file = %file.entry.path, block = job.block, error = %e, "prefetch failed");
-        }
-        let ok = result.is_ok();
-        self.pool.complete((job.ino, job.block), &p, result);
-        if ok && fresh {
-            if let Ok(block) = p.wait() {
-                self.keep_on_disk(file, job.block, &block);
+        match self.pool.complete((job.ino, job.block), &p, result) {
+            Ok(block) if fresh => self.keep_on_disk(file, job.block, &block),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(file = %file.entry.path, block = job.block, error = %e, "prefetch failed")
             }
         }
     }

@@ -8,7 +8,6 @@
 //! - [`MountFs`]: the file system, tested without FUSE; [`mount`] serves it over FUSE.
 
 mod backend;
-mod block_buf;
 mod disk_cache;
 mod error;
 mod fs;
@@ -17,7 +16,6 @@ mod pool;
 mod streams;
 
 pub use backend::{Backend, DirBackend, Entry, FaultyBackend, ObjectBackend};
-pub use block_buf::BlockBuf;
 pub use disk_cache::{DiskCache, DiskCacheOptions, DiskStats};
 pub use error::MountError;
 pub use fs::{Attr, DirEntry, MountFs, MountOptions, MountStats, ReadData, ROOT_INO};

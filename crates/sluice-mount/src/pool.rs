@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use crate::block_buf::BlockBuf;
+use sluice_engine::AlignedBuf;
 
 /// Evicted buffers kept for reuse, beyond the budget.
 pub const FREE_MAX: usize = 4;
@@ -23,7 +23,7 @@ pub const FREE_MAX: usize = 4;
 pub type BlockKey = (u64, u64);
 
 /// A block's bytes, shared by the pool and every reader copying out of it.
-pub type Block = Arc<BlockBuf>;
+pub type Block = Arc<AlignedBuf>;
 
 /// How a fetch ended: the block's bytes, or its error's kind and message (an
 /// `io::Error` cannot be cloned to every waiter).
@@ -87,7 +87,7 @@ struct State {
     tick: u64,
     stats: PoolStats,
     /// Evicted blocks' buffers, no reader holding them, for the next fetches.
-    free: Vec<BlockBuf>,
+    free: Vec<AlignedBuf>,
 }
 
 /// Counters of a pool's life.
@@ -143,7 +143,7 @@ impl BlockPool {
 
     /// Memory for a block of `len` bytes: an evicted block's buffer of that size if one is
     /// kept (its old bytes are all overwritten by a fetch, or it is dropped), else a new one.
-    pub fn buffer(&self, len: u64) -> std::io::Result<BlockBuf> {
+    pub fn buffer(&self, len: u64) -> std::io::Result<AlignedBuf> {
         {
             let mut s = lock(&self.state);
             if let Some(i) = s.free.iter().position(|b| b.len() as u64 == len) {
@@ -151,7 +151,7 @@ impl BlockPool {
                 return Ok(s.free.swap_remove(i));
             }
         }
-        BlockBuf::new(len as usize)
+        AlignedBuf::populated(len as usize)
     }
 
     /// Whether `key` is ready or being fetched.
@@ -208,9 +208,15 @@ impl BlockPool {
         Some(insert_loading(&mut s, key, len))
     }
 
-    /// Ends the fetch of `key`: its bytes become a ready block, or on error the claim is
-    /// dropped (the next reader fetches again) and every waiter gets the error.
-    pub fn complete(&self, key: BlockKey, pending: &Arc<Pending>, result: io::Result<BlockBuf>) {
+    /// Ends the fetch of `key`: its bytes become a ready block (returned to the fetcher),
+    /// or on error the claim is dropped (the next reader fetches again), every waiter gets
+    /// the error, and the fetcher gets it back.
+    pub fn complete(
+        &self,
+        key: BlockKey,
+        pending: &Arc<Pending>,
+        result: io::Result<AlignedBuf>,
+    ) -> io::Result<Block> {
         let mut s = lock(&self.state);
         let ours = matches!(s.blocks.get(&key), Some(Entry { slot: Slot::Loading(p), .. }) if Arc::ptr_eq(p, pending));
         match result {
@@ -232,7 +238,8 @@ impl BlockPool {
                 drop(s);
                 // A ready block can be evicted, so a demand read waiting for room may go on.
                 self.room.notify_all();
-                pending.finish(Ok(bytes));
+                pending.finish(Ok(Arc::clone(&bytes)));
+                Ok(bytes)
             }
             Err(e) => {
                 if ours {
@@ -243,26 +250,9 @@ impl BlockPool {
                 drop(s);
                 self.room.notify_all();
                 pending.finish(Err((e.kind(), e.to_string())));
+                Err(e)
             }
         }
-    }
-
-    /// Drops every block of file `file` (its backend version changed).
-    pub fn forget_file(&self, file: u64) {
-        let mut s = lock(&self.state);
-        let keys: Vec<BlockKey> = s
-            .blocks
-            .iter()
-            .filter(|(k, e)| k.0 == file && matches!(e.slot, Slot::Ready { .. }))
-            .map(|(k, _)| *k)
-            .collect();
-        for k in keys {
-            if let Some(e) = s.blocks.remove(&k) {
-                s.held -= e.charge;
-            }
-        }
-        drop(s);
-        self.room.notify_all();
     }
 }
 

@@ -89,9 +89,6 @@ impl Stream {
                 }
             }
         };
-        let Some(inner) = self.inner.as_mut() else {
-            return Ok(None);
-        };
         match next {
             Some(Ok(w)) => Ok(Some(Window::new(w))),
             Some(Err(e)) => {
@@ -99,8 +96,10 @@ impl Stream {
                 Err(err(py)(e))
             }
             None => {
-                self.stats.elapsed = inner.elapsed();
-                self.stats.peak_pool_bytes = inner.pool().stats().peak_mapped_bytes;
+                if let Some(inner) = &self.inner {
+                    self.stats.elapsed = inner.elapsed();
+                    self.stats.peak_pool_bytes = inner.pool().stats().peak_mapped_bytes;
+                }
                 Ok(None)
             }
         }

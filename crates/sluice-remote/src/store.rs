@@ -395,7 +395,7 @@ impl RemoteStore {
             },
         };
         let got = self.store.get_opts(path, opts).await.map_err(read_error)?;
-        prefault(dst);
+        sluice_engine::populate_write(dst);
         let mut body = got.into_stream();
         let mut at = 0usize;
         while let Some(chunk) = body.next().await {
@@ -431,27 +431,5 @@ fn request_error(url: &ObjectUrl, e: object_store::Error) -> RemoteError {
             url: url.to_string(),
             source: e,
         },
-    }
-}
-
-/// Maps every page of `dst` writable in one call (`MADV_POPULATE_WRITE`, Linux 5.14+)
-/// while the response body is on its way. A load's destination is usually fresh memory,
-/// and faulting it a page at a time in the copy cost more CPU than the copy itself
-/// (0.6 s per GiB here against 0.3 s populated; docs/design/remote.md). Best effort: on an
-/// older kernel, or memory that refuses it, the copy faults as before.
-fn prefault(dst: &mut [u8]) {
-    let page = 4096;
-    let start = (dst.as_mut_ptr() as usize).next_multiple_of(page);
-    let end = (dst.as_mut_ptr() as usize + dst.len()) & !(page - 1);
-    if end > start {
-        // SAFETY: the range lies inside `dst`, memory this call borrows mutably; populating
-        // maps its pages without changing a byte of them.
-        unsafe {
-            libc::madvise(
-                start as *mut libc::c_void,
-                end - start,
-                libc::MADV_POPULATE_WRITE,
-            )
-        };
     }
 }
