@@ -168,6 +168,20 @@ def read_sluice_stream(ctx: ReadContext) -> None:
         ctx.consumer.take(name, tensor)
 
 
+# Options of `load_file` that `load_into` has too (it chooses its own I/O mode and engine).
+INTO_OPTIONS = ("concurrency", "chunk_bytes", "memory_limit", "drop_cache")
+
+
+def read_sluice_into(ctx: ReadContext) -> None:
+    """`load_into`: the checkpoint read straight into the consumer's tensors, no copy."""
+    import sluice
+
+    opts = {k: v for k, v in ctx.sluice_opts.items() if k in INTO_OPTIONS}
+    sluice.load_into(ctx.index, ctx.consumer.dst, **opts)
+    ctx.consumer.seen.update(ctx.consumer.dst)
+    ctx.consumer.taken += len(ctx.consumer.dst)
+
+
 def prepare_memcpy(ctx: ReadContext) -> None:
     """An in-RAM source with every tensor's bytes back to back, its pages already touched."""
     total = sum(s.nbytes for s in ctx.layout)
@@ -198,6 +212,7 @@ READERS: dict[str, Reader] = {
     "sluice-buffered": Reader("Sluice load_file (buffered)", read_sluice_buffered, ("sluice",)),
     "sluice-direct": Reader("Sluice load_file (direct)", read_sluice_direct, ("sluice",)),
     "sluice-stream": Reader("Sluice stream (512 MiB)", read_sluice_stream, ("sluice",)),
+    "sluice-into": Reader("Sluice load_into (into the parameters)", read_sluice_into, ("sluice",)),
     "memcpy": Reader(
         "memcpy (RAM to destination)",
         read_memcpy,

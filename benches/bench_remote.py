@@ -142,6 +142,7 @@ READERS: dict[str, Reader] = {
     ),
     "sluice": Reader("Sluice load_file s3:// (default flags)", ("sluice.torch",)),
     "sluice-stream": Reader("Sluice stream s3:// (512 MiB limit)", ("sluice.torch",)),
+    "sluice-into": Reader("Sluice load_into s3:// (into the parameters)", ("sluice.torch",)),
     "s3fs": Reader("s3fs-fuse mount + safetensors load_file", ("safetensors.torch",)),
     "rclone": Reader(
         "rclone mount (--vfs-cache-mode full) + safetensors load_file", ("safetensors.torch",)
@@ -164,8 +165,8 @@ READERS: dict[str, Reader] = {
     ),
 }
 DEFAULT_READERS = [
-    *("local", "ceiling-8", "ceiling-32", "runai", "boto3", "sluice", "sluice-stream", "s3fs"),
-    "rclone",
+    *("local", "ceiling-8", "ceiling-32", "runai", "boto3", "sluice", "sluice-stream"),
+    *("sluice-into", "s3fs", "rclone"),
     *("sluice-mount-1t", "sluice-mount-2t", "sluice-mount-warm", "sluice-mount-disk"),
     "local-warm",
 ]
@@ -585,6 +586,14 @@ def run_sluice_stream(plan: Plan, consumer, layout) -> None:
         consumer.take(name, tensor)
 
 
+def run_sluice_into(plan: Plan, consumer, layout) -> None:
+    import sluice.torch
+
+    sluice.torch.load_into(plan.url(), consumer.dst)
+    consumer.seen.update(consumer.dst)
+    consumer.taken += len(consumer.dst)
+
+
 WORKER_RUNS = {
     "local": run_local,
     "s3fs": run_s3fs,
@@ -594,6 +603,7 @@ WORKER_RUNS = {
     "runai": run_runai,
     "sluice": run_sluice,
     "sluice-stream": run_sluice_stream,
+    "sluice-into": run_sluice_into,
     "sluice-mount-1t": run_sluice_mount,
     "sluice-mount-2t": run_sluice_mount,
     "sluice-mount-warm": run_sluice_mount,
@@ -1216,7 +1226,7 @@ def check_targets(summary: dict, endpoints: list[dict[str, Any]]) -> list[dict[s
             }
         )
     limit = SLUICE_MEMORY_LIMIT / GiB + 0.3
-    for reader in ("sluice", "sluice-stream"):
+    for reader in ("sluice", "sluice-stream", "sluice-into"):
         over = [
             summary[ep][reader]["rss_over_dest_gib"]
             for ep in summary

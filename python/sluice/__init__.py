@@ -27,7 +27,7 @@ from .errors import (
     TensorNotFoundError,
 )
 
-_TORCH_NAMES = ("load_file", "stream", "safe_open")
+_TORCH_NAMES = ("load_file", "load_into", "stream", "safe_open")
 
 
 def __getattr__(name: str) -> Any:

@@ -29,6 +29,11 @@ def last_load_stats() -> Optional[dict[str, Any]]:
     return getattr(_local, "stats", None)
 
 
+def set_last_load_stats(stats: Optional[dict[str, Any]]) -> None:
+    """Makes ``stats`` this thread's :func:`last_load_stats` (a load made of two)."""
+    _local.stats = stats
+
+
 def resolve_names(
     path: PathLike, names: NameFilter, checkpoint: Any = None, allow_partial: bool = False
 ) -> Optional[list[str]]:
@@ -64,8 +69,14 @@ def iter_windows(
     drop_cache: Optional[bool] = None,
     allow_partial: bool = False,
     checkpoint: Any = None,
+    into: Optional[list[tuple[str, int, int]]] = None,
+    lent: Any = None,
 ) -> Generator[Any, None, None]:
-    """Yields windows as their reads complete; stops the load if abandoned."""
+    """Yields windows as their reads complete; stops the load if abandoned.
+
+    With ``into`` (``(name, address, bytes)`` of each destination) the reads
+    land in the caller's memory, owned by ``lent``, and the windows carry no
+    bytes: they report progress."""
     _local.stats = None
     for option, value in (("concurrency", concurrency),):
         if value is not None and (not isinstance(value, int) or value < 1):
@@ -74,7 +85,7 @@ def iter_windows(
         direct = "on" if direct else "off"
     stream = _sluice.start_stream(
         os.fspath(path),
-        resolve_names(path, names, checkpoint, allow_partial),
+        None if into is not None else resolve_names(path, names, checkpoint, allow_partial),
         bounded=bounded,
         direct=direct,
         engine=engine,
@@ -84,6 +95,8 @@ def iter_windows(
         drop_cache=drop_cache,
         allow_partial=allow_partial,
         checkpoint=checkpoint,
+        into=into,
+        lent=lent,
     )
     done, total = stream.progress()
     reporter = Progress(total, progress, on_progress)

@@ -111,12 +111,17 @@ def start_stream(
     drop_cache: bool | None = None,
     allow_partial: bool | None = None,
     checkpoint: Checkpoint | None = None,
+    into: list[tuple[str, int, int]] | None = None,
+    lent: Any = None,
 ) -> Stream:
     """Starts a load of ``names`` (all when None).
 
     ``bounded=True`` streams under ``memory_limit`` with buffer reuse;
     ``bounded=False`` keeps every window valid for as long as it is held.
     ``direct`` is "auto", "on" or "off"; ``engine`` "auto", "io_uring" or "threads".
+    ``into`` (``(name, address, bytes)`` per tensor, replacing ``names``) reads each
+    tensor into that memory, which ``lent`` owns; the stream holds ``lent`` until its
+    reads have ended.
     """
 
 class _SimDefaults(TypedDict):

@@ -8,15 +8,15 @@ safetensors, rare in practice) is copied into a fresh, aligned tensor instead.
 from __future__ import annotations
 
 import os
-from collections.abc import Generator, Iterator
-from typing import Any, Optional, Union
+from collections.abc import Generator, Iterator, Mapping
+from typing import Any, NamedTuple, Optional, Union
 
 import numpy as np
 import torch
 
 from . import _core, _sluice
 from ._core import ByteSize, NameFilter, PathLike
-from ._progress import ProgressCallback
+from ._progress import Progress, ProgressCallback
 from .errors import ConfigError, SluiceError, TensorNotFoundError
 
 _DTYPES: dict[str, Any] = {
@@ -215,6 +215,142 @@ def stream(
             del window
     finally:
         windows.close()
+
+
+class IncompatibleKeys(NamedTuple):
+    """What :func:`load_into` left alone, as ``torch.nn.Module.load_state_dict`` reports it:
+    destinations the checkpoint lacks, and checkpoint tensors with no destination."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+
+
+def load_into(
+    filename: PathLike,
+    dest: Union[Mapping[str, torch.Tensor], torch.nn.Module],
+    *,
+    strict: bool = True,
+    concurrency: Optional[int] = None,
+    chunk_bytes: ByteSize = None,
+    memory_limit: ByteSize = None,
+    drop_cache: Optional[bool] = None,
+    allow_partial: bool = False,
+    progress: bool = False,
+    on_progress: Optional[ProgressCallback] = None,
+) -> IncompatibleKeys:
+    """Reads a checkpoint straight into tensors that already exist: a model's parameters.
+
+    ``dest`` is a module (its ``state_dict()``) or a mapping of names to tensors.
+    ``sluice.load_into(path, model)`` does what ``model.load_state_dict(load_file(path))``
+    does, without holding a second copy of the model: each tensor's bytes are read from
+    the file (or object store) into the parameter's own memory.
+
+    - A contiguous CPU destination of the checkpoint's dtype is read into directly; any
+      other (another device, another dtype, a non-contiguous view) is filled with
+      ``copy_`` from a stream under ``memory_limit``, as ``load_state_dict`` converts.
+    - Shapes must match: a mismatch is a :class:`sluice.ConfigError` naming the tensor.
+    - ``strict=True`` (the default, as in torch) refuses, before reading anything, a
+      destination the checkpoint lacks or a checkpoint tensor with no destination
+      (:class:`sluice.TensorNotFoundError`). ``strict=False`` loads the names both have
+      and returns the rest in :class:`IncompatibleKeys`.
+    - Destinations that share memory (tied weights) are read once; destinations that
+      overlap otherwise are a :class:`sluice.ConfigError`.
+    - On an error or Ctrl-C the reads in flight are waited for and the error raised; the
+      destinations then hold a mix of old and new bytes, never a finished-looking load.
+    """
+    targets = dest.state_dict() if isinstance(dest, torch.nn.Module) else dict(dest)
+    for name, t in targets.items():
+        if not isinstance(t, torch.Tensor):
+            raise ConfigError(f"destination {name!r} is a {type(t).__name__}, not a tensor")
+    ckpt = _sluice.open_checkpoint(os.fspath(filename), allow_partial=allow_partial)
+    known = ckpt.keys()
+    known_set = set(known)
+    missing = [n for n in targets if n not in known_set]
+    unexpected = [n for n in known if n not in targets]
+    if strict and (missing or unexpected):
+        raise TensorNotFoundError(
+            f"{os.fspath(filename)}: strict load_into: "
+            f"{len(missing)} destination(s) not in the checkpoint {missing[:5]}, "
+            f"{len(unexpected)} checkpoint tensor(s) with no destination {unexpected[:5]}"
+        )
+    direct: dict[str, torch.Tensor] = {}
+    copied: dict[str, torch.Tensor] = {}
+    for name, t in targets.items():
+        if name not in known_set:
+            continue
+        dtype, shape = ckpt.layout(name)
+        tdtype = torch_dtype(name, dtype)
+        shape = torch_shape(name, dtype, shape, filename)
+        if tuple(t.shape) != shape:
+            raise ConfigError(
+                f"tensor {name!r}: the destination has shape {list(t.shape)}, "
+                f"the checkpoint {list(shape)}"
+            )
+        if t.device.type == "cpu" and t.dtype == tdtype and t.is_contiguous():
+            direct[name] = t
+        else:
+            copied[name] = t
+    lent = _lend(direct)
+    nbytes = {name: t.numel() * t.element_size() for name, t in {**lent, **copied}.items()}
+    lent_bytes = sum(nbytes[n] for n in lent)
+    reporter = Progress(lent_bytes + sum(nbytes[n] for n in copied), progress, on_progress)
+    windows = _core.iter_windows(
+        filename,
+        None,
+        bounded=True,
+        on_progress=lambda done, _total: reporter.update(done),
+        concurrency=concurrency,
+        chunk_bytes=chunk_bytes,
+        memory_limit=memory_limit,
+        drop_cache=drop_cache,
+        allow_partial=allow_partial,
+        checkpoint=ckpt,
+        into=[(name, t.data_ptr(), nbytes[name]) for name, t in lent.items()],
+        lent=list(lent.values()),
+    )
+    for _window in windows:
+        pass
+    stats = _core.last_load_stats()
+    if copied:
+        # Another device, dtype or layout: copy_ converts, as load_state_dict does.
+        with torch.no_grad():
+            for name, tensor in stream(
+                filename,
+                names=list(copied),
+                memory_limit=512 * 2**20 if memory_limit is None else memory_limit,
+                concurrency=concurrency,
+                chunk_bytes=chunk_bytes,
+                drop_cache=drop_cache,
+                allow_partial=allow_partial,
+                on_progress=lambda done, _total: reporter.update(lent_bytes + done),
+            ):
+                copied[name].copy_(tensor)
+        _core.set_last_load_stats(stats)
+    reporter.close(reporter.total)
+    return IncompatibleKeys(missing, unexpected)
+
+
+def _lend(direct: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The destinations to read into: one per distinct memory range. Exact aliases (tied
+    weights) keep the first name; a partial overlap is a :class:`sluice.ConfigError`."""
+    spans = sorted(
+        (t.data_ptr(), t.numel() * t.element_size(), name)
+        for name, t in direct.items()
+        if t.numel() > 0
+    )
+    lent = {name: t for name, t in direct.items() if t.numel() == 0}
+    last: Optional[tuple[int, int, str]] = None
+    for start, size, name in spans:
+        if last is not None and start < last[0] + last[1]:
+            if (start, size) == last[:2]:
+                continue
+            raise ConfigError(
+                f"destinations {last[2]!r} and {name!r} overlap in memory "
+                "without being the same tensor"
+            )
+        lent[name] = direct[name]
+        last = (start, size, name)
+    return lent
 
 
 class safe_open:

@@ -316,6 +316,19 @@ def test_bad_remote_settings_are_config_errors(s3_env, monkeypatch):
         sluice.torch.load_file(f"s3://{BUCKET}/dtypes/model.safetensors")
 
 
+def assert_ctrl_c_stops(call) -> None:
+    """Ctrl-C (KeyboardInterrupt) 1.5 s into `call` must stop it within about a GET."""
+    timer = threading.Timer(1.5, _thread.interrupt_main)
+    timer.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            call()
+    finally:
+        timer.cancel()
+    assert time.monotonic() - start < 20
+
+
 @needs_proxy
 def test_ctrl_c_interrupts_a_slow_remote_load(s3_env, big_object, monkeypatch):
     """A window from a slow store can take minutes; Ctrl-C (KeyboardInterrupt) must still
@@ -323,13 +336,37 @@ def test_ctrl_c_interrupts_a_slow_remote_load(s3_env, big_object, monkeypatch):
     url, _ = big_object
     with FaultProxy(s3_env.port, "--delay-ms", "300") as proxy:
         through(monkeypatch, proxy)
-        timer = threading.Timer(1.5, _thread.interrupt_main)
-        timer.start()
-        start = time.monotonic()
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                # About 400 GETs of 0.6 s each, one at a time: minutes without the interrupt.
-                sluice.torch.load_file(url, concurrency=1, chunk_bytes="64KiB")
-        finally:
-            timer.cancel()
-        assert time.monotonic() - start < 20
+        # About 400 GETs of 0.6 s each, one at a time: minutes without the interrupt.
+        assert_ctrl_c_stops(lambda: sluice.torch.load_file(url, concurrency=1, chunk_bytes="64KiB"))
+
+
+def test_load_into_reads_objects_into_existing_tensors(s3_env, every_dtype, sharded):
+    for url, want in (every_dtype, sharded):
+        dest = {k: torch.zeros_like(v) for k, v in want.items()}
+        assert sluice.load_into(url, dest) == ([], [])
+        assert_same_tensors(dest, want)
+
+
+@needs_proxy
+def test_load_into_fails_typed_when_the_server_dies(s3_env, big_object, monkeypatch):
+    url, want = big_object
+    monkeypatch.setenv("SLUICE_REMOTE_TIMEOUT_S", "2")
+    monkeypatch.setenv("SLUICE_REMOTE_RETRIES", "1")
+    dest = {k: torch.zeros_like(v) for k, v in want.items()}
+    with FaultProxy(s3_env.port, "--die-after", str(8 << 20)) as proxy:
+        through(monkeypatch, proxy)
+        with pytest.raises(SluiceIOError, match=url):
+            sluice.load_into(url, dest)
+
+
+@needs_proxy
+def test_ctrl_c_interrupts_a_slow_remote_load_into(s3_env, big_object, monkeypatch):
+    url, want = big_object
+    dest = {k: torch.zeros_like(v) for k, v in want.items()}
+    with FaultProxy(s3_env.port, "--delay-ms", "300") as proxy:
+        through(monkeypatch, proxy)
+        assert_ctrl_c_stops(lambda: sluice.load_into(url, dest, concurrency=1, chunk_bytes="64KiB"))
+    # The destinations are still ours to use, and a new load fills them whole.
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_env.env()["AWS_ENDPOINT_URL"])
+    sluice.load_into(url, dest)
+    assert_same_tensors(dest, want)

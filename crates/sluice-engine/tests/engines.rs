@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use sluice_engine::{
     BufferPool, BufferPoolConfig, DirectMode, Fault, FaultyEngine, IoEngine, Next, OpSource,
-    ReadOp, SourceFile, SyncEngine, ThreadEngine, UringEngine,
+    ReadOp, ReadTarget, SourceFile, SyncEngine, ThreadEngine, UringEngine,
 };
 
 const CHUNK: usize = 256 << 10;
@@ -40,7 +40,7 @@ impl OpSource for WholeFile {
             file: Arc::clone(&self.file),
             offset: self.next_offset,
             len,
-            buf: Arc::clone(&self.buf),
+            buf: Arc::clone(&self.buf) as Arc<dyn ReadTarget>,
             buf_offset: self.next_offset as usize,
             token: self.next_offset,
         };

@@ -24,7 +24,7 @@ pub use checkpoint_reader::{
 };
 pub use config::{ConfigError, LoadConfig, DEFAULT_STREAM_MEMORY_LIMIT};
 pub use error::LoadError;
-pub use loader::{FileMode, LoadStats, LoadedCheckpoint, Loader};
+pub use loader::{FileMode, LoadStats, LoadedCheckpoint, Loader, INTO_GATHER_BYTES};
 pub use object_engine::ObjectEngine;
 pub use open_checkpoint::{OpenCheckpoint, TensorBytes};
 pub use read_plan::{window_chunks, PlanOptions, PlannedTensor, ReadPlan, WindowPlan};

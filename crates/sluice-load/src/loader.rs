@@ -1,13 +1,14 @@
 //! The load plane's entry point: open a checkpoint once, then stream it or
 //! load it whole.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_engine::{
     page_size, select_engine, BufferPool, BufferPoolConfig, DirectMode, EngineChoice, IoEngine,
-    SourceFile,
+    LentMemory, ReadTarget, SourceFile,
 };
 use sluice_formats::Checkpoint;
 
@@ -22,6 +23,13 @@ use crate::tensor_stream::{DriverInput, LoadedWindow, TensorStream};
 /// Fewest windows a stream's memory limit should hold: one the consumer is
 /// copying out of, and three in flight to keep the device queue full.
 const STREAM_WINDOWS_IN_LIMIT: u64 = 4;
+
+/// [`Loader::stream_into`]: neighbouring tensors are read together through a
+/// pooled buffer while their run stays under this many bytes; a larger tensor
+/// is read straight into its destination. 4 MiB: one chunk, so a remote store
+/// pays one round trip for a run of small tensors (norms, biases), and the
+/// copy out of the buffer touches a small share of a model's bytes.
+pub const INTO_GATHER_BYTES: usize = 4 << 20;
 
 /// How each file of a load is being read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -160,7 +168,44 @@ impl Loader {
             .unwrap_or(DEFAULT_STREAM_MEMORY_LIMIT);
         let window_bytes = (self.config.window_bytes as u64).min(limit / STREAM_WINDOWS_IN_LIMIT);
         let pool = BufferPool::new(BufferPoolConfig::bounded(limit));
-        self.start(names, window_bytes as usize, pool, Some(limit))
+        self.start(names, window_bytes as usize, pool, Some(limit), None)
+    }
+
+    /// Reads each named tensor straight into the caller's memory for it,
+    /// which must hold exactly the tensor's bytes. The stream's windows carry
+    /// no memory; they report progress, and the stream's end (or its first
+    /// error) says when the memory is filled. A tensor alone in its window is
+    /// read into its destination; runs of small tensors (under
+    /// [`INTO_GATHER_BYTES`] together) are read as one range into a pooled
+    /// buffer under the memory limit and copied out, so a remote store pays
+    /// one round trip for them. Local files are read buffered: destinations
+    /// have whatever alignment the caller's allocator gave them.
+    pub fn stream_into(
+        &self,
+        into: HashMap<String, Arc<LentMemory>>,
+    ) -> Result<(TensorStream, LoadStats), LoadError> {
+        let mut names: Vec<String> = into.keys().cloned().collect();
+        names.sort();
+        for (_, entry) in self.checkpoint.tensors() {
+            let Some(dst) = into.get(&entry.name) else {
+                continue;
+            };
+            if dst.len() as u64 != entry.byte_len() {
+                return Err(LoadError::Config(format!(
+                    "tensor {:?}: the destination holds {} bytes, the checkpoint's tensor {}",
+                    entry.name,
+                    dst.len(),
+                    entry.byte_len()
+                )));
+            }
+        }
+        let limit = self
+            .config
+            .memory_limit
+            .unwrap_or(DEFAULT_STREAM_MEMORY_LIMIT);
+        let pool = BufferPool::new(BufferPoolConfig::bounded(limit));
+        let window_bytes = INTO_GATHER_BYTES.min((limit / STREAM_WINDOWS_IN_LIMIT) as usize);
+        self.start(Some(&names), window_bytes, pool, Some(limit), Some(into))
     }
 
     /// Reads `names` (all when `None`) completely. Fails as a whole: on any
@@ -186,7 +231,7 @@ impl Loader {
     ) -> Result<(TensorStream, LoadStats), LoadError> {
         let pool = BufferPool::new(BufferPoolConfig::unbounded());
         let window_bytes = self.config.window_bytes.max(self.config.chunk_bytes);
-        self.start(names, window_bytes, pool, None)
+        self.start(names, window_bytes, pool, None, None)
     }
 
     fn start(
@@ -195,14 +240,23 @@ impl Loader {
         window_bytes: usize,
         pool: BufferPool,
         limit: Option<u64>,
+        into: Option<HashMap<String, Arc<LentMemory>>>,
     ) -> Result<(TensorStream, LoadStats), LoadError> {
-        let files = self.open_files()?;
-        let align = files
-            .iter()
-            .map(|f| f.direct_align())
-            .max()
-            .unwrap_or(4096)
-            .max(page_size());
+        // Reads into lent memory are buffered and unaligned.
+        let direct = match into {
+            Some(_) => DirectMode::Off,
+            None => self.config.direct,
+        };
+        let files = self.open_files(direct)?;
+        let align = match into {
+            Some(_) => 1,
+            None => files
+                .iter()
+                .map(|f| f.direct_align())
+                .max()
+                .unwrap_or(4096)
+                .max(page_size()),
+        };
         let window_bytes = window_bytes.max(align).next_multiple_of(align);
         let opts = PlanOptions {
             window_bytes,
@@ -216,11 +270,12 @@ impl Loader {
         // mapping off along with staging.
         let map_cached = self.config.map_cached
             && self.config.direct != DirectMode::On
-            && !self.config.drop_cache;
+            && !self.config.drop_cache
+            && into.is_none();
         // Staging buffered reads and mapping them needs the pages to stay
         // cached, which "burn after reading" forbids.
         let stage = map_cached && files.iter().any(|f| !f.is_direct() && !f.is_remote());
-        if let Some(limit) = limit {
+        if let Some(limit) = limit.filter(|_| into.is_none()) {
             let scratch_bytes = if stage {
                 pool.capacity_for(chunk_bytes) as u64
             } else {
@@ -273,7 +328,7 @@ impl Loader {
             tensor_bytes = stats.tensor_bytes,
             "load started"
         );
-        let in_order = limit.is_some();
+        let in_order = limit.is_some() && into.is_none();
         let scratch = if stage {
             Some(Arc::new(pool.acquire(chunk_bytes)?))
         } else {
@@ -289,16 +344,17 @@ impl Loader {
             in_order,
             map_cached,
             scratch,
+            into,
         };
         Ok((TensorStream::start(input, limit)?, stats))
     }
 
-    fn open_files(&self) -> Result<Vec<Arc<SourceFile>>, LoadError> {
+    fn open_files(&self, direct: DirectMode) -> Result<Vec<Arc<SourceFile>>, LoadError> {
         self.checkpoint
             .shards
             .iter()
             .zip(self.files.iter())
-            .map(|(s, held)| held.source(&s.path, self.config.direct).map(Arc::new))
+            .map(|(s, held)| held.source(&s.path, direct).map(Arc::new))
             .collect()
     }
 }

@@ -158,8 +158,9 @@ fn select<'a>(
     names: Option<&'a [String]>,
 ) -> Result<Option<HashSet<&'a str>>, LoadError> {
     let Some(names) = names else { return Ok(None) };
+    let known: HashSet<&str> = ckpt.tensors().map(|(_, t)| t.name.as_str()).collect();
     for name in names {
-        if ckpt.find(name).is_none() {
+        if !known.contains(name.as_str()) {
             return Err(LoadError::UnknownTensor {
                 name: name.clone(),
                 checkpoint: ckpt.source.path().to_path_buf(),

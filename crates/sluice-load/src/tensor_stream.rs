@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 use std::cell::Cell;
 
 use sluice_engine::{
-    page_cache, BufferPool, FileMapping, IoEngine, Next, OpSource, PoolError, PooledBuf, ReadOp,
-    Reservation, SourceFile,
+    page_cache, BufferPool, FileMapping, IoEngine, LentMemory, Next, OpSource, PoolError,
+    PooledBuf, ReadOp, ReadTarget, Reservation, SourceFile,
 };
 
 use crate::error::LoadError;
@@ -163,6 +163,11 @@ pub(crate) struct DriverInput {
     /// bytes are never looked at: the reads only pull pages into the cache)
     /// and then mapped. Shared by every read in flight.
     pub scratch: Option<Arc<PooledBuf>>,
+    /// Read into the caller's memory instead ([`crate::Loader::stream_into`]):
+    /// each tensor's destination, by name. A window of one tensor is read
+    /// straight into it; a window of several small ones is read into a pooled
+    /// buffer and copied out. Windows are then delivered without memory.
+    pub into: Option<HashMap<String, Arc<LentMemory>>>,
 }
 
 impl TensorStream {
@@ -325,6 +330,8 @@ struct InFlightWindow {
 enum Landing {
     /// Into the window's own buffer.
     Pooled(Arc<PooledBuf>),
+    /// Straight into the caller's memory for the window's one tensor.
+    Lent(Arc<LentMemory>),
     /// Through the page cache into a shared scratch buffer, after which the
     /// window is mapped from the cache; the reservation holds its budget.
     Staged {
@@ -335,10 +342,11 @@ enum Landing {
 
 impl Landing {
     /// Destination buffer and offset for a read at `window_offset`.
-    fn target(&self, window_offset: usize) -> (Arc<PooledBuf>, usize) {
+    fn target(&self, window_offset: usize) -> (Arc<dyn ReadTarget>, usize) {
         match self {
-            Landing::Pooled(buf) => (Arc::clone(buf), window_offset),
-            Landing::Staged { scratch, .. } => (Arc::clone(scratch), 0),
+            Landing::Pooled(buf) => (Arc::clone(buf) as Arc<dyn ReadTarget>, window_offset),
+            Landing::Lent(dst) => (Arc::clone(dst) as Arc<dyn ReadTarget>, window_offset),
+            Landing::Staged { scratch, .. } => (Arc::clone(scratch) as Arc<dyn ReadTarget>, 0),
         }
     }
 }
@@ -369,7 +377,10 @@ impl PlanSource<'_> {
         let file = &self.input.files[plan.shard];
         let pool = &self.input.pool;
         let scratch = self.input.scratch.as_ref().filter(|_| !file.is_direct());
-        let landing = if let Some(scratch) = scratch {
+        let lent = self.lent_landing(plan, file);
+        let landing = if let Some(lent) = lent {
+            Some(Landing::Lent(lent))
+        } else if let Some(scratch) = scratch {
             let charge = pool.capacity_for(plan.read_len) as u64;
             self.budgeted(may_block, |block| match block {
                 true => pool.reserve(charge).map(Some),
@@ -414,6 +425,19 @@ impl PlanSource<'_> {
         self.pending = ops.into_iter();
         self.next_window += 1;
         Ok(true)
+    }
+
+    /// The caller's memory for a window of exactly one tensor starting at
+    /// the window's start, read without alignment: the read lands there.
+    fn lent_landing(&self, plan: &WindowPlan, file: &SourceFile) -> Option<Arc<LentMemory>> {
+        let into = self.input.into.as_ref()?;
+        let [tensor] = plan.tensors.as_slice() else {
+            return None;
+        };
+        if file.is_direct() || tensor.window_offset != 0 || plan.read_len != tensor.byte_len {
+            return None;
+        }
+        into.get(&tensor.name).cloned()
     }
 
     /// Runs a budget request, blocking only if allowed, and flags the driver
@@ -661,25 +685,51 @@ fn on_read(
     }
     let file = &input.files[done.plan.shard];
     let memory = match done.landing {
-        Landing::Pooled(buf) => WindowMemory::Pooled(buf),
+        // The bytes are in the caller's memory: the window carries none.
+        Landing::Lent(_) => None,
+        Landing::Pooled(buf) => match &input.into {
+            Some(into) => {
+                copy_out(&buf, &done.plan.tensors, into);
+                None
+            }
+            None => Some(WindowMemory::Pooled(buf)),
+        },
         Landing::Staged { budget, .. } => match map_window(file, &done.plan) {
             Ok(map) => {
                 shared
                     .mapped_bytes
                     .fetch_add(map.len() as u64, Ordering::Relaxed);
-                WindowMemory::Mapped {
+                Some(WindowMemory::Mapped {
                     map,
                     _budget: budget,
-                }
+                })
             }
             Err(e) => return Some(Err(e)),
         },
     };
     Some(Ok(LoadedWindow {
         shard_path: file.path().to_path_buf(),
-        buf: Some(memory),
+        buf: memory,
         tensors: done.plan.tensors,
     }))
+}
+
+/// Copies each tensor of a window read into a pooled buffer to the caller's
+/// memory for it. The plan was built from the same names, and
+/// `Loader::stream_into` checked every destination's length.
+fn copy_out(buf: &PooledBuf, tensors: &[PlannedTensor], into: &HashMap<String, Arc<LentMemory>>) {
+    let bytes = buf.as_slice();
+    for t in tensors {
+        let Some(dst) = into.get(&t.name) else {
+            continue;
+        };
+        let src = &bytes[t.window_offset..t.window_offset + t.byte_len];
+        if let Some(ptr) = dst.ptr_range(0, t.byte_len) {
+            // SAFETY: `ptr` is `byte_len` bytes of lent memory (bounds checked
+            // above), which only this copy writes: a tensor is in one window.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), ptr, t.byte_len) };
+        }
+    }
 }
 
 /// Maps a window's range of `file`, clipped to the file's end.

@@ -191,13 +191,7 @@ fn file_truncated_after_open_is_an_error_not_short_data() {
         },
     )
     .unwrap();
-    let len = std::fs::metadata(&path).unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .unwrap()
-        .set_len(len / 2)
-        .unwrap();
+    halve(&path);
     let err = loader.load_all(None).err().unwrap();
     assert!(matches!(err, LoadError::Truncated { .. }), "{err}");
 }
@@ -397,13 +391,7 @@ fn file_truncated_before_mapping_is_an_error() {
     let dir = tempdir();
     let path = write_file(&dir.path().join("m.safetensors"), &tensors(23, 17));
     let loader = Loader::open(&path, mapping_allowed()).unwrap();
-    let len = std::fs::metadata(&path).unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .unwrap()
-        .set_len(len / 2)
-        .unwrap();
+    halve(&path);
     let err = loader.load_all(None).err().unwrap();
     assert!(matches!(err, LoadError::Truncated { .. }), "{err}");
 }

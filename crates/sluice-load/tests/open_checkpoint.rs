@@ -5,7 +5,7 @@ mod common;
 
 use std::io::Write;
 
-use common::{random_bytes, tempdir, write_file, write_sharded, TestTensor};
+use common::{random_bytes, shorten, tempdir, write_file, write_sharded, TestTensor};
 use sluice_load::{LoadError, OpenCheckpoint, ReadOptions};
 
 fn f32_tensor(name: &str, rows: u64, cols: u64, seed: u64) -> TestTensor {
@@ -15,17 +15,6 @@ fn f32_tensor(name: &str, rows: u64, cols: u64, seed: u64) -> TestTensor {
         shape: vec![rows, cols],
         bytes: random_bytes((rows * cols * 4) as usize, seed),
     }
-}
-
-/// Cuts `by` bytes off the end of `path`, in place (the inode stays).
-fn shorten(path: &std::path::Path, by: u64) {
-    let len = std::fs::metadata(path).unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(path)
-        .unwrap()
-        .set_len(len - by)
-        .unwrap();
 }
 
 #[test]

@@ -1,7 +1,12 @@
 //! A running load, iterated from Python one window at a time.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use sluice_engine::LentMemory;
 use sluice_load::{LoadStats, Loader, Polled, TensorStream};
 
 /// How long a wait for the next window runs with the GIL released before checking for
@@ -15,8 +20,38 @@ use crate::window::Window;
 
 #[pyclass(module = "sluice._sluice")]
 pub struct Stream {
+    /// Declared before `lent`: dropping it joins the reads, which must end
+    /// before the memory they write is let go.
     inner: Option<TensorStream>,
     stats: LoadStats,
+    /// The Python objects owning the memory an `into` load writes.
+    lent: Option<Py<PyAny>>,
+}
+
+/// The caller's destinations for an `into` load: `(name, address, bytes)`.
+type IntoTargets = Vec<(String, usize, usize)>;
+
+/// Lends each destination to the reads. A null address with bytes to hold,
+/// or one name twice, is a `ValueError`.
+fn lend(targets: IntoTargets) -> PyResult<HashMap<String, Arc<LentMemory>>> {
+    let mut out = HashMap::with_capacity(targets.len());
+    for (name, address, len) in targets {
+        if address == 0 && len > 0 {
+            return Err(PyValueError::new_err(format!(
+                "tensor {name:?}: destination address is null"
+            )));
+        }
+        // SAFETY: `sluice.load_into` passes each destination tensor's data
+        // pointer and byte size, and hands the tensors to the stream (`lent`),
+        // which keeps them alive until its reads have ended.
+        let memory = unsafe { LentMemory::new(address as *mut u8, len) };
+        if out.insert(name.clone(), Arc::new(memory)).is_some() {
+            return Err(PyValueError::new_err(format!(
+                "tensor {name:?} has two destinations"
+            )));
+        }
+    }
+    Ok(out)
 }
 
 /// Starts a load. `bounded=True` streams under `memory_limit` with buffer
@@ -24,7 +59,7 @@ pub struct Stream {
 #[pyfunction]
 #[pyo3(signature = (path, names=None, *, bounded, direct=None, engine=None, concurrency=None,
                     chunk_bytes=None, memory_limit=None, drop_cache=None, allow_partial=None,
-                    checkpoint=None))]
+                    checkpoint=None, into=None, lent=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn start_stream(
     py: Python<'_>,
@@ -39,7 +74,18 @@ pub fn start_stream(
     drop_cache: Option<bool>,
     allow_partial: Option<bool>,
     checkpoint: Option<PyRef<'_, PyCheckpoint>>,
+    into: Option<IntoTargets>,
+    lent: Option<Py<PyAny>>,
 ) -> PyResult<Stream> {
+    let into = match into {
+        Some(targets) if lent.is_some() => Some(lend(targets)?),
+        Some(_) => {
+            return Err(PyValueError::new_err(
+                "an `into` load needs `lent`: the objects owning its memory",
+            ))
+        }
+        None => None,
+    };
     let cfg = config::build(
         direct,
         engine,
@@ -55,7 +101,9 @@ pub fn start_stream(
             Some(ckpt) => ckpt.loader(cfg)?,
             None => Loader::open(&path, cfg)?,
         };
-        if bounded {
+        if let Some(into) = into {
+            loader.stream_into(into)
+        } else if bounded {
             loader.stream(names.as_deref())
         } else {
             loader.stream_unbounded(names.as_deref())
@@ -65,6 +113,7 @@ pub fn start_stream(
     Ok(Stream {
         inner: Some(inner),
         stats,
+        lent,
     })
 }
 
@@ -121,6 +170,7 @@ impl Stream {
         if let Some(inner) = self.inner.take() {
             py.detach(move || drop(inner));
         }
+        self.lent = None;
     }
 
     /// What the load did, as `sluice.last_load_stats()` documents it:

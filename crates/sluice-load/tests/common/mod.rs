@@ -99,3 +99,20 @@ pub fn write_sharded(dir: &Path, tensors: &[TestTensor], shards: usize) -> PathB
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
 }
+
+/// Cuts `by` bytes off the end of `path`, in place (the inode stays).
+pub fn shorten(path: &Path, by: u64) {
+    let len = std::fs::metadata(path).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(len - by)
+        .unwrap();
+}
+
+/// Cuts `path` to half its length, in place.
+pub fn halve(path: &Path) {
+    let len = std::fs::metadata(path).unwrap().len();
+    shorten(path, len - len / 2);
+}
