@@ -10,7 +10,9 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 
+import numpy as np
 import pytest
 import sluice
 import torch
@@ -159,6 +161,26 @@ def test_bad_destinations_and_paths(mixed_file, tmp_path):
     (tmp_path / "bad.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
     with pytest.raises(HeaderError, match=r"bad\.safetensors"):
         sluice.load_into(tmp_path / "bad.safetensors", {})
+
+
+def test_a_read_only_destination_is_refused_not_a_crash(tmp_path, gen):
+    """A tensor over a read-only mapping (np.memmap mode "r") would fault in the copy that
+    fills it: refused before any read, naming the tensor. Small (gathered, copied) and
+    large (read straight in) destinations alike."""
+    want = {"small": random_tensor(torch.uint8, (100,), gen)}
+    want["large"] = random_tensor(torch.uint8, (8 << 20,), gen)
+    save_file(want, str(tmp_path / "m.safetensors"))
+    for name in want:
+        backing = tmp_path / f"{name}.bin"
+        backing.write_bytes(bytes(want[name].numel()))
+        mapped = np.memmap(backing, dtype=np.uint8, mode="r")
+        dest = zeros_like(want)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch: "The given NumPy array is not writable"
+            dest[name] = torch.from_numpy(mapped)
+        with pytest.raises(ConfigError, match=rf"{name}.*not writable"):
+            sluice.load_into(tmp_path / "m.safetensors", dest)
+        assert not any(v.any() for k, v in dest.items() if k != name)
 
 
 def test_a_file_truncated_on_disk_is_an_error(tmp_path, gen):

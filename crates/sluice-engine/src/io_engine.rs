@@ -76,6 +76,66 @@ impl ReadTarget for LentMemory {
     }
 }
 
+/// The address ranges this process may write, as `/proc/self/maps` lists them: what a
+/// lender checks its memory against, so that memory mapped read-only (a tensor over a
+/// read-only file mapping) is refused up front rather than faulting in the copy that fills it.
+#[derive(Debug)]
+pub struct WritableRanges {
+    /// Sorted, disjoint `[start, end)` ranges, neighbours merged.
+    ranges: Vec<(usize, usize)>,
+}
+
+impl WritableRanges {
+    /// This process's writable mappings now.
+    pub fn of_this_process() -> io::Result<WritableRanges> {
+        let maps = std::fs::read_to_string("/proc/self/maps")?;
+        Ok(WritableRanges::parse(&maps))
+    }
+
+    /// Parses `/proc/<pid>/maps` text; lines it cannot read are skipped.
+    pub fn parse(maps: &str) -> WritableRanges {
+        let mut ranges: Vec<(usize, usize)> = Vec::new();
+        for line in maps.lines() {
+            let mut fields = line.split_ascii_whitespace();
+            let (Some(span), Some(perms)) = (fields.next(), fields.next()) else {
+                continue;
+            };
+            if perms.as_bytes().get(1) != Some(&b'w') {
+                continue;
+            }
+            let Some((start, end)) = span.split_once('-') else {
+                continue;
+            };
+            let (Ok(start), Ok(end)) = (
+                usize::from_str_radix(start, 16),
+                usize::from_str_radix(end, 16),
+            ) else {
+                continue;
+            };
+            match ranges.last_mut() {
+                Some(last) if last.1 == start => last.1 = end,
+                _ => ranges.push((start, end)),
+            }
+        }
+        ranges.sort_unstable();
+        WritableRanges { ranges }
+    }
+
+    /// Whether every byte of `start .. start + len` may be written.
+    pub fn covers(&self, start: usize, len: usize) -> bool {
+        if len == 0 {
+            return true;
+        }
+        let Some(end) = start.checked_add(len) else {
+            return false;
+        };
+        let i = self.ranges.partition_point(|&(_, e)| e <= start);
+        self.ranges
+            .get(i)
+            .is_some_and(|&(s, e)| s <= start && end <= e)
+    }
+}
+
 /// Fill `len` bytes of `buf` at `buf_offset` from `file` at `offset`.
 pub struct ReadOp {
     pub file: Arc<SourceFile>,
@@ -175,6 +235,37 @@ pub trait IoEngine: Send + Sync {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn writable_ranges_follow_the_maps_permissions() {
+        let maps = "\
+1000-3000 rw-p 00000000 00:00 0
+3000-4000 rw-p 00000000 00:00 0 [heap]
+5000-6000 r--p 00000000 fd:01 42 /model.bin
+6000-7000 ---p 00000000 00:00 0
+7000-8000 rwxp 00000000 00:00 0
+bad line
+";
+        let w = WritableRanges::parse(maps);
+        assert!(w.covers(0x1000, 0x3000), "neighbours merge");
+        assert!(w.covers(0x3fff, 1));
+        assert!(!w.covers(0x3fff, 2), "runs into an unmapped gap");
+        assert!(!w.covers(0x5000, 16), "read-only");
+        assert!(!w.covers(0x6000, 1), "no access");
+        assert!(w.covers(0x7000, 0x1000));
+        assert!(!w.covers(0x0, 1));
+        assert!(w.covers(0x5000, 0), "nothing to write");
+        assert!(!w.covers(usize::MAX, 2));
+    }
+
+    #[test]
+    fn this_process_can_write_its_own_heap_and_not_its_code() {
+        let heap = vec![0u8; 1 << 20];
+        let w = WritableRanges::of_this_process().unwrap();
+        assert!(w.covers(heap.as_ptr() as usize, heap.len()));
+        let code = this_process_can_write_its_own_heap_and_not_its_code as fn() as usize;
+        assert!(!w.covers(code, 16));
+    }
 
     #[test]
     fn lent_memory_hands_out_only_ranges_inside_it() {

@@ -50,7 +50,9 @@ pub use engine_choice::{select_engine, EngineChoice, EngineError};
 pub use error::{OpenError, PoolError};
 pub use faulty_engine::{Fault, FaultyEngine};
 pub use file_mapping::FileMapping;
-pub use io_engine::{EngineKind, IoEngine, LentMemory, Next, OpSource, ReadOp, ReadTarget, Sink};
+pub use io_engine::{
+    EngineKind, IoEngine, LentMemory, Next, OpSource, ReadOp, ReadTarget, Sink, WritableRanges,
+};
 pub use mapping::Mapping;
 pub use os_error::{retry_eintr, OsError};
 pub use pread::pread_full;

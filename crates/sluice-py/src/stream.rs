@@ -3,11 +3,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use sluice_engine::LentMemory;
-use sluice_load::{LoadStats, Loader, Polled, TensorStream};
+use sluice_engine::{LentMemory, WritableRanges};
+use sluice_load::{LoadError, LoadStats, Loader, Polled, TensorStream};
 
 /// How long a wait for the next window runs with the GIL released before checking for
 /// signals (Ctrl-C).
@@ -31,15 +31,24 @@ pub struct Stream {
 /// The caller's destinations for an `into` load: `(name, address, bytes)`.
 type IntoTargets = Vec<(String, usize, usize)>;
 
-/// Lends each destination to the reads. A null address with bytes to hold,
-/// or one name twice, is a `ValueError`.
-fn lend(targets: IntoTargets) -> PyResult<HashMap<String, Arc<LentMemory>>> {
+/// Lends each destination to the reads. Memory this process may not write
+/// (a tensor over a read-only mapping) is a `ConfigError` naming the tensor,
+/// before any read; one name twice is a `ValueError`.
+fn lend(py: Python<'_>, targets: IntoTargets) -> PyResult<HashMap<String, Arc<LentMemory>>> {
     let mut out = HashMap::with_capacity(targets.len());
+    let writable = match targets.is_empty() {
+        true => None,
+        false => Some(
+            WritableRanges::of_this_process()
+                .map_err(|e| PyOSError::new_err(format!("reading /proc/self/maps: {e}")))?,
+        ),
+    };
     for (name, address, len) in targets {
-        if address == 0 && len > 0 {
-            return Err(PyValueError::new_err(format!(
-                "tensor {name:?}: destination address is null"
-            )));
+        if writable.as_ref().is_some_and(|w| !w.covers(address, len)) {
+            return Err(err(py)(LoadError::Config(format!(
+                "tensor {name:?}: its destination ({len} bytes at {address:#x}) is not \
+                 writable memory (a tensor over a read-only mapping?)"
+            ))));
         }
         // SAFETY: `sluice.load_into` passes each destination tensor's data
         // pointer and byte size, and hands the tensors to the stream (`lent`),
@@ -78,7 +87,7 @@ pub fn start_stream(
     lent: Option<Py<PyAny>>,
 ) -> PyResult<Stream> {
     let into = match into {
-        Some(targets) if lent.is_some() => Some(lend(targets)?),
+        Some(targets) if lent.is_some() => Some(lend(py, targets)?),
         Some(_) => {
             return Err(PyValueError::new_err(
                 "an `into` load needs `lent`: the objects owning its memory",
