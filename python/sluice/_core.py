@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Generator, Iterable
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 from . import _sluice
 from ._progress import Progress, ProgressCallback
-from .errors import ConfigError
+from .errors import ConfigError, TensorNotFoundError
 
 PathLike = Union[str, "os.PathLike[str]"]
 NameFilter = Union[None, Iterable[str], Callable[[str], bool]]
@@ -115,3 +115,74 @@ def iter_windows(
         reporter.close(done)
     finally:
         stream.close()
+
+
+class IncompatibleKeys(NamedTuple):
+    """What ``load_into`` left alone, as ``torch.nn.Module.load_state_dict`` reports it:
+    destinations the checkpoint lacks, and checkpoint tensors with no destination."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+
+
+def match_names(
+    path: PathLike, checkpoint: Any, wanted: Iterable[str], strict: bool
+) -> IncompatibleKeys:
+    """The names a ``load_into`` destination and the checkpoint do not share; with
+    ``strict``, any is a :class:`sluice.TensorNotFoundError` listing both kinds."""
+    wanted = list(wanted)
+    known = checkpoint.keys()
+    known_set, wanted_set = set(known), set(wanted)
+    missing = [n for n in wanted if n not in known_set]
+    unexpected = [n for n in known if n not in wanted_set]
+    if strict and (missing or unexpected):
+        raise TensorNotFoundError(
+            f"{os.fspath(path)}: strict load_into: "
+            f"{len(missing)} destination(s) not in the checkpoint {missing[:5]}, "
+            f"{len(unexpected)} checkpoint tensor(s) with no destination {unexpected[:5]}"
+        )
+    return IncompatibleKeys(missing, unexpected)
+
+
+def distinct_spans(spans: dict[str, tuple[int, int]]) -> list[str]:
+    """The names to read into, given each destination's ``(address, bytes)``: one per
+    distinct memory range. Exact aliases (tied weights) keep the first name; a partial
+    overlap is a :class:`sluice.ConfigError`."""
+    keep = [name for name, (_, size) in spans.items() if size == 0]
+    ordered = sorted((start, size, name) for name, (start, size) in spans.items() if size > 0)
+    last: Optional[tuple[int, int, str]] = None
+    for start, size, name in ordered:
+        if last is not None and start < last[0] + last[1]:
+            if (start, size) == last[:2]:
+                continue
+            raise ConfigError(
+                f"destinations {last[2]!r} and {name!r} overlap in memory "
+                "without being the same tensor"
+            )
+        keep.append(name)
+        last = (start, size, name)
+    return keep
+
+
+def read_into(
+    path: PathLike,
+    checkpoint: Any,
+    spans: dict[str, tuple[int, int]],
+    owners: list[Any],
+    reporter: Progress,
+    **options: Any,
+) -> None:
+    """Reads each named tensor into its ``(address, bytes)``, memory that ``owners`` keep
+    alive; the native stream holds them until its reads end."""
+    windows = iter_windows(
+        path,
+        None,
+        bounded=True,
+        on_progress=lambda done, _total: reporter.update(done),
+        checkpoint=checkpoint,
+        into=[(name, start, size) for name, (start, size) in spans.items()],
+        lent=owners,
+        **options,
+    )
+    for _window in windows:
+        pass

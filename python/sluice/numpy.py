@@ -1,4 +1,4 @@
-"""numpy front end, for users without torch: ``sluice.numpy.load_file``.
+"""numpy front end, for users without torch: ``sluice.numpy.load_file`` and ``load_into``.
 
 Arrays are zero-copy views where the tensor's offset suits its dtype. numpy
 has no bfloat16 or float8; those load if the ``ml_dtypes`` package is
@@ -9,14 +9,15 @@ the tensor, before anything is read.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Optional
 
 import numpy as np
 
 from . import _core, _sluice
-from ._core import ByteSize, NameFilter, PathLike
-from ._progress import ProgressCallback
+from ._core import ByteSize, IncompatibleKeys, NameFilter, PathLike
+from ._progress import Progress, ProgressCallback
+from .errors import ConfigError
 
 _NATIVE = {
     "BOOL": np.bool_,
@@ -108,3 +109,72 @@ def load_file(
         checkpoint=checkpoint,
     )
     return {name: array for window in windows for name, array in window_arrays(window)}
+
+
+def load_into(
+    filename: PathLike,
+    dest: Mapping[str, np.ndarray],
+    *,
+    strict: bool = True,
+    concurrency: Optional[int] = None,
+    chunk_bytes: ByteSize = None,
+    memory_limit: ByteSize = None,
+    drop_cache: Optional[bool] = None,
+    allow_partial: bool = False,
+    progress: bool = False,
+    on_progress: Optional[ProgressCallback] = None,
+) -> IncompatibleKeys:
+    """Like :func:`sluice.load_into`, into numpy arrays that already exist.
+
+    Each array must have the checkpoint's dtype and shape and be writeable (else a
+    :class:`sluice.ConfigError` naming it, before any read); numpy does not convert
+    silently. A C-contiguous array is read into directly, any other through a copy.
+    Names, strictness, aliases and errors are as for the torch function.
+    """
+    targets = dict(dest)
+    for name, a in targets.items():
+        if not isinstance(a, np.ndarray):
+            raise ConfigError(f"destination {name!r} is a {type(a).__name__}, not an array")
+    ckpt = _sluice.open_checkpoint(os.fspath(filename), allow_partial=allow_partial)
+    result = _core.match_names(filename, ckpt, targets, strict)
+    direct: dict[str, np.ndarray] = {}
+    copied: dict[str, np.ndarray] = {}
+    for name in set(targets) - set(result.missing_keys):
+        a = targets[name]
+        dtype, shape = ckpt.layout(name)
+        want = numpy_dtype(name, dtype)
+        if a.dtype != want or tuple(a.shape) != tuple(shape):
+            raise ConfigError(
+                f"tensor {name!r}: the destination is {a.dtype}{list(a.shape)}, "
+                f"the checkpoint {want}{list(shape)}"
+            )
+        if not a.flags.writeable:
+            raise ConfigError(f"tensor {name!r}: the destination array is not writeable")
+        (direct if a.flags.c_contiguous else copied)[name] = a
+    spans = {name: (a.ctypes.data, a.nbytes) for name, a in direct.items()}
+    lent = {name: spans[name] for name in _core.distinct_spans(spans)}
+    copied_bytes = sum(a.nbytes for a in copied.values())
+    lent_bytes = sum(size for _, size in lent.values())
+    reporter = Progress(lent_bytes + copied_bytes, progress, on_progress)
+    options = {
+        "concurrency": concurrency,
+        "chunk_bytes": chunk_bytes,
+        "drop_cache": drop_cache,
+        "allow_partial": allow_partial,
+    }
+    owners = [direct[name] for name in lent]
+    _core.read_into(filename, ckpt, lent, owners, reporter, memory_limit=memory_limit, **options)
+    if copied:
+        stats = _core.last_load_stats()
+        # Strided destinations: read whole, then copied into place.
+        loaded = load_file(
+            filename,
+            names=list(copied),
+            on_progress=lambda done, _total: reporter.update(lent_bytes + done),
+            **options,
+        )
+        for name, array in loaded.items():
+            np.copyto(copied[name], array)
+        _core.set_last_load_stats(stats)
+    reporter.close(reporter.total)
+    return result

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Generator, Iterator, Mapping
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch
 
 from . import _core, _sluice
-from ._core import ByteSize, NameFilter, PathLike
+from ._core import ByteSize, IncompatibleKeys, NameFilter, PathLike
 from ._progress import Progress, ProgressCallback
 from .errors import ConfigError, SluiceError, TensorNotFoundError
 
@@ -217,14 +217,6 @@ def stream(
         windows.close()
 
 
-class IncompatibleKeys(NamedTuple):
-    """What :func:`load_into` left alone, as ``torch.nn.Module.load_state_dict`` reports it:
-    destinations the checkpoint lacks, and checkpoint tensors with no destination."""
-
-    missing_keys: list[str]
-    unexpected_keys: list[str]
-
-
 def load_into(
     filename: PathLike,
     dest: Union[Mapping[str, torch.Tensor], torch.nn.Module],
@@ -263,16 +255,8 @@ def load_into(
         if not isinstance(t, torch.Tensor):
             raise ConfigError(f"destination {name!r} is a {type(t).__name__}, not a tensor")
     ckpt = _sluice.open_checkpoint(os.fspath(filename), allow_partial=allow_partial)
-    known = ckpt.keys()
-    known_set = set(known)
-    missing = [n for n in targets if n not in known_set]
-    unexpected = [n for n in known if n not in targets]
-    if strict and (missing or unexpected):
-        raise TensorNotFoundError(
-            f"{os.fspath(filename)}: strict load_into: "
-            f"{len(missing)} destination(s) not in the checkpoint {missing[:5]}, "
-            f"{len(unexpected)} checkpoint tensor(s) with no destination {unexpected[:5]}"
-        )
+    result = _core.match_names(filename, ckpt, targets, strict)
+    known_set = set(ckpt.keys())
     direct: dict[str, torch.Tensor] = {}
     copied: dict[str, torch.Tensor] = {}
     for name, t in targets.items():
@@ -290,26 +274,23 @@ def load_into(
             direct[name] = t
         else:
             copied[name] = t
-    lent = _lend(direct)
-    nbytes = {name: t.numel() * t.element_size() for name, t in {**lent, **copied}.items()}
-    lent_bytes = sum(nbytes[n] for n in lent)
-    reporter = Progress(lent_bytes + sum(nbytes[n] for n in copied), progress, on_progress)
-    windows = _core.iter_windows(
+    spans = {name: (t.data_ptr(), t.numel() * t.element_size()) for name, t in direct.items()}
+    lent = {name: spans[name] for name in _core.distinct_spans(spans)}
+    lent_bytes = sum(size for _, size in lent.values())
+    copied_bytes = sum(t.numel() * t.element_size() for t in copied.values())
+    reporter = Progress(lent_bytes + copied_bytes, progress, on_progress)
+    _core.read_into(
         filename,
-        None,
-        bounded=True,
-        on_progress=lambda done, _total: reporter.update(done),
+        ckpt,
+        lent,
+        [direct[name] for name in lent],
+        reporter,
         concurrency=concurrency,
         chunk_bytes=chunk_bytes,
         memory_limit=memory_limit,
         drop_cache=drop_cache,
         allow_partial=allow_partial,
-        checkpoint=ckpt,
-        into=[(name, t.data_ptr(), nbytes[name]) for name, t in lent.items()],
-        lent=list(lent.values()),
     )
-    for _window in windows:
-        pass
     stats = _core.last_load_stats()
     if copied:
         # Another device, dtype or layout: copy_ converts, as load_state_dict does.
@@ -327,30 +308,7 @@ def load_into(
                 copied[name].copy_(tensor)
         _core.set_last_load_stats(stats)
     reporter.close(reporter.total)
-    return IncompatibleKeys(missing, unexpected)
-
-
-def _lend(direct: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The destinations to read into: one per distinct memory range. Exact aliases (tied
-    weights) keep the first name; a partial overlap is a :class:`sluice.ConfigError`."""
-    spans = sorted(
-        (t.data_ptr(), t.numel() * t.element_size(), name)
-        for name, t in direct.items()
-        if t.numel() > 0
-    )
-    lent = {name: t for name, t in direct.items() if t.numel() == 0}
-    last: Optional[tuple[int, int, str]] = None
-    for start, size, name in spans:
-        if last is not None and start < last[0] + last[1]:
-            if (start, size) == last[:2]:
-                continue
-            raise ConfigError(
-                f"destinations {last[2]!r} and {name!r} overlap in memory "
-                "without being the same tensor"
-            )
-        lent[name] = direct[name]
-        last = (start, size, name)
-    return lent
+    return result
 
 
 class safe_open:

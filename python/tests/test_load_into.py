@@ -246,3 +246,40 @@ def test_ctrl_c_mid_load_interrupts_and_the_next_load_is_whole(tmp_path, gen):
         proc.kill()
     assert out.split() == ["interrupted", "whole"]
     assert proc.returncode == 0
+
+
+def test_numpy_arrays_are_filled_in_place(tmp_path):
+    import sluice.numpy
+    from safetensors.numpy import save_file as save_numpy
+
+    rng = np.random.default_rng(5)
+    want = {
+        f"a{i}": rng.integers(0, 255, size=(33, 8 * (3 + i)), dtype=np.uint8).view(dt)
+        for i, dt in enumerate([np.uint8, np.int16, np.float32, np.float64, np.complex64])
+    }
+    want["big"] = rng.standard_normal(3 << 20).astype(np.float32)
+    save_numpy(want, str(tmp_path / "np.safetensors"))
+    dest = {k: np.zeros_like(v) for k, v in want.items()}
+    wide = np.zeros((33, 2 * want["a1"].shape[1]), dtype=np.int16)
+    dest["a1"] = wide[:, ::2]  # strided: filled through a copy
+    assert sluice.numpy.load_into(tmp_path / "np.safetensors", dest) == ([], [])
+    for k, v in want.items():
+        got = np.ascontiguousarray(dest[k])
+        assert got.dtype == v.dtype and np.array_equal(got.view(np.uint8), v.view(np.uint8))
+    assert not wide[:, 1::2].any()
+
+    frozen = {k: np.zeros_like(v) for k, v in want.items()}
+    frozen["a0"].flags.writeable = False
+    with pytest.raises(ConfigError, match=r"a0.*not writeable"):
+        sluice.numpy.load_into(tmp_path / "np.safetensors", frozen)
+    wrong = {k: np.zeros_like(v) for k, v in want.items()}
+    wrong["a2"] = np.zeros(want["a2"].shape, dtype=np.float64)
+    with pytest.raises(ConfigError, match=r"a2.*float64.*float32"):
+        sluice.numpy.load_into(tmp_path / "np.safetensors", wrong)
+    assert not any(v.any() for v in wrong.values())
+    with pytest.raises(TensorNotFoundError, match="big"):
+        sluice.numpy.load_into(tmp_path / "np.safetensors", {"a0": np.zeros_like(want["a0"])})
+    partial = {"a0": np.zeros_like(want["a0"]), "extra": np.zeros(3)}
+    result = sluice.numpy.load_into(tmp_path / "np.safetensors", partial, strict=False)
+    assert result.missing_keys == ["extra"] and "big" in result.unexpected_keys
+    assert np.array_equal(partial["a0"], want["a0"])
