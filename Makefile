@@ -17,7 +17,7 @@ CARGO ?= cargo
 # Stamps record that a set-up step is done and redo it when its inputs change.
 STAMP := $(VENV)/.stamps
 
-.PHONY: all demo test lint rust-test py-test numa-test numa-vm-watchdog build develop bench-load bench-ckpt bench-sim bench-warm bench-kv bench-deps bench-remote fuzz clean azurite
+.PHONY: all demo test lint rust-test py-test numa-test numa-vm-watchdog build develop bench-load bench-ckpt bench-sim bench-warm bench-kv bench-deps bench-remote fuzz clean azurite fake-gcs
 
 all: test
 
@@ -66,7 +66,18 @@ $(AZURITE_DIR)/node_modules/.bin/azurite-blob:
 
 azurite: $(AZURITE_DIR)/node_modules/.bin/azurite-blob
 
-py-test: $(STAMP)/develop build azurite
+# fake-gcs-server, a Google Cloud Storage emulator, for the gs:// tests: built from its Go
+# module into ~/.cache/sluice/bin once (a few minutes); without Go those tests skip and say why.
+FAKE_GCS := $(HOME)/.cache/sluice/bin/fake-gcs-server
+$(FAKE_GCS):
+	@if command -v go >/dev/null; then \
+	  echo "building fake-gcs-server (go install, once)"; \
+	  GOBIN=$(HOME)/.cache/sluice/bin go install github.com/fsouza/fake-gcs-server@v1.56.1; \
+	else echo "go not found: the gs:// tests will skip (fake-gcs-server is built with Go)"; fi
+
+fake-gcs: $(FAKE_GCS)
+
+py-test: $(STAMP)/develop build azurite fake-gcs
 	SLUICE_BIN=$(CURDIR)/target/release/sluice SLUICE_FAULTPROXY=$(CURDIR)/target/release/sluice-faultproxy \
 		$(PY) -m pytest python/tests -q
 

@@ -143,6 +143,18 @@ def write_sharded(
     return index_path
 
 
+def two_shards_of_six_dtypes(gen: torch.Generator) -> dict[str, dict[str, torch.Tensor]]:
+    """Two shards, each with a small tensor of six common dtypes (the object-store
+    emulator tests' checkpoint): file name -> tensors."""
+    dtypes = [torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.int64, torch.bool]
+    return {
+        f"model-{i + 1:05d}-of-00002.safetensors": {
+            f"s{i}.{d}": random_tensor(d, (33, 17 + i), gen) for d in dtypes
+        }
+        for i in range(2)
+    }
+
+
 def evict_from_page_cache(path: Path) -> None:
     """Flushes ``path`` and drops its clean pages, so the next read is cold."""
     fd = os.open(path, os.O_RDONLY)

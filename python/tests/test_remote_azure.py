@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_same_tensors, random_tensor, write_sharded
+from conftest import assert_same_tensors, two_shards_of_six_dtypes, write_sharded
 from s3_support import _stop, free_port, wait_for_port
 from sluice.errors import SluiceFileNotFoundError, SluicePermissionError
 
@@ -88,13 +88,7 @@ def upload_dir(container, src: Path, prefix: str) -> None:
 @pytest.fixture
 def sharded(tmp_path, az_env):
     gen = torch.Generator().manual_seed(15)
-    dtypes = [torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.int64, torch.bool]
-    shards = {
-        f"model-{i + 1:05d}-of-00002.safetensors": {
-            f"s{i}.{d}": random_tensor(d, (33, 17 + i), gen) for d in dtypes
-        }
-        for i in range(2)
-    }
+    shards = two_shards_of_six_dtypes(gen)
     index = write_sharded(tmp_path / "src", shards)
     upload_dir(az_env, index.parent, "llm")
     return {k: v for s in shards.values() for k, v in s.items()}
