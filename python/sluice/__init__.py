@@ -2,10 +2,11 @@
 
     import sluice
     state = sluice.load_file("model.safetensors.index.json")   # like safetensors
+    sluice.load_into("model/", model)   # into existing parameters, no second copy
     for name, t in sluice.stream("model/", memory_limit="512MiB"):
         params[name].copy_(t)
 
-The torch front end (``load_file``, ``stream``, ``safe_open``) is imported on
+The torch front end (``load_file``, ``load_into``, ``stream``, ``safe_open``) is imported on
 first use, so ``import sluice`` works without torch; ``sluice.numpy`` needs
 only numpy.
 """
