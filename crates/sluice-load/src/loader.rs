@@ -264,8 +264,12 @@ impl Loader {
             align,
         };
         let mut plan = ReadPlan::build(&self.checkpoint, names, opts)?;
-        // A read never spans more than a window, so small streams get small reads.
-        let chunk_bytes = (self.config.chunk_bytes.min(window_bytes) / align).max(1) * align;
+        // A read never spans more than a window, so small streams get small reads. Reads
+        // into lent memory take no budget: the gather windows' size must not shrink them.
+        let chunk_bytes = match into {
+            Some(_) => self.config.chunk_bytes,
+            None => (self.config.chunk_bytes.min(window_bytes) / align).max(1) * align,
+        };
         // "Burn after reading" must not keep pages mapped, so it turns
         // mapping off along with staging.
         let map_cached = self.config.map_cached

@@ -189,3 +189,33 @@ fn a_file_truncated_after_open_is_an_error() {
     assert!(matches!(err, LoadError::Truncated { .. }), "{err}");
     assert!(dests.values().all(Dest::guards_intact));
 }
+
+#[test]
+fn a_small_memory_limit_does_not_shrink_reads_into_lent_memory() {
+    // One 8 MiB tensor under a 1 MiB limit (256 KiB gather windows): it is read into its
+    // destination in `chunk_bytes` pieces (2 of 4 MiB), not in pieces of a gather window.
+    let dir = tempdir();
+    let tensor = TestTensor {
+        name: "big".into(),
+        dtype: "U8",
+        shape: vec![8 << 20],
+        bytes: random_bytes(8 << 20, 7),
+    };
+    let path = write_file(
+        &dir.path().join("m.safetensors"),
+        std::slice::from_ref(&tensor),
+    );
+    let engine = Arc::new(FaultyEngine::new(vec![]));
+    let cfg = LoadConfig {
+        chunk_bytes: 4 << 20,
+        memory_limit: Some(1 << 20),
+        ..LoadConfig::default()
+    };
+    let loader = Loader::open(&path, cfg)
+        .unwrap()
+        .with_engine(engine.clone());
+    let mut dests = dests(std::slice::from_ref(&tensor));
+    run(&loader, &mut dests).unwrap();
+    assert_eq!(dests["big"].bytes(), tensor.bytes.as_slice());
+    assert_eq!(engine.ops_seen(), 2);
+}
