@@ -164,25 +164,40 @@ def distinct_spans(spans: dict[str, tuple[int, int]]) -> list[str]:
     return keep
 
 
-def read_into(
+def fill_destinations(
     path: PathLike,
     checkpoint: Any,
-    spans: dict[str, tuple[int, int]],
-    owners: list[Any],
-    reporter: Progress,
+    direct: dict[str, tuple[int, int, Any]],
+    copied_bytes: int,
+    copy_rest: Optional[Callable[[ProgressCallback], None]],
+    progress: bool,
+    on_progress: Optional[ProgressCallback],
     **options: Any,
 ) -> None:
-    """Reads each named tensor into its ``(address, bytes)``, memory that ``owners`` keep
-    alive; the native stream holds them until its reads end."""
+    """The load behind both ``load_into`` front ends. ``direct`` maps each name to read
+    into to its destination's ``(address, bytes, owner)``; the native stream holds the
+    owners until its reads end. ``copy_rest`` then fills the destinations that cannot be
+    read into (``copied_bytes`` of them), reporting its progress to the callback it is
+    given; one progress report spans both parts, and ``last_load_stats()`` stays the
+    read's."""
+    spans = {name: (start, size) for name, (start, size, _) in direct.items()}
+    lent = {name: spans[name] for name in distinct_spans(spans)}
+    lent_bytes = sum(size for _, size in lent.values())
+    reporter = Progress(lent_bytes + copied_bytes, progress, on_progress)
     windows = iter_windows(
         path,
         None,
         bounded=True,
         on_progress=lambda done, _total: reporter.update(done),
         checkpoint=checkpoint,
-        into=[(name, start, size) for name, (start, size) in spans.items()],
-        lent=owners,
+        into=[(name, start, size) for name, (start, size) in lent.items()],
+        lent=[direct[name][2] for name in lent],
         **options,
     )
     for _window in windows:
         pass
+    if copy_rest is not None:
+        stats = last_load_stats()
+        copy_rest(lambda done, _total: reporter.update(lent_bytes + done))
+        set_last_load_stats(stats)
+    reporter.close(reporter.total)

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _core, _sluice
 from ._core import ByteSize, IncompatibleKeys, NameFilter, PathLike
-from ._progress import Progress, ProgressCallback
+from ._progress import ProgressCallback
 from .errors import ConfigError
 
 _NATIVE = {
@@ -137,10 +137,12 @@ def load_into(
             raise ConfigError(f"destination {name!r} is a {type(a).__name__}, not an array")
     ckpt = _sluice.open_checkpoint(os.fspath(filename), allow_partial=allow_partial)
     result = _core.match_names(filename, ckpt, targets, strict)
-    direct: dict[str, np.ndarray] = {}
+    missing = set(result.missing_keys)
+    direct: dict[str, tuple[int, int, np.ndarray]] = {}
     copied: dict[str, np.ndarray] = {}
-    for name in set(targets) - set(result.missing_keys):
-        a = targets[name]
+    for name, a in targets.items():
+        if name in missing:
+            continue
         dtype, shape = ckpt.layout(name)
         want = numpy_dtype(name, dtype)
         if a.dtype != want or tuple(a.shape) != tuple(shape):
@@ -150,31 +152,32 @@ def load_into(
             )
         if not a.flags.writeable:
             raise ConfigError(f"tensor {name!r}: the destination array is not writeable")
-        (direct if a.flags.c_contiguous else copied)[name] = a
-    spans = {name: (a.ctypes.data, a.nbytes) for name, a in direct.items()}
-    lent = {name: spans[name] for name in _core.distinct_spans(spans)}
-    copied_bytes = sum(a.nbytes for a in copied.values())
-    lent_bytes = sum(size for _, size in lent.values())
-    reporter = Progress(lent_bytes + copied_bytes, progress, on_progress)
+        if a.flags.c_contiguous:
+            direct[name] = (a.ctypes.data, a.nbytes, a)
+        else:
+            copied[name] = a
     options = {
         "concurrency": concurrency,
         "chunk_bytes": chunk_bytes,
         "drop_cache": drop_cache,
         "allow_partial": allow_partial,
     }
-    owners = [direct[name] for name in lent]
-    _core.read_into(filename, ckpt, lent, owners, reporter, memory_limit=memory_limit, **options)
-    if copied:
-        stats = _core.last_load_stats()
+
+    def copy_rest(report: ProgressCallback) -> None:
         # Strided destinations: read whole, then copied into place.
-        loaded = load_file(
-            filename,
-            names=list(copied),
-            on_progress=lambda done, _total: reporter.update(lent_bytes + done),
-            **options,
-        )
+        loaded = load_file(filename, names=list(copied), on_progress=report, **options)
         for name, array in loaded.items():
             np.copyto(copied[name], array)
-        _core.set_last_load_stats(stats)
-    reporter.close(reporter.total)
+
+    _core.fill_destinations(
+        filename,
+        ckpt,
+        direct,
+        sum(a.nbytes for a in copied.values()),
+        copy_rest if copied else None,
+        progress,
+        on_progress,
+        memory_limit=memory_limit,
+        **options,
+    )
     return result

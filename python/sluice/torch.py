@@ -16,7 +16,7 @@ import torch
 
 from . import _core, _sluice
 from ._core import ByteSize, IncompatibleKeys, NameFilter, PathLike
-from ._progress import Progress, ProgressCallback
+from ._progress import ProgressCallback
 from .errors import ConfigError, SluiceError, TensorNotFoundError
 
 _DTYPES: dict[str, Any] = {
@@ -256,11 +256,11 @@ def load_into(
             raise ConfigError(f"destination {name!r} is a {type(t).__name__}, not a tensor")
     ckpt = _sluice.open_checkpoint(os.fspath(filename), allow_partial=allow_partial)
     result = _core.match_names(filename, ckpt, targets, strict)
-    known_set = set(ckpt.keys())
-    direct: dict[str, torch.Tensor] = {}
+    missing = set(result.missing_keys)
+    direct: dict[str, tuple[int, int, torch.Tensor]] = {}
     copied: dict[str, torch.Tensor] = {}
     for name, t in targets.items():
-        if name not in known_set:
+        if name in missing:
             continue
         dtype, shape = ckpt.layout(name)
         tdtype = torch_dtype(name, dtype)
@@ -271,28 +271,11 @@ def load_into(
                 f"the checkpoint {list(shape)}"
             )
         if t.device.type == "cpu" and t.dtype == tdtype and t.is_contiguous():
-            direct[name] = t
+            direct[name] = (t.data_ptr(), t.numel() * t.element_size(), t)
         else:
             copied[name] = t
-    spans = {name: (t.data_ptr(), t.numel() * t.element_size()) for name, t in direct.items()}
-    lent = {name: spans[name] for name in _core.distinct_spans(spans)}
-    lent_bytes = sum(size for _, size in lent.values())
-    copied_bytes = sum(t.numel() * t.element_size() for t in copied.values())
-    reporter = Progress(lent_bytes + copied_bytes, progress, on_progress)
-    _core.read_into(
-        filename,
-        ckpt,
-        lent,
-        [direct[name] for name in lent],
-        reporter,
-        concurrency=concurrency,
-        chunk_bytes=chunk_bytes,
-        memory_limit=memory_limit,
-        drop_cache=drop_cache,
-        allow_partial=allow_partial,
-    )
-    stats = _core.last_load_stats()
-    if copied:
+
+    def copy_rest(report: ProgressCallback) -> None:
         # Another device, dtype or layout: copy_ converts, as load_state_dict does.
         with torch.no_grad():
             for name, tensor in stream(
@@ -303,11 +286,24 @@ def load_into(
                 chunk_bytes=chunk_bytes,
                 drop_cache=drop_cache,
                 allow_partial=allow_partial,
-                on_progress=lambda done, _total: reporter.update(lent_bytes + done),
+                on_progress=report,
             ):
                 copied[name].copy_(tensor)
-        _core.set_last_load_stats(stats)
-    reporter.close(reporter.total)
+
+    _core.fill_destinations(
+        filename,
+        ckpt,
+        direct,
+        sum(t.numel() * t.element_size() for t in copied.values()),
+        copy_rest if copied else None,
+        progress,
+        on_progress,
+        concurrency=concurrency,
+        chunk_bytes=chunk_bytes,
+        memory_limit=memory_limit,
+        drop_cache=drop_cache,
+        allow_partial=allow_partial,
+    )
     return result
 
 

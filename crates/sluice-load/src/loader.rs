@@ -184,8 +184,7 @@ impl Loader {
         &self,
         into: HashMap<String, Arc<LentMemory>>,
     ) -> Result<(TensorStream, LoadStats), LoadError> {
-        let mut names: Vec<String> = into.keys().cloned().collect();
-        names.sort();
+        let names: Vec<String> = into.keys().cloned().collect();
         for (_, entry) in self.checkpoint.tensors() {
             let Some(dst) = into.get(&entry.name) else {
                 continue;

@@ -36,15 +36,10 @@ type IntoTargets = Vec<(String, usize, usize)>;
 /// before any read; one name twice is a `ValueError`.
 fn lend(py: Python<'_>, targets: IntoTargets) -> PyResult<HashMap<String, Arc<LentMemory>>> {
     let mut out = HashMap::with_capacity(targets.len());
-    let writable = match targets.is_empty() {
-        true => None,
-        false => Some(
-            WritableRanges::of_this_process()
-                .map_err(|e| PyOSError::new_err(format!("reading /proc/self/maps: {e}")))?,
-        ),
-    };
+    let writable = WritableRanges::of_this_process()
+        .map_err(|e| PyOSError::new_err(format!("reading /proc/self/maps: {e}")))?;
     for (name, address, len) in targets {
-        if writable.as_ref().is_some_and(|w| !w.covers(address, len)) {
+        if !writable.covers(address, len) {
             return Err(err(py)(LoadError::Config(format!(
                 "tensor {name:?}: its destination ({len} bytes at {address:#x}) is not \
                  writable memory (a tensor over a read-only mapping?)"
