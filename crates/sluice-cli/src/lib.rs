@@ -109,6 +109,11 @@ pub struct MountArgs {
     /// The disk tier's budget [default: 16GiB].
     #[arg(long, requires = "cache_dir")]
     pub cache_size: Option<String>,
+    /// Read every file through the daemon, even one the disk tier holds whole. By default
+    /// such a file is handed to the kernel as the open's backing file (FUSE passthrough,
+    /// Linux 6.9+, root), and read at local disk and page-cache speed.
+    #[arg(long, requires = "cache_dir")]
+    pub no_passthrough: bool,
     /// Run in the background; print the daemon's pid once the mount is up.
     #[arg(long)]
     pub daemon: bool,

@@ -1,19 +1,26 @@
-//! [`DiskCache`]: the mount's optional second tier, blocks kept in a local directory
-//! (an SSD) under a byte budget of their own, so a restarted mount or a pool too small for
-//! the model reads from local disk instead of the network.
+//! [`DiskCache`]: the mount's optional second tier, files kept in a local directory (an
+//! SSD) under a byte budget of their own, so a restarted mount or a pool too small for the
+//! model reads from local disk instead of the network.
 //!
-//! Each block is one file, named by the BLAKE3 hash of what identifies it: the mount's
-//! source, the file's path, size and version (ETag, or inode and mtime), and the block's
-//! range. A changed object therefore never hits an old block. The file holds a header
-//! (magic, length, that key, and the BLAKE3 hash of the data) and the data. Every read
-//! checks all of it; a block that fails the check is deleted and reported as a miss, so it
-//! is fetched again and never served.
+//! Each cached file is two files, named by the BLAKE3 hash of what identifies it: the
+//! mount's source, the file's path, size and version (ETag, or inode and mtime), and the
+//! block size. A changed object therefore never hits old bytes.
+//! - `<name>.data` is sparse and as long as the file: each cached block sits at its own
+//!   offset, and the blocks not cached are holes. A file whose every block is cached is a
+//!   byte-exact local copy, which the FUSE adapter can hand to the kernel as the backing
+//!   file of an open (passthrough): reads then run at local page-cache speed.
+//! - `<name>.sums` holds a header (magic, the key, the file's size and the block size) and
+//!   the BLAKE3 hash of every block, all zeros for a block not held.
 //!
-//! Blocks are written to a temporary name and renamed into place. A crash leaves either
-//! no block or a whole one; a block torn by a power cut fails its checksum. Eviction is
-//! least recently used, by last read in this process and by file time across restarts.
-//! The cache fails open: a read error is a miss, and a write error (a full disk) leaves
-//! the block uncached with one warning.
+//! Every read through the cache checks its block against its hash; a block that fails is
+//! punched out and reported as a miss, so it is fetched again and never served. A block
+//! is written first and its hash after, so a crash leaves the block absent or checkable. A
+//! file is handed out for passthrough only once every block has been checked or written by
+//! this process, and it is pinned (never evicted) while the kernel holds it.
+//!
+//! Eviction is least recently used, block by block (a hole is punched), by last read in
+//! this process and by file time across restarts. The cache fails open: a read error is a
+//! miss, and a write error (a full disk) leaves the block uncached with one warning.
 //!
 //! The directory is marked as a Sluice cache and locked (`flock`) while a mount uses it:
 //! a directory holding other files is refused rather than evicted, and two mounts cannot
@@ -21,28 +28,34 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
-use std::time::SystemTime;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
 
 use crate::backend::Entry;
 use crate::error::MountError;
 
-const MAGIC: &[u8; 8] = b"SLCBLK01";
-/// Magic, data length, key hash, data hash.
-const HEADER: usize = 8 + 8 + 32 + 32;
+const MAGIC: &[u8; 8] = b"SLCSUM02";
+/// Magic, key, file size, block size.
+const HEADER: u64 = 8 + 32 + 8 + 8;
+/// One block's hash.
+const SUM: u64 = 32;
+const NO_SUM: [u8; 32] = [0; 32];
 const MARKER: &str = "SLUICE-CACHE";
-const SUFFIX: &str = ".blk";
+const DATA: &str = "data";
+/// How long an open waits for the last blocks of a file being written, to pass it through
+/// rather than read it through the daemon.
+const COMPLETE_WAIT: Duration = Duration::from_secs(2);
+const SUMS: &str = "sums";
 
 /// Where the disk tier lives and how much of it the mount may use.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DiskCacheOptions {
     pub dir: PathBuf,
-    /// Bytes of block files (headers included) kept at most.
+    /// Bytes kept at most: cached blocks plus each file's table of hashes.
     pub budget: u64,
 }
 
@@ -50,30 +63,86 @@ pub struct DiskCacheOptions {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DiskStats {
     pub held_bytes: u64,
+    /// Blocks held, and files with at least one block.
     pub blocks: u64,
+    pub files: u64,
     /// Block fetches served from disk, and those that found no block.
     pub hits: u64,
     pub misses: u64,
-    /// Blocks that failed their check (wrong length, key or checksum) and were deleted.
+    /// Blocks that failed their check (wrong hash, short file, another file's table) and
+    /// were dropped.
     pub corrupt: u64,
     pub written_blocks: u64,
     pub written_bytes: u64,
     /// Writes that failed (a full disk), leaving the block uncached.
     pub write_errors: u64,
     pub evicted: u64,
+    /// Opens handed a whole local copy to pass through.
+    pub passthrough_opens: u64,
 }
 
 type Name = [u8; 16];
 
+/// One cached file.
+struct Cached {
+    key: [u8; 32],
+    size: u64,
+    block: u64,
+    /// Open read-write once a block is read or written.
+    data: Option<Arc<File>>,
+    sums_file: Option<Arc<File>>,
+    sums: Vec<Option<[u8; 32]>>,
+    /// Checked (or written) by this process: what passthrough needs of every block.
+    checked: Vec<bool>,
+    /// Each held block's last-use tick (its key in the LRU).
+    ticks: Vec<u64>,
+    held_blocks: u64,
+    /// Passthrough opens and reads in progress: no block of a pinned file is evicted.
+    pins: usize,
+    writing: HashSet<u64>,
+}
+
+impl Cached {
+    fn new(key: [u8; 32], size: u64, block: u64) -> Cached {
+        let blocks = size.div_ceil(block) as usize;
+        Cached {
+            key,
+            size,
+            block,
+            data: None,
+            sums_file: None,
+            sums: vec![None; blocks],
+            checked: vec![false; blocks],
+            ticks: vec![0; blocks],
+            held_blocks: 0,
+            pins: 0,
+            writing: HashSet::new(),
+        }
+    }
+
+    fn blocks(&self) -> u64 {
+        self.size.div_ceil(self.block)
+    }
+
+    fn block_len(&self, b: u64) -> u64 {
+        self.size.saturating_sub(b * self.block).min(self.block)
+    }
+
+    fn sums_len(&self) -> u64 {
+        HEADER + SUM * self.blocks()
+    }
+
+    fn complete_and_checked(&self) -> bool {
+        self.held_blocks == self.blocks() && self.checked.iter().all(|&c| c)
+    }
+}
+
 #[derive(Default)]
 struct Index {
-    /// Block files: size on disk and last-use tick.
-    files: HashMap<Name, (u64, u64)>,
+    files: HashMap<Name, Cached>,
     /// Last-use tick to block, oldest first.
-    lru: BTreeMap<u64, Name>,
-    /// Blocks being written: their room is reserved in `held`, but they are not readable.
-    writing: HashSet<Name>,
-    /// Bytes of block files, including those being written.
+    lru: BTreeMap<u64, (Name, u64)>,
+    /// Bytes of held blocks and of tables, including blocks being written.
     held: u64,
     tick: u64,
     stats: DiskStats,
@@ -81,31 +150,13 @@ struct Index {
 }
 
 impl Index {
-    fn touch(&mut self, name: Name) {
+    fn touch(&mut self, name: Name, b: u64) {
         self.tick += 1;
         let tick = self.tick;
-        if let Some((_, last)) = self.files.get_mut(&name) {
-            self.lru.remove(last);
-            *last = tick;
-            self.lru.insert(tick, name);
-        }
-    }
-
-    fn insert(&mut self, name: Name, size: u64) {
-        self.tick += 1;
-        let tick = self.tick;
-        if let Some((old, last)) = self.files.insert(name, (size, tick)) {
+        if let Some(c) = self.files.get_mut(&name) {
+            let last = std::mem::replace(&mut c.ticks[b as usize], tick);
             self.lru.remove(&last);
-            self.held -= old;
-        }
-        self.lru.insert(tick, name);
-        self.held += size;
-    }
-
-    fn remove(&mut self, name: &Name) {
-        if let Some((size, last)) = self.files.remove(name) {
-            self.lru.remove(&last);
-            self.held -= size;
+            self.lru.insert(tick, (name, b));
         }
     }
 }
@@ -116,9 +167,10 @@ pub struct DiskCache {
     /// Hash of the mount's source, part of every key.
     namespace: String,
     index: Mutex<Index>,
+    /// Signalled whenever a block write ends.
+    written: Condvar,
     /// Held open with an exclusive `flock` while the cache is in use.
     _lock: File,
-    temp_seq: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -129,8 +181,7 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn parse_name(file_name: &str) -> Option<Name> {
-    let stem = file_name.strip_suffix(SUFFIX)?;
+fn parse_name(stem: &str) -> Option<Name> {
     if stem.len() != 32 || !stem.bytes().all(|c| c.is_ascii_hexdigit()) {
         return None;
     }
@@ -141,10 +192,40 @@ fn parse_name(file_name: &str) -> Option<Name> {
     Some(name)
 }
 
+fn corrupt(why: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, why.to_string())
+}
+
+/// Frees the bytes of `len` at `offset` (a hole reads as zeros, and fails any hash).
+fn punch(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // SAFETY: fallocate on a descriptor `file` owns; no memory is passed.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), mode, offset as i64, len as i64) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn open_rw(path: &Path, create: bool) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(create)
+        .truncate(false)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(corrupt("not a regular file"));
+    }
+    Ok(file)
+}
+
 impl DiskCache {
     /// Opens (or creates) the cache directory for the mount of `source`, takes its lock,
-    /// indexes the blocks already there, removes torn temporary files, and evicts down to
-    /// the budget.
+    /// indexes the files already there, removes what it cannot use, and evicts down to the
+    /// budget.
     pub fn open(opts: &DiskCacheOptions, source: &str) -> Result<DiskCache, MountError> {
         let dir = &opts.dir;
         let bad = |why: String| MountError::Config(format!("--cache-dir {}: {why}", dir.display()));
@@ -191,8 +272,8 @@ impl DiskCache {
             budget: opts.budget,
             namespace: blake3::hash(source.as_bytes()).to_hex().to_string(),
             index: Mutex::new(Index::default()),
+            written: Condvar::new(),
             _lock: lock_file,
-            temp_seq: AtomicU64::new(0),
         };
         cache
             .scan()
@@ -202,43 +283,109 @@ impl DiskCache {
             cache.evict_to(&mut ix, opts.budget);
         }
         let s = cache.stats();
-        tracing::info!(dir = %dir.display(), blocks = s.blocks, bytes = s.held_bytes, budget = opts.budget, "disk cache opened");
+        tracing::info!(dir = %dir.display(), files = s.files, blocks = s.blocks, bytes = s.held_bytes, budget = opts.budget, "disk cache opened");
         Ok(cache)
     }
 
+    /// Indexes every readable table whose data file matches it; deletes the rest (torn
+    /// or foreign files, an older layout's blocks).
     fn scan(&self) -> io::Result<()> {
-        let mut found: Vec<(SystemTime, Name, u64)> = Vec::new();
+        let mut found: Vec<(SystemTime, Name, Cached)> = Vec::new();
+        let mut stray: Vec<PathBuf> = Vec::new();
         for sub in std::fs::read_dir(&self.dir)? {
             let sub = sub?;
             if !sub.file_type()?.is_dir() {
                 continue;
             }
+            let mut tables = HashSet::new();
+            let mut datas = Vec::new();
             for item in std::fs::read_dir(sub.path())? {
                 let item = item?;
-                let file_name = item.file_name();
-                let Some(file_name) = file_name.to_str() else {
-                    continue;
-                };
-                if file_name.contains(".tmp.") {
-                    let _ = std::fs::remove_file(item.path());
-                    continue;
-                }
-                let Some(name) = parse_name(file_name) else {
-                    continue;
-                };
-                let meta = item.metadata()?;
-                if meta.is_file() {
-                    let when = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-                    found.push((when, name, meta.len()));
+                let path = item.path();
+                let known = path
+                    .file_stem()
+                    .and_then(|s| s.to_str())
+                    .and_then(parse_name)
+                    .zip(path.extension().and_then(|e| e.to_str()));
+                match known {
+                    Some((name, SUMS)) => match self.load_table(&path) {
+                        Ok((when, c)) => {
+                            tables.insert(name);
+                            found.push((when, name, c));
+                        }
+                        Err(e) => {
+                            tracing::warn!(table = %path.display(), error = %e, "disk cache table unusable; deleting the file's cache");
+                            stray.push(path.with_extension(DATA));
+                            stray.push(path);
+                        }
+                    },
+                    Some((name, DATA)) => datas.push((name, path)),
+                    _ => stray.push(path),
                 }
             }
+            stray.extend(
+                datas
+                    .into_iter()
+                    .filter(|(name, _)| !tables.contains(name))
+                    .map(|(_, p)| p),
+            );
         }
-        found.sort();
+        for p in stray {
+            let _ = std::fs::remove_file(p);
+        }
+        // Older files' blocks become the least recently used.
+        found.sort_by_key(|(when, name, _)| (*when, *name));
         let mut ix = lock(&self.index);
-        for (_, name, size) in found {
-            ix.insert(name, size);
+        for (_, name, mut c) in found {
+            for b in 0..c.blocks() {
+                if c.sums[b as usize].is_some() {
+                    ix.tick += 1;
+                    let tick = ix.tick;
+                    c.ticks[b as usize] = tick;
+                    ix.lru.insert(tick, (name, b));
+                    ix.held += c.block_len(b);
+                }
+            }
+            ix.held += c.sums_len();
+            ix.files.insert(name, c);
         }
         Ok(())
+    }
+
+    /// A table and its data file, checked for shape; the table's time.
+    fn load_table(&self, path: &Path) -> io::Result<(SystemTime, Cached)> {
+        let table = std::fs::read(path)?;
+        if table.len() < HEADER as usize || &table[..8] != MAGIC {
+            return Err(corrupt("bad header"));
+        }
+        let word = |at: usize| u64::from_le_bytes(table[at..at + 8].try_into().expect("8 bytes"));
+        let (size, block) = (word(40), word(48));
+        if block == 0 || size == 0 {
+            return Err(corrupt("bad sizes"));
+        }
+        let blocks = size.div_ceil(block);
+        if table.len() as u64 != HEADER + SUM * blocks {
+            return Err(corrupt("wrong length"));
+        }
+        let data = std::fs::symlink_metadata(path.with_extension(DATA))?;
+        if !data.is_file() || data.len() != size {
+            return Err(corrupt("data file missing or of the wrong size"));
+        }
+        let sums: Vec<Option<[u8; 32]>> = table[HEADER as usize..]
+            .chunks_exact(SUM as usize)
+            .map(|s| {
+                let s: [u8; 32] = s.try_into().expect("32 bytes");
+                (s != NO_SUM).then_some(s)
+            })
+            .collect();
+        let held_blocks = sums.iter().filter(|s| s.is_some()).count() as u64;
+        let when = std::fs::metadata(path)?
+            .modified()
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let mut c = Cached::new(table[8..40].try_into().expect("32 bytes"), size, block);
+        c.sums = sums;
+        c.held_blocks = held_blocks;
+        Ok((when, c))
     }
 
     pub fn budget(&self) -> u64 {
@@ -249,12 +396,13 @@ impl DiskCache {
         let ix = lock(&self.index);
         DiskStats {
             held_bytes: ix.held,
-            blocks: ix.files.len() as u64,
+            blocks: ix.lru.len() as u64,
+            files: ix.files.len() as u64,
             ..ix.stats
         }
     }
 
-    fn key(&self, entry: &Entry, offset: u64, len: u64) -> blake3::Hash {
+    fn key(&self, entry: &Entry, block: u64) -> [u8; 32] {
         let mut h = blake3::Hasher::new();
         for part in [
             self.namespace.as_bytes(),
@@ -264,179 +412,372 @@ impl DiskCache {
             h.update(&(part.len() as u64).to_le_bytes());
             h.update(part);
         }
-        for n in [entry.size, offset, len] {
+        for n in [entry.size, block] {
             h.update(&n.to_le_bytes());
         }
-        h.finalize()
+        *h.finalize().as_bytes()
     }
 
-    fn path_of(&self, name: &Name) -> PathBuf {
+    fn path_of(&self, name: &Name, ext: &str) -> PathBuf {
         let hex = hex(name);
-        self.dir.join(&hex[..2]).join(format!("{hex}{SUFFIX}"))
+        self.dir.join(&hex[..2]).join(format!("{hex}.{ext}"))
     }
 
-    /// Fills `dst` with the block at `offset` of `entry` if the cache holds it whole and
-    /// intact; `false` otherwise (a block failing its check is deleted first).
-    pub fn read(&self, entry: &Entry, offset: u64, dst: &mut [u8]) -> bool {
-        let key = self.key(entry, offset, dst.len() as u64);
-        let name: Name = key.as_bytes()[..16].try_into().expect("16 of 32 bytes");
-        {
+    /// The cached file of `entry` (cut in blocks of `block` bytes), if the index has it
+    /// under this key; one under the same name but another key is dropped.
+    fn find<'a>(
+        &self,
+        ix: &'a mut Index,
+        entry: &Entry,
+        block: u64,
+    ) -> Option<(Name, &'a mut Cached)> {
+        let key = self.key(entry, block);
+        let name: Name = key[..16].try_into().expect("16 of 32 bytes");
+        let matches = ix.files.get(&name).map(|c| c.key == key);
+        if matches == Some(false) {
+            tracing::warn!(file = %entry.path, "disk cache table belongs to another file; dropping it");
+            ix.stats.corrupt += 1;
+            self.drop_file(ix, name);
+        }
+        ix.files.get_mut(&name).map(|c| (name, c))
+    }
+
+    /// The data file, opened once.
+    fn data_of(&self, name: &Name, c: &mut Cached, create: bool) -> io::Result<Arc<File>> {
+        if let Some(f) = &c.data {
+            return Ok(Arc::clone(f));
+        }
+        let path = self.path_of(name, DATA);
+        if create {
+            std::fs::create_dir_all(path.parent().expect("cache paths have a parent"))?;
+        }
+        let f = open_rw(&path, create)?;
+        let len = f.metadata()?.len();
+        if len != c.size {
+            if !create || len != 0 {
+                return Err(corrupt("data file of the wrong size"));
+            }
+            f.set_len(c.size)?;
+        }
+        let f = Arc::new(f);
+        c.data = Some(Arc::clone(&f));
+        Ok(f)
+    }
+
+    /// The table, opened once (and written whole when new).
+    fn sums_of(&self, name: &Name, c: &mut Cached, create: bool) -> io::Result<Arc<File>> {
+        if let Some(f) = &c.sums_file {
+            return Ok(Arc::clone(f));
+        }
+        let f = open_rw(&self.path_of(name, SUMS), create)?;
+        if f.metadata()?.len() != c.sums_len() {
+            if !create {
+                return Err(corrupt("table of the wrong size"));
+            }
+            let mut table = vec![0u8; c.sums_len() as usize];
+            table[..8].copy_from_slice(MAGIC);
+            table[8..40].copy_from_slice(&c.key);
+            table[40..48].copy_from_slice(&c.size.to_le_bytes());
+            table[48..56].copy_from_slice(&c.block.to_le_bytes());
+            f.write_all_at(&table, 0)?;
+        }
+        let f = Arc::new(f);
+        c.sums_file = Some(Arc::clone(&f));
+        Ok(f)
+    }
+
+    /// Fills `dst` with the block at `offset` of `entry` if the cache holds it and it
+    /// passes its check; `false` otherwise (a block failing its check is dropped first).
+    pub fn read(&self, entry: &Entry, offset: u64, block: u64, dst: &mut [u8]) -> bool {
+        let b = offset / block;
+        let (name, want, data) = {
             let mut ix = lock(&self.index);
-            if !ix.files.contains_key(&name) {
+            let found = self.find(&mut ix, entry, block).and_then(|(name, c)| {
+                let ok = offset % block == 0 && c.block_len(b) == dst.len() as u64;
+                let want = c.sums.get(b as usize).copied().flatten().filter(|_| ok)?;
+                let data = self.data_of(&name, c, false);
+                c.pins += 1;
+                Some((name, want, data))
+            });
+            let Some((name, want, data)) = found else {
                 ix.stats.misses += 1;
                 return false;
+            };
+            ix.touch(name, b);
+            (name, want, data)
+        };
+        let result = data.and_then(|f| {
+            f.read_exact_at(dst, offset).map_err(|e| {
+                if e.kind() == io::ErrorKind::UnexpectedEof {
+                    corrupt("data file cut short")
+                } else {
+                    e
+                }
+            })?;
+            if *blake3::hash(dst).as_bytes() != want {
+                return Err(corrupt("checksum mismatch"));
             }
-            ix.touch(name);
+            Ok(f)
+        });
+        let mut ix = lock(&self.index);
+        let ok = result.is_ok();
+        if let Some(c) = ix.files.get_mut(&name) {
+            c.pins -= 1;
+            if ok {
+                c.checked[b as usize] = true;
+            }
         }
-        let path = self.path_of(&name);
-        match self.check(&path, key, dst) {
-            Ok(file) => {
-                lock(&self.index).stats.hits += 1;
-                // Keeps the order of use across restarts (the mount owns its blocks, so the
-                // read-only descriptor may set the time); a failure only costs that order.
-                let _ = file.set_modified(SystemTime::now());
+        match result {
+            Ok(f) => {
+                ix.stats.hits += 1;
+                drop(ix);
+                // Keeps the order of use across restarts; a failure only costs that order.
+                let _ = f.set_modified(SystemTime::now());
                 true
             }
             Err(why) => {
-                let mut ix = lock(&self.index);
                 ix.stats.misses += 1;
+                let path = self.path_of(&name, DATA);
                 if why.kind() == io::ErrorKind::InvalidData {
                     ix.stats.corrupt += 1;
-                    tracing::warn!(file = %entry.path, offset, block = %path.display(), %why, "disk cache block failed its check; deleted, fetching it again");
+                    tracing::warn!(file = %entry.path, offset, cache = %path.display(), %why, "disk cache block failed its check; dropped, fetching it again");
                 } else {
-                    tracing::warn!(file = %entry.path, offset, block = %path.display(), error = %why, "disk cache block unreadable; fetching it again");
+                    tracing::warn!(file = %entry.path, offset, cache = %path.display(), error = %why, "disk cache block unreadable; fetching it again");
                 }
-                ix.remove(&name);
-                drop(ix);
-                let _ = std::fs::remove_file(&path);
+                self.drop_block(&mut ix, name, b);
                 false
             }
         }
     }
 
-    /// Fills `dst` from the block file at `path` if it passes every check; the open file.
-    fn check(&self, path: &Path, key: blake3::Hash, dst: &mut [u8]) -> io::Result<File> {
-        let corrupt = |why: &str| io::Error::new(io::ErrorKind::InvalidData, why.to_string());
-        let file = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-            .open(path)?;
-        let meta = file.metadata()?;
-        if !meta.is_file() {
-            return Err(corrupt("not a regular file"));
-        }
-        if meta.len() != (HEADER + dst.len()) as u64 {
-            return Err(corrupt("wrong size"));
-        }
-        let mut header = [0u8; HEADER];
-        file.read_exact_at(&mut header, 0)?;
-        if &header[..8] != MAGIC {
-            return Err(corrupt("bad magic"));
-        }
-        if header[8..16] != (dst.len() as u64).to_le_bytes() {
-            return Err(corrupt("wrong length"));
-        }
-        if header[16..48] != *key.as_bytes() {
-            return Err(corrupt("another block's key"));
-        }
-        file.read_exact_at(dst, HEADER as u64).map_err(|e| {
-            if e.kind() == io::ErrorKind::UnexpectedEof {
-                corrupt("truncated")
-            } else {
-                e
-            }
-        })?;
-        if header[48..80] != *blake3::hash(dst).as_bytes() {
-            return Err(corrupt("checksum mismatch"));
-        }
-        Ok(file)
-    }
-
     /// Keeps `data`, the block at `offset` of `entry`, evicting the least recently used
     /// blocks to stay in budget. Failures are counted and logged, never returned: the
     /// block simply stays uncached.
-    pub fn write(&self, entry: &Entry, offset: u64, data: &[u8]) {
-        let key = self.key(entry, offset, data.len() as u64);
-        let name: Name = key.as_bytes()[..16].try_into().expect("16 of 32 bytes");
-        let size = (HEADER + data.len()) as u64;
-        if size > self.budget {
+    pub fn write(&self, entry: &Entry, offset: u64, block: u64, data: &[u8]) {
+        if offset % block != 0 || entry.size == 0 {
             return;
         }
-        {
+        let b = offset / block;
+        let len = data.len() as u64;
+        let key = self.key(entry, block);
+        let name: Name = key[..16].try_into().expect("16 of 32 bytes");
+        let (name, files) = {
             let mut ix = lock(&self.index);
-            if ix.files.contains_key(&name) || ix.writing.contains(&name) {
+            let new = match self.find(&mut ix, entry, block) {
+                Some((_, c)) => {
+                    if c.sums[b as usize].is_some() || c.writing.contains(&b) {
+                        return;
+                    }
+                    false
+                }
+                None => true,
+            };
+            let fresh = Cached::new(key, entry.size, block);
+            if fresh.block_len(b) != len {
                 return;
             }
-            self.evict_to(&mut ix, self.budget - size);
-            if ix.held + size > self.budget {
-                return; // the rest is being written by others
+            let need = len + if new { fresh.sums_len() } else { 0 };
+            if need > self.budget {
+                return;
+            }
+            if !new {
+                // Its own blocks are not evicted to make room for it.
+                ix.files.get_mut(&name).expect("found above").pins += 1;
+            }
+            self.evict_to(&mut ix, self.budget - need);
+            if !new {
+                ix.files.get_mut(&name).expect("pinned").pins -= 1;
+            }
+            if ix.held + need > self.budget {
+                return; // the rest is pinned or being written by others
             }
             // Reserve the room now so concurrent writers cannot overshoot the budget.
-            ix.held += size;
-            ix.writing.insert(name);
-        }
-        let path = self.path_of(&name);
-        let written = self.write_file(&path, key, data);
+            ix.held += need;
+            let c = ix.files.entry(name).or_insert(fresh);
+            c.writing.insert(b);
+            c.pins += 1;
+            let files = self
+                .data_of(&name, c, true)
+                .and_then(|d| Ok((d, self.sums_of(&name, c, true)?)));
+            (name, files)
+        };
+        let sum = blake3::hash(data);
+        let written = files.and_then(|(d, s)| {
+            d.write_all_at(data, offset)?;
+            s.write_all_at(sum.as_bytes(), HEADER + SUM * b)?;
+            Ok(d)
+        });
         let mut ix = lock(&self.index);
-        ix.held -= size;
-        ix.writing.remove(&name);
+        self.written.notify_all();
+        let Some(c) = ix.files.get_mut(&name) else {
+            // Dropped meanwhile (its data file unusable): only the reservation is left.
+            ix.held -= len;
+            return;
+        };
+        c.writing.remove(&b);
+        c.pins -= 1;
         match written {
-            Ok(()) => {
-                ix.insert(name, size);
+            Ok(_) => {
+                c.sums[b as usize] = Some(*sum.as_bytes());
+                c.checked[b as usize] = true;
+                c.held_blocks += 1;
+                ix.tick += 1;
+                let tick = ix.tick;
+                if let Some(c) = ix.files.get_mut(&name) {
+                    c.ticks[b as usize] = tick;
+                }
+                ix.lru.insert(tick, (name, b));
                 ix.stats.written_blocks += 1;
-                ix.stats.written_bytes += data.len() as u64;
+                ix.stats.written_bytes += len;
             }
             Err(e) => {
+                if let Some(d) = &c.data {
+                    let _ = punch(d, offset, len);
+                }
+                ix.held -= len;
                 ix.stats.write_errors += 1;
                 if !std::mem::replace(&mut ix.warned, true) {
                     tracing::warn!(dir = %self.dir.display(), error = %e, "cannot write to the disk cache; blocks stay uncached (warned once)");
                 }
+                self.drop_if_empty(&mut ix, name);
             }
         }
     }
 
-    fn write_file(&self, path: &Path, key: blake3::Hash, data: &[u8]) -> io::Result<()> {
-        let parent = path.parent().expect("block paths have a parent");
-        std::fs::create_dir_all(parent)?;
-        let temp = path.with_extension(format!(
-            "tmp.{}.{}",
-            std::process::id(),
-            self.temp_seq.fetch_add(1, Ordering::Relaxed)
-        ));
-        let result = (|| {
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&temp)?;
-            let mut header = [0u8; HEADER];
-            header[..8].copy_from_slice(MAGIC);
-            header[8..16].copy_from_slice(&(data.len() as u64).to_le_bytes());
-            header[16..48].copy_from_slice(key.as_bytes());
-            header[48..80].copy_from_slice(blake3::hash(data).as_bytes());
-            f.write_all(&header)?;
-            f.write_all(data)?;
-            std::fs::rename(&temp, path)
-        })();
-        if result.is_err() {
-            let _ = std::fs::remove_file(&temp);
+    /// A read-only descriptor of `entry`'s whole local copy, if every block is held and
+    /// has been checked by this process; the file is pinned until [`DiskCache::unpin`].
+    /// A file whose last blocks are being written (a reader just read them through the
+    /// pool) is waited for, up to [`COMPLETE_WAIT`].
+    pub fn pin_complete(&self, entry: &Entry, block: u64) -> Option<File> {
+        let mut ix = self.wait_written(entry, block);
+        let (name, c) = self.find(&mut ix, entry, block)?;
+        if !c.complete_and_checked() {
+            return None;
         }
-        result
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(self.path_of(&name, DATA))
+            .ok()
+            .filter(|f| f.metadata().is_ok_and(|m| m.is_file() && m.len() == c.size))?;
+        c.pins += 1;
+        ix.stats.passthrough_opens += 1;
+        Some(file)
     }
 
-    fn evict_to(&self, ix: &mut Index, limit: u64) {
-        while ix.held > limit {
-            let Some((_, name)) = ix.lru.pop_first() else {
+    /// Whether [`DiskCache::pin_complete`] would hand out `entry` now (after the same
+    /// wait for its last blocks).
+    pub fn is_complete(&self, entry: &Entry, block: u64) -> bool {
+        let mut ix = self.wait_written(entry, block);
+        self.find(&mut ix, entry, block)
+            .is_some_and(|(_, c)| c.complete_and_checked())
+    }
+
+    /// The index, once no write of `entry`'s last missing blocks is in flight (or after
+    /// [`COMPLETE_WAIT`]).
+    fn wait_written(&self, entry: &Entry, block: u64) -> MutexGuard<'_, Index> {
+        let deadline = std::time::Instant::now() + COMPLETE_WAIT;
+        let mut ix = lock(&self.index);
+        while let Some((_, c)) = self.find(&mut ix, entry, block) {
+            let finishing =
+                !c.writing.is_empty() && c.held_blocks + c.writing.len() as u64 == c.blocks();
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if !finishing || left.is_zero() {
                 break;
-            };
-            if let Some((size, _)) = ix.files.remove(&name) {
-                ix.held -= size;
             }
-            ix.stats.evicted += 1;
-            if let Err(e) = std::fs::remove_file(self.path_of(&name)) {
+            ix = self
+                .written
+                .wait_timeout(ix, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        ix
+    }
+
+    /// Ends a pin taken by [`DiskCache::pin_complete`].
+    pub fn unpin(&self, entry: &Entry, block: u64) {
+        let mut ix = lock(&self.index);
+        if let Some((_, c)) = self.find(&mut ix, entry, block) {
+            c.pins = c.pins.saturating_sub(1);
+        }
+    }
+
+    /// Drops block `b` of a file: a hole in its data, zeros for its hash. A file with no
+    /// block left is deleted; one whose hole cannot be punched is deleted whole.
+    fn drop_block(&self, ix: &mut Index, name: Name, b: u64) {
+        let Some(c) = ix.files.get_mut(&name) else {
+            return;
+        };
+        if c.sums[b as usize].take().is_none() {
+            return;
+        }
+        c.checked[b as usize] = false;
+        c.held_blocks -= 1;
+        let (offset, len) = (b * c.block, c.block_len(b));
+        let tick = std::mem::take(&mut c.ticks[b as usize]);
+        let cleared = c
+            .sums_file
+            .clone()
+            .map_or(Ok(()), |s| s.write_all_at(&NO_SUM, HEADER + SUM * b))
+            .and_then(|()| {
+                let data = self.data_of(&name, c, false)?;
+                punch(&data, offset, len)
+            });
+        ix.lru.remove(&tick);
+        ix.held -= len;
+        if let Err(e) = cleared {
+            tracing::debug!(error = %e, "cannot punch out a disk cache block; dropping its file");
+            self.drop_file(ix, name);
+            return;
+        }
+        self.drop_if_empty(ix, name);
+    }
+
+    fn drop_if_empty(&self, ix: &mut Index, name: Name) {
+        if ix
+            .files
+            .get(&name)
+            .is_some_and(|c| c.held_blocks == 0 && c.pins == 0 && c.writing.is_empty())
+        {
+            self.drop_file(ix, name);
+        }
+    }
+
+    /// Forgets a file and deletes both of its files.
+    fn drop_file(&self, ix: &mut Index, name: Name) {
+        let Some(c) = ix.files.remove(&name) else {
+            return;
+        };
+        for (b, &tick) in c.ticks.iter().enumerate() {
+            if c.sums[b].is_some() {
+                ix.lru.remove(&tick);
+                ix.held -= c.block_len(b as u64);
+            }
+        }
+        ix.held -= c.sums_len();
+        for ext in [SUMS, DATA] {
+            if let Err(e) = std::fs::remove_file(self.path_of(&name, ext)) {
                 if e.kind() != io::ErrorKind::NotFound {
-                    tracing::warn!(error = %e, "cannot delete an evicted disk cache block");
+                    tracing::warn!(error = %e, "cannot delete a disk cache file");
                 }
             }
+        }
+    }
+
+    /// Evicts least recently used blocks of files not pinned until at most `limit` bytes
+    /// are held (or only pinned files are left).
+    fn evict_to(&self, ix: &mut Index, limit: u64) {
+        while ix.held > limit {
+            let victim = ix
+                .lru
+                .values()
+                .find(|(name, _)| ix.files.get(name).is_some_and(|c| c.pins == 0))
+                .copied();
+            let Some((name, b)) = victim else {
+                break;
+            };
+            ix.stats.evicted += 1;
+            self.drop_block(ix, name, b);
         }
     }
 }

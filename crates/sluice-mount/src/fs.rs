@@ -1,6 +1,7 @@
 //! [`MountFs`]: the mount's file system without FUSE: an inode table built from the
 //! backend's listing, and `lookup`, `getattr`, `readdir`, `open`, `read` and `release`
-//! over the shared [`BlockPool`], with per-file [`Streams`] driving a prefetch pool.
+//! over the shared [`BlockPool`], with per-file [`Streams`] driving a prefetch pool. An
+//! open may instead be passed through to the disk tier's whole local copy ([`Opened`]).
 //! The FUSE adapter (`fuse.rs`) only translates; tests drive this directly.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -35,6 +36,9 @@ pub struct MountOptions {
     pub lookahead_files: usize,
     /// The optional second tier: blocks kept in a local directory under their own budget.
     pub disk_cache: Option<DiskCacheOptions>,
+    /// Hand a file whose every block the disk tier holds (checked) to the kernel as the
+    /// open's backing file (FUSE passthrough), so reads run at local page-cache speed.
+    pub passthrough: bool,
 }
 
 impl Default for MountOptions {
@@ -46,6 +50,7 @@ impl Default for MountOptions {
             streams: StreamConfig::default(),
             lookahead_files: 1,
             disk_cache: None,
+            passthrough: true,
         }
     }
 }
@@ -99,10 +104,18 @@ pub struct DirEntry {
     pub is_dir: bool,
 }
 
+/// A file's open handles: the kernel keeps one I/O mode per inode, so a file is either
+/// read through the mount (cached) or passed through, never both at once.
+#[derive(Default)]
+struct Opens {
+    cached: usize,
+    backed: usize,
+}
+
 struct FileNode {
     entry: Entry,
     streams: Mutex<Streams>,
-    opens: AtomicUsize,
+    opens: Mutex<Opens>,
     safetensors: bool,
     /// Position among the `.safetensors` files, for lookahead.
     shard_rank: Option<usize>,
@@ -116,6 +129,32 @@ enum Node {
 
 /// The bytes of a read: a range of one pooled block (kept alive while the reply is
 /// sent), or a copy where the read spans blocks.
+/// What [`MountFs::release_handle`] closed: a passed-through handle or a cached one, and
+/// whether it was the file's last of that kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Released {
+    pub backed: bool,
+    pub last: bool,
+}
+
+/// How an open handle reads.
+#[derive(Debug)]
+pub enum Opened {
+    /// Through the mount: the pool, the disk tier, prefetch.
+    Cached(u64),
+    /// From this whole, checked local copy in the disk tier, which the kernel may read
+    /// directly (FUSE passthrough); pinned until the handle is released.
+    Backed(u64, std::fs::File),
+}
+
+impl Opened {
+    pub fn fh(&self) -> u64 {
+        match self {
+            Opened::Cached(fh) | Opened::Backed(fh, _) => *fh,
+        }
+    }
+}
+
 pub enum ReadData {
     Block(Block, std::ops::Range<usize>),
     Owned(Vec<u8>),
@@ -146,6 +185,9 @@ pub struct MountStats {
     pub demand_fetches: u64,
     /// The disk tier's counters (all zero without one).
     pub disk: DiskStats,
+    /// Opens handed a local copy whose backing file the kernel then refused (read through
+    /// the mount instead); `disk.passthrough_opens` counts them too.
+    pub passthrough_refused: u64,
 }
 
 struct Job {
@@ -187,6 +229,9 @@ pub struct MountFs {
     inner: Arc<Inner>,
     workers: Vec<JoinHandle<()>>,
     next_fh: AtomicU64,
+    /// Open handles: inode, and whether passed through.
+    handles: Mutex<std::collections::HashMap<u64, (u64, bool)>>,
+    refused: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -243,7 +288,7 @@ impl MountFs {
             }
             nodes.push(Node::File(FileNode {
                 streams: Mutex::new(Streams::new(opts.streams, opts.block_bytes)),
-                opens: AtomicUsize::new(0),
+                opens: Mutex::new(Opens::default()),
                 safetensors,
                 shard_rank: safetensors.then(|| shards.len() - 1),
                 looked_ahead: AtomicBool::new(false),
@@ -280,6 +325,8 @@ impl MountFs {
             inner,
             workers,
             next_fh: AtomicU64::new(1),
+            handles: Mutex::new(std::collections::HashMap::new()),
+            refused: AtomicU64::new(0),
         })
     }
 
@@ -326,31 +373,109 @@ impl MountFs {
         }
     }
 
-    /// Opens a file for reading; a `.safetensors` file's first open starts prefetching
-    /// its start at once, without waiting for two sequential reads.
+    /// Opens a file for reading through the mount; a `.safetensors` file's first open
+    /// starts prefetching its start at once, without waiting for two sequential reads.
     pub fn open(&self, ino: u64) -> io::Result<u64> {
-        let file = self.inner.file(ino)?;
-        let first = file.opens.fetch_add(1, Ordering::AcqRel) == 0;
+        self.open_handle(ino, false).map(|o| o.fh())
+    }
+
+    /// Opens a file: passed through ([`Opened::Backed`]) when `backing` is allowed (or
+    /// another handle of the file passes through), the mount's options allow it, the disk
+    /// tier holds every block of the file checked, and no handle reads the file through
+    /// the mount; else read through the mount.
+    pub fn open_handle(&self, ino: u64, backing: bool) -> io::Result<Opened> {
+        let inner = &self.inner;
+        let file = inner.file(ino)?;
+        let mut opens = lock(&file.opens);
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        // While one handle passes through, every open of the file must (the kernel keeps
+        // one I/O mode per inode, and refuses a cached open beside a passed-through one).
+        if (backing || opens.backed > 0) && inner.opts.passthrough && opens.cached == 0 {
+            let copy = inner
+                .disk
+                .as_ref()
+                .and_then(|d| d.pin_complete(&file.entry, inner.opts.block_bytes));
+            if let Some(copy) = copy {
+                opens.backed += 1;
+                lock(&self.handles).insert(fh, (ino, true));
+                return Ok(Opened::Backed(fh, copy));
+            }
+        }
+        opens.cached += 1;
+        let first = opens.cached == 1;
+        drop(opens);
         if first && file.safetensors {
             let prefetch = lock(&file.streams).arm(0, file.entry.size);
             if let Some(p) = prefetch {
-                self.inner.enqueue(ino, p);
+                inner.enqueue(ino, p);
             }
         }
-        Ok(self.next_fh.fetch_add(1, Ordering::Relaxed))
+        lock(&self.handles).insert(fh, (ino, false));
+        Ok(Opened::Cached(fh))
     }
 
-    /// Closes a handle; the file's last close cancels its queued prefetch.
+    /// The kernel refused the backing file of handle `fh` (not root, or a cache directory
+    /// it cannot stack on): releases it and opens the file through the mount instead.
+    pub fn backing_refused(&self, ino: u64, fh: u64) -> io::Result<Opened> {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        self.release_handle(ino, fh)?;
+        self.open_handle(ino, false)
+    }
+
+    /// Closes a handle from [`MountFs::open`] (tests that do not track handles).
     pub fn release(&self, ino: u64) -> io::Result<()> {
         let file = self.inner.file(ino)?;
-        let before = file
-            .opens
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-            .unwrap_or(0);
-        if before == 1 {
+        self.release_cached(file);
+        Ok(())
+    }
+
+    /// Closes handle `fh` of `ino`. A file's last cached close cancels its queued
+    /// prefetch; its last passed-through close unpins its local copy.
+    pub fn release_handle(&self, ino: u64, fh: u64) -> io::Result<Released> {
+        let file = self.inner.file(ino)?;
+        let backed = match lock(&self.handles).remove(&fh) {
+            Some((owner, backed)) if owner == ino => backed,
+            _ => false,
+        };
+        if !backed {
+            let last = self.release_cached(file);
+            return Ok(Released { backed, last });
+        }
+        if let Some(d) = &self.inner.disk {
+            d.unpin(&file.entry, self.inner.opts.block_bytes);
+        }
+        let mut opens = lock(&file.opens);
+        opens.backed = opens.backed.saturating_sub(1);
+        Ok(Released {
+            backed,
+            last: opens.backed == 0,
+        })
+    }
+
+    /// True when that was the last cached handle.
+    fn release_cached(&self, file: &FileNode) -> bool {
+        let mut opens = lock(&file.opens);
+        if opens.cached == 1 {
             lock(&file.streams).clear();
         }
-        Ok(())
+        opens.cached = opens.cached.saturating_sub(1);
+        opens.cached == 0
+    }
+
+    /// Whether the next open of `ino` would be passed through (waiting, as an open does,
+    /// for the last blocks being written), with no handle reading it through the mount.
+    /// The kernel's own cached copy of such a file is then redundant.
+    pub fn passes_through(&self, ino: u64) -> bool {
+        let inner = &self.inner;
+        let Ok(file) = inner.file(ino) else {
+            return false;
+        };
+        inner.opts.passthrough
+            && inner
+                .disk
+                .as_ref()
+                .is_some_and(|d| d.is_complete(&file.entry, inner.opts.block_bytes))
+            && lock(&file.opens).cached == 0
     }
 
     /// Up to `size` bytes of file `ino` at `offset`: short only at the end of the file.
@@ -417,6 +542,7 @@ impl MountFs {
             waited_on_prefetch: i.waited.load(Ordering::Relaxed),
             demand_fetches: i.demand_fetches.load(Ordering::Relaxed),
             disk: i.disk.as_ref().map(DiskCache::stats).unwrap_or_default(),
+            passthrough_refused: self.refused.load(Ordering::Relaxed),
         }
     }
 
@@ -519,7 +645,12 @@ impl Inner {
         };
         let offset = b * self.opts.block_bytes;
         if let Some(disk) = &self.disk {
-            if disk.read(&file.entry, offset, buf.as_mut_slice()) {
+            if disk.read(
+                &file.entry,
+                offset,
+                self.opts.block_bytes,
+                buf.as_mut_slice(),
+            ) {
                 return (Ok(buf), false);
             }
         }
@@ -557,7 +688,8 @@ impl Inner {
     /// Writes a block fetched from the backend to the disk tier, if there is one.
     fn keep_on_disk(&self, file: &FileNode, b: u64, block: &Block) {
         if let Some(disk) = &self.disk {
-            disk.write(&file.entry, b * self.opts.block_bytes, block.as_slice());
+            let block_bytes = self.opts.block_bytes;
+            disk.write(&file.entry, b * block_bytes, block_bytes, block.as_slice());
         }
     }
 

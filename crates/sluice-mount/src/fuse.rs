@@ -2,20 +2,22 @@
 //! its own. Reads run on a pool of threads, so one slow fetch does not hold up the
 //! kernel's other requests (several streams of one mmap'd file arrive at once).
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
     FileAttr, FileType, Filesystem, KernelConfig, MountOption, ReplyAttr, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, Request,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyXattr, Request,
 };
 
 use crate::error::MountError;
-use crate::fs::{Attr, MountFs};
+use crate::fs::{Attr, MountFs, Opened};
 
 /// How long the kernel may cache names and attributes: the listing is fixed for the
 /// mount's life.
@@ -37,6 +39,15 @@ struct Adapter {
     reads: Mutex<mpsc::Sender<ReadJob>>,
     uid: u32,
     gid: u32,
+    /// The kernel agreed to passthrough at INIT, and no backing file has been refused.
+    passthrough: AtomicBool,
+    /// The backing file registered for each passed-through inode: the kernel wants every
+    /// open of an inode on the same one. Dropped (unregistered) at the inode's last
+    /// passed-through release.
+    backing: Mutex<HashMap<u64, fuser::BackingId>>,
+    /// Files whose last cached handle closed, for the thread that drops the kernel's
+    /// cached copy of those that will pass through from now on.
+    closed: Mutex<mpsc::Sender<u64>>,
 }
 
 fn attr(a: Attr, uid: u32, gid: u32) -> FileAttr {
@@ -64,6 +75,10 @@ fn attr(a: Attr, uid: u32, gid: u32) -> FileAttr {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn code(e: &io::Error) -> i32 {
     e.raw_os_error().unwrap_or(libc::EIO)
 }
@@ -76,6 +91,19 @@ impl Filesystem for Adapter {
         let _ = config.add_capabilities(fuser::consts::FUSE_ASYNC_READ);
         if let Err(nearest) = config.set_max_background(64) {
             let _ = config.set_max_background(nearest);
+        }
+        if self.fs.options().passthrough && self.fs.options().disk_cache.is_some() {
+            // Depth 2: the cache directory may itself sit on a stacked file system.
+            let agreed = config
+                .add_capabilities(fuser::consts::FUSE_PASSTHROUGH)
+                .is_ok()
+                && config.set_max_stack_depth(2).is_ok();
+            if !agreed {
+                tracing::info!(
+                    "the kernel has no FUSE passthrough; cached files are read through the daemon"
+                );
+            }
+            self.passthrough.store(agreed, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -101,9 +129,32 @@ impl Filesystem for Adapter {
         if flags & libc::O_ACCMODE != libc::O_RDONLY {
             return reply.error(libc::EROFS);
         }
-        match self.fs.open(ino) {
+        let backing = self.passthrough.load(Ordering::Relaxed);
+        let opened = match self.fs.open_handle(ino, backing) {
+            Ok(Opened::Backed(fh, file)) => {
+                let mut ids = lock(&self.backing);
+                let id = match ids.entry(ino) {
+                    std::collections::hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
+                    std::collections::hash_map::Entry::Vacant(v) => {
+                        reply.open_backing(&file).map(|id| v.insert(id))
+                    }
+                };
+                match id {
+                    Ok(id) => return reply.opened_passthrough(fh, 0, id),
+                    Err(e) => {
+                        drop(ids);
+                        // Not root, or a cache directory the kernel cannot stack on.
+                        tracing::warn!(error = %e, "the kernel refused a backing file; passthrough off for this mount");
+                        self.passthrough.store(false, Ordering::Relaxed);
+                        self.fs.backing_refused(ino, fh)
+                    }
+                }
+            }
+            other => other,
+        };
+        match opened {
             // The bytes never change under a handle: let the kernel keep its cache.
-            Ok(fh) => reply.opened(fh, fuser::consts::FOPEN_KEEP_CACHE),
+            Ok(o) => reply.opened(o.fh(), fuser::consts::FOPEN_KEEP_CACHE),
             Err(e) => reply.error(code(&e)),
         }
     }
@@ -141,16 +192,61 @@ impl Filesystem for Adapter {
         &mut self,
         _req: &Request<'_>,
         ino: u64,
-        _fh: u64,
+        fh: u64,
         _flags: i32,
         _lock_owner: Option<u64>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        match self.fs.release(ino) {
-            Ok(()) => reply.ok(),
+        match self.fs.release_handle(ino, fh) {
+            Ok(released) => {
+                if released.backed && released.last {
+                    lock(&self.backing).remove(&ino);
+                }
+                if !released.backed && released.last && self.passthrough.load(Ordering::Relaxed) {
+                    let _ = lock(&self.closed).send(ino);
+                }
+                reply.ok()
+            }
             Err(e) => reply.error(code(&e)),
         }
+    }
+
+    // Answered here, quietly, so fuser does not log a warning for each. ENOSYS makes the
+    // kernel stop asking: a read-only file has nothing to flush (and a FLUSH would turn a
+    // close after the daemon stopped into ENOTCONN) and no extended attributes.
+    fn flush(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _owner: u64, reply: ReplyEmpty) {
+        reply.error(libc::ENOSYS);
+    }
+
+    fn getxattr(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        _name: &OsStr,
+        _size: u32,
+        reply: ReplyXattr,
+    ) {
+        reply.error(libc::ENOSYS);
+    }
+
+    fn listxattr(&mut self, _req: &Request<'_>, _ino: u64, _size: u32, reply: ReplyXattr) {
+        reply.error(libc::ENOSYS);
+    }
+
+    /// No ioctls (a Python `open` asks whether the file is a terminal).
+    fn ioctl(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        _fh: u64,
+        _flags: u32,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        reply.error(libc::ENOTTY);
     }
 
     fn readdir(
@@ -183,6 +279,20 @@ impl Filesystem for Adapter {
             }
         }
         reply.ok();
+    }
+}
+
+/// Drops the kernel's page cache of each file that will pass through from now on: the
+/// kernel would drop it at the first passed-through open anyway (about 30 ms per 512 MiB,
+/// in that open), and until then it holds a second copy of bytes the local copy has. Runs
+/// off the session thread: an invalidation waits on the kernel's locks.
+fn drop_kernel_copies(fs: Arc<MountFs>, closed: mpsc::Receiver<u64>, notifier: fuser::Notifier) {
+    for ino in closed {
+        if fs.passes_through(ino) {
+            if let Err(e) = notifier.inval_inode(ino, 0, 0) {
+                tracing::debug!(ino, error = %e, "cannot drop the kernel's cache of a file");
+            }
+        }
     }
 }
 
@@ -268,7 +378,7 @@ impl Mounted {
             }
         }
         if let Ok(Err(e)) = session.join() {
-            tracing::debug!(error = %e, "FUSE session ended with an error");
+            tracing::warn!(error = %e, "FUSE session ended with an error");
         }
     }
 }
@@ -368,11 +478,15 @@ pub fn mount(fs: Arc<MountFs>, path: &Path, fs_name: &str) -> Result<Mounted, Mo
     }
     // SAFETY: getuid/getgid cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let (closed_tx, closed_rx) = mpsc::channel();
     let adapter = Adapter {
         fs: Arc::clone(&fs),
         reads: Mutex::new(tx),
         uid,
         gid,
+        passthrough: AtomicBool::new(false),
+        backing: Mutex::new(HashMap::new()),
+        closed: Mutex::new(closed_tx),
     };
     let options = [
         MountOption::RO,
@@ -387,6 +501,14 @@ pub fn mount(fs: Arc<MountFs>, path: &Path, fs_name: &str) -> Result<Mounted, Mo
     };
     let mut session = fuser::Session::new(adapter, path, &options).map_err(mount_error)?;
     let unmounter = session.unmount_callable();
+    let notifier = session.notifier();
+    {
+        let fs = Arc::clone(&fs);
+        std::thread::Builder::new()
+            .name("sluice-fuse-inval".into())
+            .spawn(move || drop_kernel_copies(fs, closed_rx, notifier))
+            .map_err(MountError::Thread)?;
+    }
     let runner = std::thread::Builder::new()
         .name("sluice-fuse".into())
         .spawn(move || session.run())

@@ -3,7 +3,8 @@
 //! - [`Backend`]: where the bytes come from ([`DirBackend`], [`ObjectBackend`]).
 //! - [`BlockPool`]: one byte-budgeted cache of blocks shared by every reader, each block
 //!   fetched once.
-//! - [`DiskCache`]: the optional second tier, checksummed blocks in a local directory.
+//! - [`DiskCache`]: the optional second tier, sparse local copies with a hash per block;
+//!   a copy held whole is handed to the kernel to read directly (passthrough).
 //! - [`Streams`]: several sequential streams per file, each with its own prefetch window.
 //! - [`MountFs`]: the file system, tested without FUSE; [`mount`] serves it over FUSE.
 
@@ -18,7 +19,9 @@ mod streams;
 pub use backend::{Backend, DirBackend, Entry, FaultyBackend, ObjectBackend};
 pub use disk_cache::{DiskCache, DiskCacheOptions, DiskStats};
 pub use error::MountError;
-pub use fs::{Attr, DirEntry, MountFs, MountOptions, MountStats, ReadData, ROOT_INO};
+pub use fs::{
+    Attr, DirEntry, MountFs, MountOptions, MountStats, Opened, ReadData, Released, ROOT_INO,
+};
 pub use fuse::{check_mount_point, mount, Mounted};
 pub use pool::{Block, BlockPool, Claim, PoolStats};
 pub use streams::{Prefetch, StreamConfig, Streams};

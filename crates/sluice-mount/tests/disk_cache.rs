@@ -1,19 +1,22 @@
 //! The mount's disk tier, driven through `MountFs` over a directory behind the
 //! fault-injecting backend: a restarted mount reads from disk and not the backend; a
-//! corrupt, truncated or misplaced block is fetched again, never served; the budget holds;
-//! a changed file misses; a full disk leaves blocks uncached with exact reads; and the
-//! directory is refused when it holds other files or another mount uses it.
+//! corrupt block, a hole, a wrong hash or a damaged table is fetched again, never served;
+//! the budget holds; a changed file misses; a full disk leaves blocks uncached with exact
+//! reads; the directory is refused when it holds other files or another mount uses it; and
+//! a file held whole and checked is handed out for passthrough, pinned while open.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_mount::{
-    DirBackend, DiskCacheOptions, FaultyBackend, MountError, MountFs, MountOptions, StreamConfig,
-    ROOT_INO,
+    DirBackend, DiskCacheOptions, FaultyBackend, MountError, MountFs, MountOptions, Opened,
+    StreamConfig, ROOT_INO,
 };
 
 const BLOCK: u64 = 64 << 10;
+/// What one block costs the budget at most in these tests (its bytes; a file's table of
+/// hashes is 56 bytes and 32 per block).
 const HEADER: u64 = 80;
 
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
@@ -51,6 +54,7 @@ fn options(cache: &Path, cache_blocks: u64) -> MountOptions {
             dir: cache.to_path_buf(),
             budget: cache_blocks * (BLOCK + HEADER),
         }),
+        passthrough: true,
     }
 }
 
@@ -90,18 +94,56 @@ fn read_everything(fs: &MountFs, files: &[(String, Vec<u8>)]) {
     fs.quiesce();
 }
 
-fn block_files(cache: &Path) -> Vec<PathBuf> {
+/// The cache's files in its subdirectories (`ext` "data" or "sums"), in name order.
+fn cache_files(cache: &Path, ext: &str) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for sub in std::fs::read_dir(cache).unwrap() {
         let sub = sub.unwrap().path();
         if sub.is_dir() {
             for f in std::fs::read_dir(&sub).unwrap() {
-                out.push(f.unwrap().path());
+                let f = f.unwrap().path();
+                if f.extension().is_some_and(|e| e == ext) {
+                    out.push(f);
+                }
             }
         }
     }
     out.sort();
     out
+}
+
+/// The cache's data and table for a file of `len` bytes (data files are as long as theirs).
+fn files_of(cache: &Path, len: u64) -> (PathBuf, PathBuf) {
+    let data = cache_files(cache, "data")
+        .into_iter()
+        .find(|p| std::fs::metadata(p).unwrap().len() == len)
+        .expect("a data file of that length");
+    let sums = data.with_extension("sums");
+    (data, sums)
+}
+
+/// Bytes the cache takes on disk: data files' allocated blocks, tables' lengths.
+fn on_disk(cache: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let data: u64 = cache_files(cache, "data")
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().blocks() * 512)
+        .sum();
+    let sums: u64 = cache_files(cache, "sums")
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    data + sums
+}
+
+fn patch(path: &Path, offset: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(bytes, offset).unwrap();
+}
+
+fn blocks_of(data: &[u8]) -> u64 {
+    (data.len() as u64).div_ceil(BLOCK)
 }
 
 fn total_blocks(files: &[(String, Vec<u8>)]) -> u64 {
@@ -111,11 +153,17 @@ fn total_blocks(files: &[(String, Vec<u8>)]) -> u64 {
         .sum()
 }
 
-/// A source tree and a cache directory that one mount already filled and left.
-fn filled(cache_blocks: u64) -> (tempfile::TempDir, tempfile::TempDir, Vec<(String, Vec<u8>)>) {
+/// A source tree and an empty cache directory.
+fn fresh() -> (tempfile::TempDir, tempfile::TempDir, Vec<(String, Vec<u8>)>) {
     let src = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
     let files = tree(src.path());
+    (src, cache, files)
+}
+
+/// A source tree and a cache directory that one mount already filled and left.
+fn filled(cache_blocks: u64) -> (tempfile::TempDir, tempfile::TempDir, Vec<(String, Vec<u8>)>) {
+    let (src, cache, files) = fresh();
     let (_b, fs) = mount(src.path(), options(cache.path(), cache_blocks));
     read_everything(&fs, &files);
     drop(fs);
@@ -124,15 +172,15 @@ fn filled(cache_blocks: u64) -> (tempfile::TempDir, tempfile::TempDir, Vec<(Stri
 
 #[test]
 fn a_restarted_mount_reads_from_disk_not_the_backend() {
-    let src = tempfile::tempdir().unwrap();
-    let cache = tempfile::tempdir().unwrap();
-    let files = tree(src.path());
+    let (src, cache, files) = fresh();
     let (_b, fs) = mount(src.path(), options(cache.path(), 64));
     read_everything(&fs, &files);
     let first = fs.stats();
     drop(fs);
     assert_eq!(first.disk.written_blocks, total_blocks(&files), "{first:?}");
-    assert_eq!(block_files(cache.path()).len() as u64, total_blocks(&files));
+    assert_eq!(first.disk.blocks, total_blocks(&files), "{first:?}");
+    assert_eq!(cache_files(cache.path(), "data").len(), files.len());
+    assert_eq!(cache_files(cache.path(), "sums").len(), files.len());
 
     let (backend, fs) = mount(src.path(), options(cache.path(), 64));
     read_everything(&fs, &files);
@@ -143,38 +191,41 @@ fn a_restarted_mount_reads_from_disk_not_the_backend() {
 }
 
 #[test]
-fn a_corrupt_truncated_or_misplaced_block_is_fetched_again_not_served() {
+fn a_corrupt_block_a_hole_a_wrong_hash_or_a_bad_table_is_fetched_again_not_served() {
     let (src, cache, files) = filled(64);
-    // Whole blocks only (tails differ in size), in name order (random across runs).
-    let blocks: Vec<PathBuf> = block_files(cache.path())
-        .into_iter()
-        .filter(|b| std::fs::metadata(b).unwrap().len() == BLOCK + HEADER)
-        .collect();
-    // One bit flipped in the data, one block cut short, one block's file copied over
-    // another's name (a whole, valid block, but of another key), one header's magic bad.
-    let mut data = std::fs::read(&blocks[0]).unwrap();
-    data[HEADER as usize + 1000] ^= 0x10;
-    std::fs::write(&blocks[0], &data).unwrap();
-    let len = std::fs::metadata(&blocks[1]).unwrap().len();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&blocks[1])
-        .unwrap()
-        .set_len(len - 5)
-        .unwrap();
-    std::fs::copy(&blocks[4], &blocks[2]).unwrap();
-    let mut data = std::fs::read(&blocks[3]).unwrap();
-    data[0] = b'X';
-    std::fs::write(&blocks[3], &data).unwrap();
+    let big = files[1].1.len() as u64;
+    let (data, sums) = files_of(cache.path(), big);
+    // In the model: one bit flipped in block 1; block 3's hash replaced by block 4's; block 5
+    // zeroed (as a hole reads). In a.bin: its table's magic broken, so the whole file goes.
+    let mut byte = [0u8; 1];
+    {
+        use std::os::unix::fs::FileExt;
+        std::fs::File::open(&data)
+            .unwrap()
+            .read_exact_at(&mut byte, BLOCK + 1000)
+            .unwrap();
+    }
+    patch(&data, BLOCK + 1000, &[byte[0] ^ 0x10]);
+    let table = std::fs::read(&sums).unwrap();
+    patch(&sums, 56 + 32 * 3, &table[56 + 32 * 4..56 + 32 * 5]);
+    patch(&data, 5 * BLOCK, &vec![0u8; BLOCK as usize]);
+    let (_, small_sums) = files_of(cache.path(), files[0].1.len() as u64);
+    patch(&small_sums, 0, b"X");
 
     let (_backend, fs) = mount(src.path(), options(cache.path(), 64));
+    let small_blocks = (files[0].1.len() as u64).div_ceil(BLOCK);
+    assert_eq!(fs.stats().disk.blocks, total_blocks(&files) - small_blocks);
     read_everything(&fs, &files);
     let s = fs.stats();
-    assert_eq!(s.disk.corrupt, 4, "{s:?}");
-    assert_eq!(s.backend_reads, 4, "{s:?}");
-    assert_eq!(s.disk.hits, total_blocks(&files) - 4, "{s:?}");
+    assert_eq!(s.disk.corrupt, 3, "{s:?}");
+    assert_eq!(s.backend_reads, 3 + small_blocks, "{s:?}");
+    assert_eq!(
+        s.disk.hits,
+        total_blocks(&files) - 3 - small_blocks,
+        "{s:?}"
+    );
     // Refetched blocks are written again, whole.
-    assert_eq!(s.disk.written_blocks, 4, "{s:?}");
+    assert_eq!(s.disk.written_blocks, 3 + small_blocks, "{s:?}");
     drop(fs);
     let (_backend, fs) = mount(src.path(), options(cache.path(), 64));
     read_everything(&fs, &files);
@@ -184,9 +235,7 @@ fn a_corrupt_truncated_or_misplaced_block_is_fetched_again_not_served() {
 
 #[test]
 fn the_disk_cache_never_exceeds_its_budget() {
-    let src = tempfile::tempdir().unwrap();
-    let cache = tempfile::tempdir().unwrap();
-    let files = tree(src.path());
+    let (src, cache, files) = fresh();
     let budget_blocks = 5;
     let (_b, fs) = mount(src.path(), options(cache.path(), budget_blocks));
     let budget = budget_blocks * (BLOCK + HEADER);
@@ -198,17 +247,19 @@ fn the_disk_cache_never_exceeds_its_budget() {
     let st = fs.stats();
     assert!(st.disk.held_bytes <= budget, "{st:?}");
     assert!(st.disk.evicted > 0, "{st:?}");
-    let on_disk: u64 = block_files(cache.path())
-        .iter()
-        .map(|p| std::fs::metadata(p).unwrap().len())
-        .sum();
-    assert!(on_disk <= budget, "{on_disk} on disk, budget {budget}");
-    assert_eq!(on_disk, st.disk.held_bytes);
+    // Evicted blocks are holes: what the files take on disk is what the index counts
+    // (give or take the 4 KiB a file's short last block takes).
+    let slack = 2 * 4096;
+    let used = on_disk(cache.path());
+    assert!(used <= budget + slack, "{used} on disk, budget {budget}");
+    assert!(used + slack >= st.disk.held_bytes, "{used} on disk, {st:?}");
     drop(fs);
     // A restart with a smaller budget evicts down to it at once.
     let (_b, fs) = mount(src.path(), options(cache.path(), 4));
-    assert!(fs.stats().disk.held_bytes <= 4 * (BLOCK + HEADER));
-    assert!(block_files(cache.path()).len() <= 4);
+    let st = fs.stats();
+    assert!(st.disk.held_bytes <= 4 * (BLOCK + HEADER), "{st:?}");
+    assert!(st.disk.blocks <= 4, "{st:?}");
+    assert!(on_disk(cache.path()) <= 4 * (BLOCK + HEADER) + slack);
 }
 
 #[test]
@@ -221,20 +272,36 @@ fn a_changed_file_misses_its_old_blocks() {
     let (_b, fs) = mount(src.path(), options(cache.path(), 64));
     read_everything(&fs, &files);
     let s = fs.stats();
-    assert_eq!(
-        s.backend_reads,
-        (files[0].1.len() as u64).div_ceil(BLOCK),
-        "{s:?}"
-    );
+    assert_eq!(s.backend_reads, blocks_of(&files[0].1), "{s:?}");
 }
 
 #[test]
-fn torn_temporary_files_are_removed_at_start() {
-    let (src, cache, _files) = filled(64);
-    let torn = block_files(cache.path())[0].with_extension("tmp.1.1");
-    std::fs::write(&torn, b"half a block").unwrap();
-    let (_b, _fs) = mount(src.path(), options(cache.path(), 64));
-    assert!(!torn.exists());
+fn stray_files_are_removed_at_start() {
+    let (src, cache, files) = filled(64);
+    let sub = cache_files(cache.path(), "data")[0]
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    // A torn temporary file, an older layout's block, a data file with no table, and a
+    // table whose data file is gone.
+    let strays = [
+        sub.join("00112233445566778899aabbccddeeff.tmp.1.1"),
+        sub.join("00112233445566778899aabbccddeeff.blk"),
+        sub.join("ffeeddccbbaa99887766554433221100.data"),
+    ];
+    for p in &strays {
+        std::fs::write(p, b"half a block").unwrap();
+    }
+    let (data, sums) = files_of(cache.path(), files[0].1.len() as u64);
+    std::fs::remove_file(&data).unwrap();
+    let (_b, fs) = mount(src.path(), options(cache.path(), 64));
+    for p in strays.iter().chain([&sums]) {
+        assert!(!p.exists(), "{} left", p.display());
+    }
+    read_everything(&fs, &files);
+    let s = fs.stats();
+    assert_eq!(s.backend_reads, blocks_of(&files[0].1), "{s:?}");
+    assert_eq!(s.disk.corrupt, 0, "{s:?}");
 }
 
 fn config_error(src: &Path, opts: MountOptions) -> String {
@@ -312,13 +379,144 @@ fn a_full_disk_leaves_blocks_uncached_and_reads_exact() {
         total_blocks(&files),
         "{s:?}"
     );
-    // Nothing half-written is left behind, and what was written is served.
-    let on_disk = block_files(&small.0.path().join("cache"));
-    assert_eq!(on_disk.len() as u64, s.disk.written_blocks);
+    // Nothing half-written is counted, and what was written is served.
+    assert_eq!(s.disk.blocks, s.disk.written_blocks, "{s:?}");
+    assert!(on_disk(&small.0.path().join("cache")) <= 5 * BLOCK);
     drop(fs);
     let (_b, fs) = mount(src.path(), options(&small.0.path().join("cache"), 64));
     read_everything(&fs, &files);
     let s2 = fs.stats();
     assert_eq!(s2.disk.hits, s.disk.written_blocks, "{s2:?}");
     assert_eq!(s2.disk.corrupt, 0);
+}
+
+fn read_all(file: std::fs::File) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    let mut file = file;
+    file.read_to_end(&mut out).unwrap();
+    out
+}
+
+fn backed(fs: &MountFs, ino: u64) -> (u64, std::fs::File) {
+    match fs.open_handle(ino, true).unwrap() {
+        Opened::Backed(fh, file) => (fh, file),
+        Opened::Cached(_) => panic!("not passed through: {:?}", fs.stats()),
+    }
+}
+
+fn through_mount(fs: &MountFs, ino: u64, backing: bool) -> u64 {
+    match fs.open_handle(ino, backing).unwrap() {
+        Opened::Cached(fh) => fh,
+        Opened::Backed(..) => panic!("passed through"),
+    }
+}
+
+#[test]
+fn a_file_held_whole_and_checked_is_passed_through() {
+    let (src, cache, files) = fresh();
+    let (_b, fs) = mount(src.path(), options(cache.path(), 64));
+    let ino = ino_of(&fs, &files[1].0);
+    // Not cached yet: read through the mount.
+    let fh = through_mount(&fs, ino, true);
+    assert!(!fs.passes_through(ino));
+    let released = fs.release_handle(ino, fh).unwrap();
+    assert!(!released.backed && released.last, "{released:?}");
+    read_everything(&fs, &files);
+    // Now whole: the kernel's cached copy may go, unless a handle still reads through.
+    assert!(fs.passes_through(ino));
+    let fh = fs.open(ino).unwrap();
+    assert!(!fs.passes_through(ino));
+    fs.release_handle(ino, fh).unwrap();
+
+    let (fh, file) = backed(&fs, ino);
+    assert!(
+        read_all(file) == files[1].1,
+        "wrong bytes in the local copy"
+    );
+    assert_eq!(fs.stats().disk.passthrough_opens, 1);
+    // The kernel keeps one mode per inode: while one handle passes through, so do the
+    // others, even where passthrough was not asked for; the last close says so.
+    let (fh2, _) = match fs.open_handle(ino, false).unwrap() {
+        Opened::Backed(fh, f) => (fh, f),
+        Opened::Cached(_) => panic!("mixed modes on one inode"),
+    };
+    let released = fs.release_handle(ino, fh2).unwrap();
+    assert!(released.backed && !released.last, "{released:?}");
+    let released = fs.release_handle(ino, fh).unwrap();
+    assert!(released.backed && released.last, "{released:?}");
+    // And while one reads through the mount, no open passes through.
+    let cached = through_mount(&fs, ino, false);
+    let other = through_mount(&fs, ino, true);
+    fs.release_handle(ino, other).unwrap();
+    fs.release_handle(ino, cached).unwrap();
+    backed(&fs, ino);
+    drop(fs);
+
+    // Off by option.
+    let (_b, fs) = mount(
+        src.path(),
+        MountOptions {
+            passthrough: false,
+            ..options(cache.path(), 64)
+        },
+    );
+    read_everything(&fs, &files);
+    through_mount(&fs, ino, true);
+    assert!(!fs.passes_through(ino));
+    assert_eq!(fs.stats().disk.passthrough_opens, 0);
+}
+
+#[test]
+fn a_restarted_mount_passes_through_only_after_checking_every_block() {
+    let (src, cache, files) = filled(64);
+    let (data, _) = files_of(cache.path(), files[1].1.len() as u64);
+    patch(
+        &data,
+        2 * BLOCK + 7,
+        &[files[1].1[(2 * BLOCK + 7) as usize] ^ 1],
+    );
+    let (_b, fs) = mount(src.path(), options(cache.path(), 64));
+    let ino = ino_of(&fs, &files[1].0);
+    // Held whole, but not checked by this process (and one block is bad).
+    let fh = through_mount(&fs, ino, true);
+    fs.release_handle(ino, fh).unwrap();
+    read_everything(&fs, &files);
+    assert_eq!(fs.stats().disk.corrupt, 1);
+    let (_, file) = backed(&fs, ino);
+    assert!(
+        read_all(file) == files[1].1,
+        "the refetched block is not in the copy"
+    );
+}
+
+#[test]
+fn a_passed_through_file_is_never_evicted() {
+    let (src, cache, files) = fresh();
+    // Room for the model (13 blocks and its table), not for a.bin beside it.
+    let budget_blocks = 14;
+    let budget = budget_blocks * (BLOCK + HEADER);
+    // A pool of 4 blocks, so reading a.bin again goes to the disk tier and the backend.
+    let opts = MountOptions {
+        pool_bytes: 4 * BLOCK,
+        ..options(cache.path(), budget_blocks)
+    };
+    let (_b, fs) = mount(src.path(), opts);
+    read_everything(&fs, &files[1..]);
+    let model = ino_of(&fs, &files[1].0);
+    let model_blocks = (files[1].1.len() as u64).div_ceil(BLOCK);
+    let (fh, file) = backed(&fs, model);
+    read_everything(&fs, &files[..1]);
+    let s = fs.stats();
+    assert!(s.disk.held_bytes <= budget, "{s:?}");
+    assert_eq!(s.disk.evicted, 0, "{s:?}");
+    assert!(read_all(file) == files[1].1, "a pinned copy changed");
+    assert!(fs.release_handle(model, fh).unwrap().last);
+    // Unpinned, it makes room for a.bin like any other.
+    read_everything(&fs, &files[..1]);
+    let s = fs.stats();
+    assert!(s.disk.held_bytes <= budget, "{s:?}");
+    assert!(s.disk.evicted > 0, "{s:?}");
+    assert!(s.disk.blocks < model_blocks + 4, "{s:?}");
+    through_mount(&fs, model, true);
 }

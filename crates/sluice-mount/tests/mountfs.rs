@@ -33,6 +33,7 @@ fn options(pool_blocks: u64) -> MountOptions {
         },
         lookahead_files: 1,
         disk_cache: None,
+        passthrough: true,
     }
 }
 

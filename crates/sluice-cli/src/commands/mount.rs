@@ -50,6 +50,7 @@ fn options(args: &MountArgs) -> Result<MountOptions, MountError> {
             }),
             None => None,
         },
+        passthrough: !args.no_passthrough,
         ..MountOptions::default()
     };
     opts.streams.max_cursors = args.streams;
@@ -142,7 +143,7 @@ fn serve(args: &MountArgs, opts: MountOptions) -> Result<(), MountError> {
     if let Some(dir) = &args.cache_dir {
         let d = s.disk;
         eprintln!(
-            "sluice: disk cache {}: {} hits, {} misses, {} corrupt blocks refetched, {} written ({} write errors), {} evicted, holds {}",
+            "sluice: disk cache {}: {} hits, {} misses, {} corrupt blocks refetched, {} written ({} write errors), {} evicted, holds {}, {} opens passed through{}",
             dir.display(),
             d.hits,
             d.misses,
@@ -151,6 +152,11 @@ fn serve(args: &MountArgs, opts: MountOptions) -> Result<(), MountError> {
             d.write_errors,
             d.evicted,
             super::human_bytes(d.held_bytes),
+            d.passthrough_opens - s.passthrough_refused,
+            match s.passthrough_refused {
+                0 => String::new(),
+                n => format!(" ({n} refused by the kernel)"),
+            },
         );
     }
     Ok(())
