@@ -32,7 +32,7 @@ use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use crate::backend::Entry;
@@ -88,9 +88,6 @@ struct Cached {
     key: [u8; 32],
     size: u64,
     block: u64,
-    /// Open read-write once a block is read or written.
-    data: Option<Arc<File>>,
-    sums_file: Option<Arc<File>>,
     sums: Vec<Option<[u8; 32]>>,
     /// Checked (or written) by this process: what passthrough needs of every block.
     checked: Vec<bool>,
@@ -109,8 +106,6 @@ impl Cached {
             key,
             size,
             block,
-            data: None,
-            sums_file: None,
             sums: vec![None; blocks],
             checked: vec![false; blocks],
             ticks: vec![0; blocks],
@@ -379,9 +374,8 @@ impl DiskCache {
             })
             .collect();
         let held_blocks = sums.iter().filter(|s| s.is_some()).count() as u64;
-        let when = std::fs::metadata(path)?
-            .modified()
-            .unwrap_or(SystemTime::UNIX_EPOCH);
+        // Reads touch the data file's time (and writes change it): the file's last use.
+        let when = data.modified().unwrap_or(SystemTime::UNIX_EPOCH);
         let mut c = Cached::new(table[8..40].try_into().expect("32 bytes"), size, block);
         c.sums = sums;
         c.held_blocks = held_blocks;
@@ -442,11 +436,9 @@ impl DiskCache {
         ix.files.get_mut(&name).map(|c| (name, c))
     }
 
-    /// The data file, opened once.
-    fn data_of(&self, name: &Name, c: &mut Cached, create: bool) -> io::Result<Arc<File>> {
-        if let Some(f) = &c.data {
-            return Ok(Arc::clone(f));
-        }
+    /// The data file, opened for this one use: a mount over many files must not hold two
+    /// descriptors for each file it ever cached.
+    fn data_of(&self, name: &Name, c: &Cached, create: bool) -> io::Result<File> {
         let path = self.path_of(name, DATA);
         if create {
             std::fs::create_dir_all(path.parent().expect("cache paths have a parent"))?;
@@ -459,16 +451,11 @@ impl DiskCache {
             }
             f.set_len(c.size)?;
         }
-        let f = Arc::new(f);
-        c.data = Some(Arc::clone(&f));
         Ok(f)
     }
 
-    /// The table, opened once (and written whole when new).
-    fn sums_of(&self, name: &Name, c: &mut Cached, create: bool) -> io::Result<Arc<File>> {
-        if let Some(f) = &c.sums_file {
-            return Ok(Arc::clone(f));
-        }
+    /// The table, opened for this one use (and written whole when new).
+    fn sums_of(&self, name: &Name, c: &Cached, create: bool) -> io::Result<File> {
         let f = open_rw(&self.path_of(name, SUMS), create)?;
         if f.metadata()?.len() != c.sums_len() {
             if !create {
@@ -481,8 +468,6 @@ impl DiskCache {
             table[48..56].copy_from_slice(&c.block.to_le_bytes());
             f.write_all_at(&table, 0)?;
         }
-        let f = Arc::new(f);
-        c.sums_file = Some(Arc::clone(&f));
         Ok(f)
     }
 
@@ -631,8 +616,8 @@ impl DiskCache {
                 ix.stats.written_bytes += len;
             }
             Err(e) => {
-                if let Some(d) = &c.data {
-                    let _ = punch(d, offset, len);
+                if let Ok(d) = open_rw(&self.path_of(&name, DATA), false) {
+                    let _ = punch(&d, offset, len);
                 }
                 ix.held -= len;
                 ix.stats.write_errors += 1;
@@ -715,14 +700,10 @@ impl DiskCache {
         c.held_blocks -= 1;
         let (offset, len) = (b * c.block, c.block_len(b));
         let tick = std::mem::take(&mut c.ticks[b as usize]);
-        let cleared = c
-            .sums_file
-            .clone()
-            .map_or(Ok(()), |s| s.write_all_at(&NO_SUM, HEADER + SUM * b))
-            .and_then(|()| {
-                let data = self.data_of(&name, c, false)?;
-                punch(&data, offset, len)
-            });
+        let cleared = self
+            .sums_of(&name, c, false)
+            .and_then(|s| s.write_all_at(&NO_SUM, HEADER + SUM * b))
+            .and_then(|()| punch(&self.data_of(&name, c, false)?, offset, len));
         ix.lru.remove(&tick);
         ix.held -= len;
         if let Err(e) = cleared {

@@ -520,3 +520,32 @@ fn a_passed_through_file_is_never_evicted() {
     assert!(s.disk.blocks < model_blocks + 4, "{s:?}");
     through_mount(&fs, model, true);
 }
+
+fn open_descriptors() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+#[test]
+fn caching_many_files_holds_no_descriptor_per_file() {
+    let src = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    // More files than a default descriptor limit (1024) could hold two each.
+    let files: Vec<(String, Vec<u8>)> = (0..600)
+        .map(|i| (format!("f{i:04}.bin"), pattern(1000 + i, i as u64)))
+        .collect();
+    for (name, data) in &files {
+        std::fs::write(src.path().join(name), data).unwrap();
+    }
+    let (_b, fs) = mount(src.path(), options(cache.path(), 1000));
+    let before = open_descriptors();
+    read_everything(&fs, &files);
+    let s = fs.stats();
+    assert_eq!(s.disk.written_blocks, files.len() as u64, "{s:?}");
+    assert_eq!(s.disk.write_errors, 0, "{s:?}");
+    // Other tests' threads open files too: allow a few, not one per cached file.
+    let after = open_descriptors();
+    assert!(
+        after < before + 50,
+        "{before} descriptors before, {after} after"
+    );
+}
