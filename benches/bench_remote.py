@@ -888,7 +888,9 @@ def sluice_mount_up(
     the disk tier in `cache` if given."""
     mnt = work / "sluice-mnt"
     mnt.mkdir(parents=True, exist_ok=True)
-    cmd = [str(SLUICE_BIN), "mount", f"s3://{BUCKET}/{prefix}/", str(mnt), "--daemon"]
+    # A reader variant `+SLUICE_MOUNT_BIN=…` runs another build of the daemon (A/B runs).
+    binary = env.get("SLUICE_MOUNT_BIN", str(SLUICE_BIN))
+    cmd = [binary, "mount", f"s3://{BUCKET}/{prefix}/", str(mnt), "--daemon"]
     cmd += ["--pool", SLUICE_MOUNT_POOL, "--log", str(work / "sluice-mount.log")]
     if cache is not None:
         cmd += ["--cache-dir", str(cache), "--cache-size", "8GiB"]
