@@ -160,6 +160,7 @@ def test_bad_mounts_are_refused(model, mnt, tmp_path):
         ([str(src), str(src / "model.safetensors.index.json")], 3, "not a directory"),
         ([str(src), str(mnt), "--cache-dir", str(src)], 2, "other files"),
         ([str(src), str(mnt), "--cache-size", "1GiB"], 2, "--cache-dir"),
+        ([str(src), str(mnt), "--no-passthrough"], 2, "--cache-dir"),
         ([str(src), str(mnt), "--cache-dir", str(mnt / "c")], 2, "under the mount point"),
         (
             [str(src), str(mnt), "--cache-dir", str(tmp_path / "c"), "--cache-size", "1KiB"],
