@@ -83,52 +83,64 @@ pub struct DiskStats {
 
 type Name = [u8; 16];
 
+/// A block the cache holds.
+#[derive(Clone, Copy)]
+struct Held {
+    sum: [u8; 32],
+    /// Its last use (its key in the LRU).
+    tick: u64,
+    /// Checked (or written) by this process: what passthrough needs of every block.
+    checked: bool,
+}
+
 /// One cached file.
 struct Cached {
     key: [u8; 32],
     size: u64,
     block: u64,
-    sums: Vec<Option<[u8; 32]>>,
-    /// Checked (or written) by this process: what passthrough needs of every block.
-    checked: Vec<bool>,
-    /// Each held block's last-use tick (its key in the LRU).
-    ticks: Vec<u64>,
-    held_blocks: u64,
+    /// Each block, if held.
+    blocks: Vec<Option<Held>>,
     /// Passthrough opens and reads in progress: no block of a pinned file is evicted.
     pins: usize,
     writing: HashSet<u64>,
 }
 
+/// Bytes of block `b` of a file of `size` bytes cut in blocks of `block`.
+fn block_len(size: u64, block: u64, b: u64) -> u64 {
+    size.saturating_sub(b * block).min(block)
+}
+
+/// Bytes of the table of a file of `size` bytes cut in blocks of `block`.
+fn sums_len(size: u64, block: u64) -> u64 {
+    HEADER + SUM * size.div_ceil(block)
+}
+
 impl Cached {
     fn new(key: [u8; 32], size: u64, block: u64) -> Cached {
-        let blocks = size.div_ceil(block) as usize;
         Cached {
             key,
             size,
             block,
-            sums: vec![None; blocks],
-            checked: vec![false; blocks],
-            ticks: vec![0; blocks],
-            held_blocks: 0,
+            blocks: vec![None; size.div_ceil(block) as usize],
             pins: 0,
             writing: HashSet::new(),
         }
     }
 
-    fn blocks(&self) -> u64 {
-        self.size.div_ceil(self.block)
-    }
-
     fn block_len(&self, b: u64) -> u64 {
-        self.size.saturating_sub(b * self.block).min(self.block)
+        block_len(self.size, self.block, b)
     }
 
     fn sums_len(&self) -> u64 {
-        HEADER + SUM * self.blocks()
+        sums_len(self.size, self.block)
+    }
+
+    fn held_blocks(&self) -> u64 {
+        self.blocks.iter().flatten().count() as u64
     }
 
     fn complete_and_checked(&self) -> bool {
-        self.held_blocks == self.blocks() && self.checked.iter().all(|&c| c)
+        self.blocks.iter().all(|h| h.is_some_and(|h| h.checked))
     }
 }
 
@@ -149,9 +161,11 @@ impl Index {
         self.tick += 1;
         let tick = self.tick;
         if let Some(c) = self.files.get_mut(&name) {
-            let last = std::mem::replace(&mut c.ticks[b as usize], tick);
-            self.lru.remove(&last);
-            self.lru.insert(tick, (name, b));
+            if let Some(held) = &mut c.blocks[b as usize] {
+                let last = std::mem::replace(&mut held.tick, tick);
+                self.lru.remove(&last);
+                self.lru.insert(tick, (name, b));
+            }
         }
     }
 }
@@ -159,6 +173,8 @@ impl Index {
 pub struct DiskCache {
     dir: PathBuf,
     budget: u64,
+    /// The mount's block size: the unit of every read, write and hash.
+    block: u64,
     /// Hash of the mount's source, part of every key.
     namespace: String,
     index: Mutex<Index>,
@@ -236,7 +252,11 @@ impl DiskCache {
     /// Opens (or creates) the cache directory for the mount of `source`, takes its lock,
     /// indexes the files already there, removes what it cannot use, and evicts down to the
     /// budget.
-    pub fn open(opts: &DiskCacheOptions, source: &str) -> Result<DiskCache, MountError> {
+    pub fn open(
+        opts: &DiskCacheOptions,
+        source: &str,
+        block: u64,
+    ) -> Result<DiskCache, MountError> {
         let dir = &opts.dir;
         let bad = |why: String| MountError::Config(format!("--cache-dir {}: {why}", dir.display()));
         if opts.budget == 0 {
@@ -280,6 +300,7 @@ impl DiskCache {
         let cache = DiskCache {
             dir: dir.clone(),
             budget: opts.budget,
+            block,
             namespace: blake3::hash(source.as_bytes()).to_hex().to_string(),
             index: Mutex::new(Index::default()),
             written: Condvar::new(),
@@ -347,13 +368,13 @@ impl DiskCache {
         found.sort_by_key(|(when, name, _)| (*when, *name));
         let mut ix = lock(&self.index);
         for (_, name, mut c) in found {
-            for b in 0..c.blocks() {
-                if c.sums[b as usize].is_some() {
+            for (b, held) in c.blocks.iter_mut().enumerate() {
+                if let Some(held) = held {
                     ix.tick += 1;
                     let tick = ix.tick;
-                    c.ticks[b as usize] = tick;
-                    ix.lru.insert(tick, (name, b));
-                    ix.held += c.block_len(b);
+                    held.tick = tick;
+                    ix.lru.insert(tick, (name, b as u64));
+                    ix.held += block_len(c.size, c.block, b as u64);
                 }
             }
             ix.held += c.sums_len();
@@ -373,27 +394,28 @@ impl DiskCache {
         if block == 0 || size == 0 {
             return Err(corrupt("bad sizes"));
         }
-        let blocks = size.div_ceil(block);
-        if table.len() as u64 != HEADER + SUM * blocks {
+        if table.len() as u64 != sums_len(size, block) {
             return Err(corrupt("wrong length"));
         }
         let data = std::fs::symlink_metadata(path.with_extension(DATA))?;
         if !data.is_file() || data.len() != size {
             return Err(corrupt("data file missing or of the wrong size"));
         }
-        let sums: Vec<Option<[u8; 32]>> = table[HEADER as usize..]
-            .chunks_exact(SUM as usize)
-            .map(|s| {
-                let s: [u8; 32] = s.try_into().expect("32 bytes");
-                (s != NO_SUM).then_some(s)
-            })
-            .collect();
-        let held_blocks = sums.iter().filter(|s| s.is_some()).count() as u64;
+        let mut c = Cached::new(table[8..40].try_into().expect("32 bytes"), size, block);
+        for (held, sum) in c
+            .blocks
+            .iter_mut()
+            .zip(table[HEADER as usize..].chunks_exact(32))
+        {
+            let sum: [u8; 32] = sum.try_into().expect("32 bytes");
+            *held = (sum != NO_SUM).then_some(Held {
+                sum,
+                tick: 0,
+                checked: false,
+            });
+        }
         // Reads touch the data file's time (and writes change it): the file's last use.
         let when = data.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-        let mut c = Cached::new(table[8..40].try_into().expect("32 bytes"), size, block);
-        c.sums = sums;
-        c.held_blocks = held_blocks;
         Ok((when, c))
     }
 
@@ -411,7 +433,7 @@ impl DiskCache {
         }
     }
 
-    fn key(&self, entry: &Entry, block: u64) -> [u8; 32] {
+    fn key(&self, entry: &Entry) -> [u8; 32] {
         let mut h = blake3::Hasher::new();
         for part in [
             self.namespace.as_bytes(),
@@ -421,7 +443,7 @@ impl DiskCache {
             h.update(&(part.len() as u64).to_le_bytes());
             h.update(part);
         }
-        for n in [entry.size, block] {
+        for n in [entry.size, self.block] {
             h.update(&n.to_le_bytes());
         }
         *h.finalize().as_bytes()
@@ -432,15 +454,10 @@ impl DiskCache {
         self.dir.join(&hex[..2]).join(format!("{hex}.{ext}"))
     }
 
-    /// The cached file of `entry` (cut in blocks of `block` bytes), if the index has it
-    /// under this key; one under the same name but another key is dropped.
-    fn find<'a>(
-        &self,
-        ix: &'a mut Index,
-        entry: &Entry,
-        block: u64,
-    ) -> Option<(Name, &'a mut Cached)> {
-        let key = self.key(entry, block);
+    /// The cached file of `entry`, if the index has it under this key; one under the same
+    /// name but another key is dropped.
+    fn find<'a>(&self, ix: &'a mut Index, entry: &Entry) -> Option<(Name, &'a mut Cached)> {
+        let key = self.key(entry);
         let name: Name = key[..16].try_into().expect("16 of 32 bytes");
         let matches = ix.files.get(&name).map(|c| c.key == key);
         if matches == Some(false) {
@@ -488,13 +505,20 @@ impl DiskCache {
 
     /// Fills `dst` with the block at `offset` of `entry` if the cache holds it and it
     /// passes its check; `false` otherwise (a block failing its check is dropped first).
-    pub fn read(&self, entry: &Entry, offset: u64, block: u64, dst: &mut [u8]) -> bool {
+    pub fn read(&self, entry: &Entry, offset: u64, dst: &mut [u8]) -> bool {
+        let block = self.block;
         let b = offset / block;
         let (name, want, data) = {
             let mut ix = lock(&self.index);
-            let found = self.find(&mut ix, entry, block).and_then(|(name, c)| {
+            let found = self.find(&mut ix, entry).and_then(|(name, c)| {
                 let ok = offset % block == 0 && c.block_len(b) == dst.len() as u64;
-                let want = c.sums.get(b as usize).copied().flatten().filter(|_| ok)?;
+                let want = c
+                    .blocks
+                    .get(b as usize)
+                    .copied()
+                    .flatten()
+                    .filter(|_| ok)?
+                    .sum;
                 let data = self.data_of(&name, c, false);
                 c.pins += 1;
                 Some((name, want, data))
@@ -523,8 +547,8 @@ impl DiskCache {
         let ok = result.is_ok();
         if let Some(c) = ix.files.get_mut(&name) {
             c.pins -= 1;
-            if ok {
-                c.checked[b as usize] = true;
+            if let Some(held) = c.blocks[b as usize].as_mut().filter(|_| ok) {
+                held.checked = true;
             }
         }
         match result {
@@ -553,30 +577,30 @@ impl DiskCache {
     /// Keeps `data`, the block at `offset` of `entry`, evicting the least recently used
     /// blocks to stay in budget. Failures are counted and logged, never returned: the
     /// block simply stays uncached.
-    pub fn write(&self, entry: &Entry, offset: u64, block: u64, data: &[u8]) {
+    pub fn write(&self, entry: &Entry, offset: u64, data: &[u8]) {
+        let block = self.block;
         if offset % block != 0 || entry.size == 0 {
             return;
         }
         let b = offset / block;
         let len = data.len() as u64;
-        let key = self.key(entry, block);
+        let key = self.key(entry);
         let name: Name = key[..16].try_into().expect("16 of 32 bytes");
         let (name, files) = {
             let mut ix = lock(&self.index);
-            let new = match self.find(&mut ix, entry, block) {
+            let new = match self.find(&mut ix, entry) {
                 Some((_, c)) => {
-                    if c.sums[b as usize].is_some() || c.writing.contains(&b) {
+                    if c.blocks[b as usize].is_some() || c.writing.contains(&b) {
                         return;
                     }
                     false
                 }
                 None => true,
             };
-            let fresh = Cached::new(key, entry.size, block);
-            if fresh.block_len(b) != len {
+            if block_len(entry.size, block, b) != len {
                 return;
             }
-            let need = len + if new { fresh.sums_len() } else { 0 };
+            let need = len + if new { sums_len(entry.size, block) } else { 0 };
             if need > self.budget {
                 return;
             }
@@ -593,12 +617,16 @@ impl DiskCache {
             }
             // Reserve the room now so concurrent writers cannot overshoot the budget.
             ix.held += need;
-            let c = ix.files.entry(name).or_insert(fresh);
+            let c = ix
+                .files
+                .entry(name)
+                .or_insert_with(|| Cached::new(key, entry.size, block));
             c.writing.insert(b);
             c.pins += 1;
+            // Created (directory, sparse data file, table) with the file's first block.
             let files = self
-                .data_of(&name, c, true)
-                .and_then(|d| Ok((d, self.sums_of(&name, c, true)?)));
+                .data_of(&name, c, new)
+                .and_then(|d| Ok((d, self.sums_of(&name, c, new)?)));
             (name, files)
         };
         let sum = blake3::hash(data);
@@ -618,13 +646,14 @@ impl DiskCache {
         c.pins -= 1;
         match written {
             Ok(_) => {
-                c.sums[b as usize] = Some(*sum.as_bytes());
-                c.checked[b as usize] = true;
-                c.held_blocks += 1;
                 ix.tick += 1;
                 let tick = ix.tick;
                 if let Some(c) = ix.files.get_mut(&name) {
-                    c.ticks[b as usize] = tick;
+                    c.blocks[b as usize] = Some(Held {
+                        sum: *sum.as_bytes(),
+                        tick,
+                        checked: true,
+                    });
                 }
                 ix.lru.insert(tick, (name, b));
                 ix.stats.written_blocks += 1;
@@ -648,9 +677,9 @@ impl DiskCache {
     /// has been checked by this process; the file is pinned until [`DiskCache::unpin`].
     /// A file whose last blocks are being written (a reader just read them through the
     /// pool) is waited for, up to [`COMPLETE_WAIT`].
-    pub fn pin_complete(&self, entry: &Entry, block: u64) -> Option<File> {
-        let mut ix = self.wait_written(entry, block);
-        let (name, c) = self.find(&mut ix, entry, block)?;
+    pub fn pin_complete(&self, entry: &Entry) -> Option<File> {
+        let mut ix = self.wait_written(entry);
+        let (name, c) = self.find(&mut ix, entry)?;
         if !c.complete_and_checked() {
             return None;
         }
@@ -667,20 +696,20 @@ impl DiskCache {
 
     /// Whether [`DiskCache::pin_complete`] would hand out `entry` now (after the same
     /// wait for its last blocks).
-    pub fn is_complete(&self, entry: &Entry, block: u64) -> bool {
-        let mut ix = self.wait_written(entry, block);
-        self.find(&mut ix, entry, block)
+    pub fn is_complete(&self, entry: &Entry) -> bool {
+        let mut ix = self.wait_written(entry);
+        self.find(&mut ix, entry)
             .is_some_and(|(_, c)| c.complete_and_checked())
     }
 
     /// The index, once no write of `entry`'s last missing blocks is in flight (or after
     /// [`COMPLETE_WAIT`]).
-    fn wait_written(&self, entry: &Entry, block: u64) -> MutexGuard<'_, Index> {
+    fn wait_written(&self, entry: &Entry) -> MutexGuard<'_, Index> {
         let deadline = std::time::Instant::now() + COMPLETE_WAIT;
         let mut ix = lock(&self.index);
-        while let Some((_, c)) = self.find(&mut ix, entry, block) {
-            let finishing =
-                !c.writing.is_empty() && c.held_blocks + c.writing.len() as u64 == c.blocks();
+        while let Some((_, c)) = self.find(&mut ix, entry) {
+            let finishing = !c.writing.is_empty()
+                && c.held_blocks() + c.writing.len() as u64 == c.blocks.len() as u64;
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if !finishing || left.is_zero() {
                 break;
@@ -695,9 +724,9 @@ impl DiskCache {
     }
 
     /// Ends a pin taken by [`DiskCache::pin_complete`].
-    pub fn unpin(&self, entry: &Entry, block: u64) {
+    pub fn unpin(&self, entry: &Entry) {
         let mut ix = lock(&self.index);
-        if let Some((_, c)) = self.find(&mut ix, entry, block) {
+        if let Some((_, c)) = self.find(&mut ix, entry) {
             c.pins = c.pins.saturating_sub(1);
         }
     }
@@ -708,13 +737,10 @@ impl DiskCache {
         let Some(c) = ix.files.get_mut(&name) else {
             return;
         };
-        if c.sums[b as usize].take().is_none() {
+        let Some(Held { tick, .. }) = c.blocks[b as usize].take() else {
             return;
-        }
-        c.checked[b as usize] = false;
-        c.held_blocks -= 1;
+        };
         let (offset, len) = (b * c.block, c.block_len(b));
-        let tick = std::mem::take(&mut c.ticks[b as usize]);
         let cleared = self
             .sums_of(&name, c, false)
             .and_then(|s| s.write_all_at(&NO_SUM, HEADER + SUM * b))
@@ -733,7 +759,7 @@ impl DiskCache {
         if ix
             .files
             .get(&name)
-            .is_some_and(|c| c.held_blocks == 0 && c.pins == 0 && c.writing.is_empty())
+            .is_some_and(|c| c.held_blocks() == 0 && c.pins == 0 && c.writing.is_empty())
         {
             self.drop_file(ix, name);
         }
@@ -744,9 +770,9 @@ impl DiskCache {
         let Some(c) = ix.files.remove(&name) else {
             return;
         };
-        for (b, &tick) in c.ticks.iter().enumerate() {
-            if c.sums[b].is_some() {
-                ix.lru.remove(&tick);
+        for (b, held) in c.blocks.iter().enumerate() {
+            if let Some(held) = held {
+                ix.lru.remove(&held.tick);
                 ix.held -= c.block_len(b as u64);
             }
         }

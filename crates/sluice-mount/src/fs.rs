@@ -248,7 +248,7 @@ impl MountFs {
     pub fn new(backend: Arc<dyn Backend>, opts: MountOptions) -> Result<MountFs, MountError> {
         opts.validate()?;
         let disk = match &opts.disk_cache {
-            Some(d) => Some(DiskCache::open(d, &backend.describe())?),
+            Some(d) => Some(DiskCache::open(d, &backend.describe(), opts.block_bytes)?),
             None => None,
         };
         let listed = backend.list().map_err(|source| MountError::Backend {
@@ -394,7 +394,7 @@ impl MountFs {
             let copy = inner
                 .disk
                 .as_ref()
-                .and_then(|d| d.pin_complete(&file.entry, inner.opts.block_bytes));
+                .and_then(|d| d.pin_complete(&file.entry));
             if let Some(copy) = copy {
                 opens.backed += 1;
                 lock(&self.handles).insert(fh, (ino, true));
@@ -442,7 +442,7 @@ impl MountFs {
             return Ok(Released { backed, last });
         }
         if let Some(d) = &self.inner.disk {
-            d.unpin(&file.entry, self.inner.opts.block_bytes);
+            d.unpin(&file.entry);
         }
         let mut opens = lock(&file.opens);
         opens.backed = opens.backed.saturating_sub(1);
@@ -474,7 +474,7 @@ impl MountFs {
             && inner
                 .disk
                 .as_ref()
-                .is_some_and(|d| d.is_complete(&file.entry, inner.opts.block_bytes))
+                .is_some_and(|d| d.is_complete(&file.entry))
             && lock(&file.opens).cached == 0
     }
 
@@ -645,12 +645,7 @@ impl Inner {
         };
         let offset = b * self.opts.block_bytes;
         if let Some(disk) = &self.disk {
-            if disk.read(
-                &file.entry,
-                offset,
-                self.opts.block_bytes,
-                buf.as_mut_slice(),
-            ) {
+            if disk.read(&file.entry, offset, buf.as_mut_slice()) {
                 return (Ok(buf), false);
             }
         }
@@ -688,8 +683,7 @@ impl Inner {
     /// Writes a block fetched from the backend to the disk tier, if there is one.
     fn keep_on_disk(&self, file: &FileNode, b: u64, block: &Block) {
         if let Some(disk) = &self.disk {
-            let block_bytes = self.opts.block_bytes;
-            disk.write(&file.entry, b * block_bytes, block_bytes, block.as_slice());
+            disk.write(&file.entry, b * self.opts.block_bytes, block.as_slice());
         }
     }
 
