@@ -37,6 +37,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::backend::Entry;
 use crate::error::MountError;
+use crate::lock;
 
 const MAGIC: &[u8; 8] = b"SLCSUM02";
 /// Magic, key, file size, block size.
@@ -182,10 +183,6 @@ pub struct DiskCache {
     written: Condvar,
     /// Held open with an exclusive `flock` while the cache is in use.
     _lock: File,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use sluice_engine::AlignedBuf;
@@ -15,6 +15,7 @@ use sluice_engine::AlignedBuf;
 use crate::backend::{Backend, Entry};
 use crate::disk_cache::{DiskCache, DiskCacheOptions, DiskStats};
 use crate::error::MountError;
+use crate::lock;
 use crate::pool::{Block, BlockPool, Claim, PoolStats};
 use crate::streams::{Prefetch, StreamConfig, Streams};
 
@@ -127,8 +128,6 @@ enum Node {
     File(FileNode),
 }
 
-/// The bytes of a read: a range of one pooled block (kept alive while the reply is
-/// sent), or a copy where the read spans blocks.
 /// What [`MountFs::release_handle`] closed: a passed-through handle or a cached one, and
 /// whether it was the file's last of that kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,6 +154,8 @@ impl Opened {
     }
 }
 
+/// The bytes of a read: a range of one pooled block (kept alive while the reply is
+/// sent), or a copy where the read spans blocks.
 pub enum ReadData {
     Block(Block, std::ops::Range<usize>),
     Owned(Vec<u8>),
@@ -232,10 +233,6 @@ pub struct MountFs {
     /// Open handles: inode, and whether passed through.
     handles: Mutex<std::collections::HashMap<u64, (u64, bool)>>,
     refused: AtomicU64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn errno(code: i32) -> io::Error {

@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -36,18 +35,18 @@ struct ReadJob {
 
 struct Adapter {
     fs: Arc<MountFs>,
-    reads: Mutex<mpsc::Sender<ReadJob>>,
+    reads: mpsc::Sender<ReadJob>,
     uid: u32,
     gid: u32,
     /// The kernel agreed to passthrough at INIT, and no backing file has been refused.
-    passthrough: AtomicBool,
+    passthrough: bool,
     /// The backing file registered for each passed-through inode: the kernel wants every
     /// open of an inode on the same one. Dropped (unregistered) at the inode's last
     /// passed-through release.
-    backing: Mutex<HashMap<u64, fuser::BackingId>>,
+    backing: HashMap<u64, fuser::BackingId>,
     /// Files whose last cached handle closed, for the thread that drops the kernel's
     /// cached copy of those that will pass through from now on.
-    closed: Mutex<mpsc::Sender<u64>>,
+    closed: mpsc::Sender<u64>,
 }
 
 fn attr(a: Attr, uid: u32, gid: u32) -> FileAttr {
@@ -75,10 +74,6 @@ fn attr(a: Attr, uid: u32, gid: u32) -> FileAttr {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 fn code(e: &io::Error) -> i32 {
     e.raw_os_error().unwrap_or(libc::EIO)
 }
@@ -103,7 +98,7 @@ impl Filesystem for Adapter {
                     "the kernel has no FUSE passthrough; cached files are read through the daemon"
                 );
             }
-            self.passthrough.store(agreed, Ordering::Relaxed);
+            self.passthrough = agreed;
         }
         Ok(())
     }
@@ -129,11 +124,9 @@ impl Filesystem for Adapter {
         if flags & libc::O_ACCMODE != libc::O_RDONLY {
             return reply.error(libc::EROFS);
         }
-        let backing = self.passthrough.load(Ordering::Relaxed);
-        let opened = match self.fs.open_handle(ino, backing) {
+        let opened = match self.fs.open_handle(ino, self.passthrough) {
             Ok(Opened::Backed(fh, file)) => {
-                let mut ids = lock(&self.backing);
-                let id = match ids.entry(ino) {
+                let id = match self.backing.entry(ino) {
                     std::collections::hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
                     std::collections::hash_map::Entry::Vacant(v) => {
                         reply.open_backing(&file).map(|id| v.insert(id))
@@ -142,10 +135,9 @@ impl Filesystem for Adapter {
                 match id {
                     Ok(id) => return reply.opened_passthrough(fh, 0, id),
                     Err(e) => {
-                        drop(ids);
                         // Not root, or a cache directory the kernel cannot stack on.
                         tracing::warn!(error = %e, "the kernel refused a backing file; passthrough off for this mount");
-                        self.passthrough.store(false, Ordering::Relaxed);
+                        self.passthrough = false;
                         self.fs.backing_refused(ino, fh)
                     }
                 }
@@ -179,10 +171,7 @@ impl Filesystem for Adapter {
             size,
             reply,
         };
-        let sent = match self.reads.lock() {
-            Ok(tx) => tx.send(job),
-            Err(p) => p.into_inner().send(job),
-        };
+        let sent = self.reads.send(job);
         if let Err(mpsc::SendError(job)) = sent {
             job.reply.error(libc::EIO);
         }
@@ -201,10 +190,10 @@ impl Filesystem for Adapter {
         match self.fs.release_handle(ino, fh) {
             Ok(released) => {
                 if released.backed && released.last {
-                    lock(&self.backing).remove(&ino);
+                    self.backing.remove(&ino);
                 }
-                if !released.backed && released.last && self.passthrough.load(Ordering::Relaxed) {
-                    let _ = lock(&self.closed).send(ino);
+                if !released.backed && released.last && self.passthrough {
+                    let _ = self.closed.send(ino);
                 }
                 reply.ok()
             }
@@ -481,12 +470,12 @@ pub fn mount(fs: Arc<MountFs>, path: &Path, fs_name: &str) -> Result<Mounted, Mo
     let (closed_tx, closed_rx) = mpsc::channel();
     let adapter = Adapter {
         fs: Arc::clone(&fs),
-        reads: Mutex::new(tx),
+        reads: tx,
         uid,
         gid,
-        passthrough: AtomicBool::new(false),
-        backing: Mutex::new(HashMap::new()),
-        closed: Mutex::new(closed_tx),
+        passthrough: false,
+        backing: HashMap::new(),
+        closed: closed_tx,
     };
     let options = [
         MountOption::RO,

@@ -25,3 +25,9 @@ pub use fs::{
 pub use fuse::{check_mount_point, mount, Mounted};
 pub use pool::{Block, BlockPool, Claim, PoolStats};
 pub use streams::{Prefetch, StreamConfig, Streams};
+
+/// A mutex's guard, poisoned or not: every lock in the mount guards counters and maps a
+/// panicking holder leaves consistent.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

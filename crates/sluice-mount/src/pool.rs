@@ -12,9 +12,11 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 
 use sluice_engine::AlignedBuf;
+
+use crate::lock;
 
 /// Evicted buffers kept for reuse, beyond the budget.
 pub const FREE_MAX: usize = 4;
@@ -114,10 +116,6 @@ pub struct BlockPool {
     state: Mutex<State>,
     room: Condvar,
     budget: u64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl BlockPool {
