@@ -54,6 +54,28 @@ def resolve_names(
     return list(names)
 
 
+def check_options(
+    *,
+    direct: Optional[str] = None,
+    engine: Optional[str] = None,
+    concurrency: Optional[int] = None,
+    chunk_bytes: ByteSize = None,
+    memory_limit: ByteSize = None,
+) -> None:
+    """Refuses, before anything is read, an option value no load can take: a
+    :class:`sluice.ConfigError` naming it. Counts and sizes must be ints (not bools) in
+    range, or size strings like ``"512MiB"``. The native loader applies the same rules."""
+    if isinstance(direct, bool):
+        direct = "on" if direct else "off"
+    _sluice.check_options(
+        direct=direct,
+        engine=engine,
+        concurrency=concurrency,
+        chunk_bytes=chunk_bytes,
+        memory_limit=memory_limit,
+    )
+
+
 def iter_windows(
     path: PathLike,
     names: NameFilter,
@@ -78,11 +100,15 @@ def iter_windows(
     land in the caller's memory, owned by ``lent``, and the windows carry no
     bytes: they report progress."""
     _local.stats = None
-    for option, value in (("concurrency", concurrency),):
-        if value is not None and (not isinstance(value, int) or value < 1):
-            raise ConfigError(f"{option} must be a positive integer, not {value!r}")
     if isinstance(direct, bool):
         direct = "on" if direct else "off"
+    check_options(
+        direct=direct,
+        engine=engine,
+        concurrency=concurrency,
+        chunk_bytes=chunk_bytes,
+        memory_limit=memory_limit,
+    )
     stream = _sluice.start_stream(
         os.fspath(path),
         None if into is not None else resolve_names(path, names, checkpoint, allow_partial),

@@ -19,6 +19,7 @@ __all__ = [
     "TensorBuffer",
     "Window",
     "__version__",
+    "check_options",
     "cli_main",
     "open_checkpoint",
     "start_stream",
@@ -97,6 +98,18 @@ class Stream:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> bool: ...
+
+def check_options(
+    *,
+    direct: str | None = None,
+    engine: str | None = None,
+    concurrency: int | None = None,
+    chunk_bytes: _ByteSize | None = None,
+    memory_limit: _ByteSize | None = None,
+) -> None:
+    """Raises ``ConfigError`` naming an option value no load can take (a bool or an
+    out-of-range int for a count or size included); reads neither the environment nor
+    any file."""
 
 def start_stream(
     path: _StrPath,

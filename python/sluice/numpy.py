@@ -89,6 +89,9 @@ def load_file(
     tensor without ``ml_dtypes`` installed is a TypeError up front, not
     after the whole checkpoint was read.
     """
+    _core.check_options(
+        direct=direct, engine=engine, concurrency=concurrency, chunk_bytes=chunk_bytes
+    )
     checkpoint = _sluice.open_checkpoint(os.fspath(filename), allow_partial=allow_partial)
     selected = _core.resolve_names(filename, names, checkpoint)
     for name in checkpoint.keys() if selected is None else selected:
@@ -131,6 +134,7 @@ def load_into(
     silently. A C-contiguous array is read into directly, any other through a copy.
     Names, strictness, aliases and errors are as for the torch function.
     """
+    _core.check_options(concurrency=concurrency, chunk_bytes=chunk_bytes, memory_limit=memory_limit)
     targets = dict(dest)
     for name, a in targets.items():
         if not isinstance(a, np.ndarray):

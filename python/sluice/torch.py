@@ -88,19 +88,26 @@ def window_tensors(window: Any) -> Iterator[tuple[str, torch.Tensor]]:
 
 def to_device(device: Union[str, int, torch.device]) -> torch.device:
     """``"cpu"``, ``"cuda"``, ``"cuda:N"``, an int N (CUDA device N) or a
-    ``torch.device``; anything else is a :class:`sluice.ConfigError`."""
+    ``torch.device`` of those; anything else (``"meta"``, ``"mps"``, another string or
+    type) is a :class:`sluice.ConfigError` naming the value."""
     if isinstance(device, torch.device):
-        return device
-    if isinstance(device, bool):
+        dev = device
+    elif isinstance(device, bool):
         raise ConfigError(f"device must be a string, an int or a torch.device, not {device!r}")
-    if isinstance(device, int):
+    elif isinstance(device, int):
         if device < 0:
             raise ConfigError(f"device index must be non-negative, not {device}")
-        return torch.device("cuda", device)
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        raise ConfigError(f"device {device!r} is not a device torch knows: {e}") from None
+        dev = torch.device("cuda", device)
+    else:
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            raise ConfigError(f"device {device!r} is not a device torch knows: {e}") from None
+    if dev.type not in ("cpu", "cuda"):
+        # A meta tensor holds no bytes (a "load" would read nothing), and other
+        # backends fail mid-load with torch's own errors.
+        raise ConfigError(f"device {device!r} is not supported: use 'cpu', 'cuda' or 'cuda:N'")
+    return dev
 
 
 def usable_device(device: Union[str, int, torch.device]) -> torch.device:
@@ -172,7 +179,7 @@ def load_file(
 def stream(
     filename: PathLike,
     *,
-    memory_limit: ByteSize = 512 * 2**20,
+    memory_limit: ByteSize = None,
     names: NameFilter = None,
     device: Union[str, int, torch.device] = "cpu",
     direct: Optional[str] = None,
@@ -186,7 +193,8 @@ def stream(
 ) -> Generator[tuple[str, torch.Tensor], None, None]:
     """Yields ``(name, tensor)`` as each tensor's bytes land, in completion order.
 
-    Buffers come from a pool capped at ``memory_limit`` bytes. Each yielded
+    Buffers come from a pool capped at ``memory_limit`` bytes (default: the
+    ``SLUICE_MEMORY_LIMIT`` environment variable, else 512 MiB). Each yielded
     CPU tensor is a view into a pooled buffer: it stays valid for as long as
     you hold it, and its memory returns to the pool once every tensor of its
     buffer is dropped. The intended use is to copy each tensor into its
@@ -240,6 +248,9 @@ def load_into(
     - A contiguous CPU destination of the checkpoint's dtype is read into directly; any
       other (another device, another dtype, a non-contiguous view) is filled with
       ``copy_`` from a stream under ``memory_limit``, as ``load_state_dict`` converts.
+      ``memory_limit`` defaults to ``SLUICE_MEMORY_LIMIT``, else 512 MiB.
+    - A destination on the meta device (or any but cpu and cuda) is a
+      :class:`sluice.ConfigError` naming it, before any tensor is read.
     - Shapes must match: a mismatch is a :class:`sluice.ConfigError` naming the tensor.
     - ``strict=True`` (the default, as in torch) refuses, before reading anything, a
       destination the checkpoint lacks or a checkpoint tensor with no destination
@@ -250,6 +261,7 @@ def load_into(
     - On an error or Ctrl-C the reads in flight are waited for and the error raised; the
       destinations then hold a mix of old and new bytes, never a finished-looking load.
     """
+    _core.check_options(concurrency=concurrency, chunk_bytes=chunk_bytes, memory_limit=memory_limit)
     targets = dest.state_dict() if isinstance(dest, torch.nn.Module) else dict(dest)
     for name, t in targets.items():
         if not isinstance(t, torch.Tensor):
@@ -270,6 +282,12 @@ def load_into(
                 f"tensor {name!r}: the destination has shape {list(t.shape)}, "
                 f"the checkpoint {list(shape)}"
             )
+        if t.device.type not in ("cpu", "cuda"):
+            # A meta tensor has no memory: copy_ into it "succeeds" and loads nothing.
+            raise ConfigError(
+                f"tensor {name!r}: the destination is on the {t.device.type} device, "
+                "which holds no bytes to load into (or is not supported); use cpu or cuda"
+            )
         if t.device.type == "cpu" and t.dtype == tdtype and t.is_contiguous():
             direct[name] = (t.data_ptr(), t.numel() * t.element_size(), t)
         else:
@@ -281,7 +299,7 @@ def load_into(
             for name, tensor in stream(
                 filename,
                 names=list(copied),
-                memory_limit=512 * 2**20 if memory_limit is None else memory_limit,
+                memory_limit=memory_limit,
                 concurrency=concurrency,
                 chunk_bytes=chunk_bytes,
                 drop_cache=drop_cache,
@@ -305,6 +323,10 @@ def load_into(
         allow_partial=allow_partial,
     )
     return result
+
+
+# The options of safe_open(**options) that are checked when it opens, before any read.
+_CHECKED_OPTIONS = ("direct", "engine", "concurrency", "chunk_bytes", "memory_limit")
 
 
 class safe_open:
@@ -341,6 +363,9 @@ class safe_open:
             raise ConfigError(f"sluice.torch.safe_open supports framework='pt', not {framework!r}")
         self._path = filename
         self._device = usable_device(device)
+        _core.check_options(
+            **{k: v for k, v in options.items() if k in _CHECKED_OPTIONS and v is not None}
+        )
         self._options = options
         self._ckpt: Any = _sluice.open_checkpoint(os.fspath(filename), allow_partial=allow_partial)
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import pytest
 import sluice
 import sluice.numpy
@@ -448,3 +449,116 @@ def test_chunk_bytes_over_the_window_size_loads_or_is_rejected_in_its_own_terms(
         assert "window_bytes" not in str(e) and "chunk_bytes" in str(e), str(e)
     else:
         assert sorted(loaded) == sorted(tensors)
+
+
+# A path that does not exist: an option refused "before any read" is refused before the
+# file is even opened, so the error is the ConfigError, not SluiceFileNotFoundError.
+def _front_ends(path: Path, **options: object) -> dict[str, Callable[[], object]]:
+    numpy_dest = {"w": np.zeros(4, dtype=np.float32)}
+    return {
+        "load_file": lambda: sluice.load_file(path, **options),
+        "stream": lambda: next(iter(sluice.stream(path, **options))),
+        "safe_open": lambda: sluice.safe_open(path, **options),
+        "load_into": lambda: sluice.load_into(path, {"w": torch.zeros(4)}, **options),
+        # numpy's load_file holds every array: it takes no memory_limit.
+        **(
+            {"numpy.load_file": lambda: sluice.numpy.load_file(path, **options)}
+            if "memory_limit" not in options
+            else {}
+        ),
+        "numpy.load_into": lambda: sluice.numpy.load_into(path, numpy_dest, **options),
+    }
+
+
+@pytest.mark.parametrize(
+    "device", ["meta", torch.device("meta"), "mps", torch.device("xpu"), "xla:0", "ipu"]
+)
+def test_a_device_other_than_cpu_or_cuda_is_a_config_error_naming_it_before_any_read(
+    tmp_path: Path, device: object
+) -> None:
+    # "meta" loaded meta tensors (nothing read), "mps" raised torch's RuntimeError and
+    # torch.device("xpu") an AssertionError, mid-load.
+    absent = tmp_path / "absent.safetensors"
+    calls = {
+        "load_file": lambda: sluice.load_file(absent, device=device),
+        "stream": lambda: next(iter(sluice.stream(absent, device=device))),
+        "safe_open": lambda: sluice.safe_open(absent, device=device),
+    }
+    for front_end, call in calls.items():
+        with pytest.raises(sluice.ConfigError) as caught:
+            call()
+        assert repr(device) in str(caught.value), (front_end, str(caught.value))
+
+
+def test_load_into_refuses_a_meta_destination_naming_it_before_any_read(mixed_file) -> None:
+    # It "succeeded": copy_ into a meta tensor does nothing, so nothing was loaded.
+    path, _ = mixed_file
+    untouched = torch.zeros(300, 1001)
+    dest = {
+        "layer.0.w": untouched,
+        "embed": torch.empty(512, 1024, dtype=torch.bfloat16, device="meta"),
+    }
+
+    with pytest.raises(sluice.ConfigError, match=r"'embed'.*meta"):
+        sluice.load_into(path, dest, strict=False)
+
+    assert not untouched.any(), "a destination was written before the refusal"
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("concurrency", 2**70),  # was OverflowError
+        ("concurrency", True),  # was accepted as 1
+        ("concurrency", False),
+        ("chunk_bytes", True),
+        ("chunk_bytes", 2**70),
+        ("memory_limit", True),  # was accepted as 1 byte
+        ("memory_limit", 2**64),
+        ("memory_limit", 2**200),
+    ],
+)
+def test_a_bool_or_oversized_int_option_is_a_config_error_naming_it_before_any_read(
+    tmp_path: Path, option: str, value: object
+) -> None:
+    absent = tmp_path / "absent.safetensors"
+    for front_end, call in _front_ends(absent, **{option: value}).items():
+        with pytest.raises(sluice.ConfigError) as caught:
+            call()
+        message = str(caught.value)
+        assert option in message and str(value) in message, (front_end, message)
+
+
+def test_stream_takes_its_memory_limit_from_the_environment(
+    mixed_file, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # stream's own default (512 MiB) used to hide SLUICE_MEMORY_LIMIT, which the CLI reads.
+    path, tensors = mixed_file
+    monkeypatch.setenv("SLUICE_MEMORY_LIMIT", "1")
+
+    with pytest.raises(sluice.MemoryLimitError, match="memory_limit is 1 bytes"):
+        next(iter(sluice.stream(path)))
+    # An explicit argument wins over the environment.
+    assert {name for name, _ in sluice.stream(path, memory_limit="64MiB")} == set(tensors)
+
+    monkeypatch.setenv("SLUICE_MEMORY_LIMIT", "0")
+    with pytest.raises(sluice.ConfigError, match="memory_limit must be positive"):
+        next(iter(sluice.stream(path)))
+
+
+def test_load_into_copies_under_the_memory_limit_from_the_environment(
+    mixed_file, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A destination of another dtype is filled from a stream, which used 512 MiB whatever
+    # SLUICE_MEMORY_LIMIT said.
+    path, tensors = mixed_file
+    monkeypatch.setenv("SLUICE_MEMORY_LIMIT", "1")
+    dest = {"layer.0.w": torch.zeros(300, 1001, dtype=torch.float64)}
+
+    with pytest.raises(sluice.MemoryLimitError, match="memory_limit is 1 bytes"):
+        sluice.load_into(path, dest, strict=False)
+
+    sluice.load_into(path, dest, strict=False, memory_limit="64MiB")
+    torch.testing.assert_close(
+        dest["layer.0.w"], tensors["layer.0.w"].double(), rtol=0, atol=0, equal_nan=True
+    )

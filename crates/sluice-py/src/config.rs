@@ -1,6 +1,8 @@
 //! Python keyword arguments into a `LoadConfig`.
 
+use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
+use pyo3::types::PyBool;
 use sluice_load::{parse_bytes, LoadConfig};
 
 use crate::errors::config_error;
@@ -11,7 +13,7 @@ use crate::errors::config_error;
 pub fn build(
     direct: Option<&str>,
     engine: Option<&str>,
-    concurrency: Option<usize>,
+    concurrency: Option<Bound<'_, PyAny>>,
     chunk_bytes: Option<Bound<'_, PyAny>>,
     memory_limit: Option<Bound<'_, PyAny>>,
     drop_cache: Option<bool>,
@@ -20,22 +22,14 @@ pub fn build(
     let mut cfg = LoadConfig::default()
         .with_env_overrides()
         .map_err(|e| config_error(e.to_string()))?;
-    if let Some(d) = direct {
-        cfg.direct = d.parse().map_err(config_error)?;
-    }
-    if let Some(e) = engine {
-        cfg.engine = e.parse().map_err(config_error)?;
-    }
-    if let Some(c) = concurrency {
-        cfg.concurrency = c;
-    }
-    if let Some(c) = chunk_bytes {
-        cfg.chunk_bytes = usize::try_from(byte_size("chunk_bytes", &c)?)
-            .map_err(|e| config_error(e.to_string()))?;
-    }
-    if let Some(m) = memory_limit {
-        cfg.memory_limit = Some(byte_size("memory_limit", &m)?);
-    }
+    apply(
+        &mut cfg,
+        direct,
+        engine,
+        concurrency.as_ref(),
+        chunk_bytes.as_ref(),
+        memory_limit.as_ref(),
+    )?;
     if let Some(d) = drop_cache {
         cfg.drop_cache = d;
     }
@@ -46,17 +40,114 @@ pub fn build(
     Ok(cfg)
 }
 
+/// Checks the option values a load would be given, without reading the
+/// environment or any file: the front ends call it first, so a bad option is a
+/// `ConfigError` before anything is read. `start_stream` checks them again.
+#[pyfunction]
+#[pyo3(signature = (*, direct=None, engine=None, concurrency=None, chunk_bytes=None,
+                    memory_limit=None))]
+pub fn check_options(
+    direct: Option<&str>,
+    engine: Option<&str>,
+    concurrency: Option<Bound<'_, PyAny>>,
+    chunk_bytes: Option<Bound<'_, PyAny>>,
+    memory_limit: Option<Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let mut cfg = LoadConfig::default();
+    apply(
+        &mut cfg,
+        direct,
+        engine,
+        concurrency.as_ref(),
+        chunk_bytes.as_ref(),
+        memory_limit.as_ref(),
+    )?;
+    cfg.validate().map_err(config_error)
+}
+
+/// Sets the options the caller gave (`None`: left as they are).
+fn apply(
+    cfg: &mut LoadConfig,
+    direct: Option<&str>,
+    engine: Option<&str>,
+    concurrency: Option<&Bound<'_, PyAny>>,
+    chunk_bytes: Option<&Bound<'_, PyAny>>,
+    memory_limit: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    if let Some(d) = direct {
+        cfg.direct = d.parse().map_err(config_error)?;
+    }
+    if let Some(e) = engine {
+        cfg.engine = e.parse().map_err(config_error)?;
+    }
+    if let Some(c) = concurrency {
+        cfg.concurrency = count("concurrency", c)?;
+    }
+    if let Some(c) = chunk_bytes {
+        let bytes = byte_size("chunk_bytes", c)?;
+        cfg.chunk_bytes = usize::try_from(bytes)
+            .map_err(|_| config_error(format!("chunk_bytes is out of range: {bytes}")))?;
+    }
+    if let Some(m) = memory_limit {
+        cfg.memory_limit = Some(byte_size("memory_limit", m)?);
+    }
+    Ok(())
+}
+
+/// The integer an option holds, or `None` when it holds none. A bool is not one: Python
+/// counts `True` as the int 1, but it never means a count or a size. An int too large
+/// for any option is a `ConfigError` naming it (not Python's `OverflowError`).
+fn integer(name: &str, value: &Bound<'_, PyAny>) -> PyResult<Option<i128>> {
+    if value.is_instance_of::<PyBool>() {
+        return Ok(None);
+    }
+    match value.extract::<i128>() {
+        Ok(n) => Ok(Some(n)),
+        Err(e) if e.is_instance_of::<PyOverflowError>(value.py()) => {
+            Err(config_error(format!("{name} is out of range: {value}")))
+        }
+        Err(_) => Ok(None),
+    }
+}
+
+/// A count such as `concurrency`: a positive int.
+fn count(name: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> {
+    let Some(n) = integer(name, value)? else {
+        return Err(config_error(format!(
+            "{name} must be a positive integer, not {}",
+            repr(value)
+        )));
+    };
+    if n < 1 {
+        return Err(config_error(format!(
+            "{name} must be a positive integer, not {n}"
+        )));
+    }
+    usize::try_from(n).map_err(|_| config_error(format!("{name} is out of range: {n}")))
+}
+
 /// Accepts an int of bytes or a string like "512MiB".
 pub(crate) fn byte_size(name: &str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
-    if let Ok(n) = value.extract::<i128>() {
-        return u64::try_from(n).map_err(|_| {
-            config_error(format!("{name} must be a non-negative byte count, not {n}"))
-        });
+    if let Some(n) = integer(name, value)? {
+        if n < 0 {
+            return Err(config_error(format!(
+                "{name} must be a non-negative byte count, not {n}"
+            )));
+        }
+        return u64::try_from(n).map_err(|_| config_error(format!("{name} is out of range: {n}")));
     }
     if let Ok(s) = value.extract::<String>() {
         return parse_bytes(&s).map_err(|e| config_error(format!("{name}: {e}")));
     }
     Err(config_error(format!(
-        "{name} must be an int or a size string like '512MiB'"
+        "{name} must be an int or a size string like '512MiB', not {}",
+        repr(value)
     )))
+}
+
+/// `repr(value)`, for messages.
+fn repr(value: &Bound<'_, PyAny>) -> String {
+    value
+        .repr()
+        .map_or_else(|_| "<unprintable>".into(), |r| r.to_string())
 }

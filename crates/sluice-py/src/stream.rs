@@ -72,7 +72,7 @@ pub fn start_stream(
     bounded: bool,
     direct: Option<&str>,
     engine: Option<&str>,
-    concurrency: Option<usize>,
+    concurrency: Option<Bound<'_, PyAny>>,
     chunk_bytes: Option<Bound<'_, PyAny>>,
     memory_limit: Option<Bound<'_, PyAny>>,
     drop_cache: Option<bool>,
@@ -81,15 +81,6 @@ pub fn start_stream(
     into: Option<IntoTargets>,
     lent: Option<Py<PyAny>>,
 ) -> PyResult<Stream> {
-    let into = match into {
-        Some(targets) if lent.is_some() => Some(lend(py, targets)?),
-        Some(_) => {
-            return Err(PyValueError::new_err(
-                "an `into` load needs `lent`: the objects owning its memory",
-            ))
-        }
-        None => None,
-    };
     let cfg = config::build(
         direct,
         engine,
@@ -99,6 +90,15 @@ pub fn start_stream(
         drop_cache,
         allow_partial,
     )?;
+    let into = match into {
+        Some(targets) if lent.is_some() => Some(lend(py, targets)?),
+        Some(_) => {
+            return Err(PyValueError::new_err(
+                "an `into` load needs `lent`: the objects owning its memory",
+            ))
+        }
+        None => None,
+    };
     let held = checkpoint.as_deref();
     let started = py.detach(|| {
         let loader = match held {
