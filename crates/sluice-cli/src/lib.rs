@@ -2,6 +2,8 @@
 //! lives in `commands/` and returns a `LoadError` on failure, which
 //! [`exit_code`] maps to the process's exit status in one place.
 
+#[macro_use]
+mod output;
 mod commands;
 mod logging;
 
@@ -693,7 +695,7 @@ where
         }
     };
     init_logging(cli.verbose);
-    run(cli)
+    output::finish(run(cli))
 }
 
 /// Runs the command and returns the process exit status.
@@ -730,7 +732,7 @@ pub fn run(cli: Cli) -> i32 {
             match commands::warm::run(command) {
                 Ok(code) => code,
                 Err(err) => {
-                    eprintln!("sluice: error: {err}");
+                    errln!("sluice: error: {err}");
                     match launcher {
                         true => launcher_exit_code(&err),
                         false => warm_exit_code(&err),
@@ -745,7 +747,7 @@ fn report<E: std::fmt::Display>(outcome: Result<(), E>, code: impl Fn(&E) -> i32
     match outcome {
         Ok(()) => 0,
         Err(err) => {
-            eprintln!("sluice: error: {err}");
+            errln!("sluice: error: {err}");
             code(&err)
         }
     }

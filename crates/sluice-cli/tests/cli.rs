@@ -227,3 +227,45 @@ fn a_memory_limit_below_the_largest_tensor_is_a_bad_option_and_a_template_dir_ba
     assert_eq!(out.status.code(), Some(125), "{err}");
     assert!(err.contains("directory") && err.contains(&id), "{err}");
 }
+
+/// Runs `sluice` with standard output, or standard error, on `/dev/full`.
+fn sluice_to_full(args: &[&str], stdout_full: bool) -> Output {
+    let full = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap()
+    };
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.args(args);
+    match stdout_full {
+        true => cmd.stdout(full()),
+        false => cmd.stderr(full()),
+    };
+    cmd.output().expect("sluice runs")
+}
+
+#[test]
+fn output_that_cannot_be_written_is_an_error_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.safetensors");
+    write_checkpoint(&path);
+    let p = path.to_str().unwrap();
+    for args in [
+        &["inspect", p][..],
+        &["load", "--json", p],
+        &["warm", "status", "--json"],
+    ] {
+        let out = sluice_to_full(args, true);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(
+            err.contains("cannot write to standard output") && err.contains("No space left"),
+            "{args:?}: {err}"
+        );
+    }
+    // A full standard error loses the message but keeps the command's own status.
+    let out = sluice_to_full(&["inspect", "/nonexistent/model.safetensors"], false);
+    assert_eq!(out.status.code(), Some(4));
+}

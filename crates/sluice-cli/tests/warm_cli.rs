@@ -718,3 +718,55 @@ fn the_hang_guard_drains_a_child_that_fills_its_pipes() {
     assert_eq!(out.status.code(), Some(4));
     assert_eq!((out.stdout.len(), out.stderr.len()), (300_000, 1_000_000));
 }
+
+#[test]
+fn a_process_the_service_detached_gets_sigterm_without_a_cgroup_too() {
+    let (dir, m, templates) = model();
+    // The shell exits at once; its sleep would be init's orphan.
+    let pidfile = dir.path().join("sleeper.pid");
+    let script = format!("sleep 300 & echo $! > {}", pidfile.display());
+    let out = eager_run(
+        &m,
+        &templates,
+        &["--json", "--grace-period", "10s"],
+        &["sh", "-c", &script],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report = json(&out);
+    assert_eq!(report["leftover_processes"], 1, "{report}");
+    assert_eq!(report["killed_processes"], 0, "{report}");
+    let sleeper: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        !Path::new(&format!("/proc/{sleeper}")).exists(),
+        "the sleep ({sleeper}) was ended and reaped"
+    );
+}
+
+#[test]
+fn the_empty_cgroup_of_a_killed_runtime_is_removed_by_the_next_run() {
+    if !is_root() {
+        eprintln!("skipped: needs root for cgroups");
+        return;
+    }
+    let (_dir, m, templates) = model();
+    // A runtime killed with SIGKILL leaves `sluice-warm-PID` behind; this
+    // pid is above any pid_max, so no runtime has it.
+    let dead = match sluice_engine::cgroup::create_cgroup("sluice-warm-2147483645", None) {
+        Ok(cgroup) => cgroup.path,
+        Err(err) => {
+            eprintln!("skipped: {err}");
+            return;
+        }
+    };
+    let out = eager_run(&m, &templates, &[], &["true"]);
+    let exists = dead.exists();
+    if exists {
+        let _ = std::fs::remove_dir(&dead);
+    }
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!exists, "{} removed", dead.display());
+}

@@ -117,6 +117,14 @@ pub struct Cgroup {
 /// controller; [`OsError::Io`] naming the directory or file otherwise
 /// (no permission, a cgroup of that name already exists).
 pub fn create_cgroup(name: &str, limit: Option<u64>) -> Result<Cgroup, OsError> {
+    let (version, parent) = memory_hierarchy()?;
+    create_cgroup_at(version, &parent, name, limit)
+}
+
+/// Where [`create_cgroup`] creates cgroups: the top of the v2 hierarchy when
+/// it has the memory controller enabled for children, else of the v1 memory
+/// hierarchy; [`OsError::Unsupported`] when neither has it.
+pub fn memory_hierarchy() -> Result<(CgroupVersion, PathBuf), OsError> {
     let sys_root = Path::new("/sys");
     let mounts = std::fs::read_to_string("/proc/self/mountinfo")
         .map(|text| parse_mountinfo(&text, sys_root))
@@ -137,7 +145,7 @@ pub fn create_cgroup(name: &str, limit: Option<u64>) -> Result<Cgroup, OsError> 
         let enabled = std::fs::read_to_string(point.join("cgroup.subtree_control"))
             .is_ok_and(|t| t.split_whitespace().any(|c| c == "memory"));
         if enabled {
-            return create_cgroup_at(CgroupVersion::V2, &point, name, limit);
+            return Ok((CgroupVersion::V2, point));
         }
     }
     let v1 = mounts
@@ -146,7 +154,7 @@ pub fn create_cgroup(name: &str, limit: Option<u64>) -> Result<Cgroup, OsError> 
         .map(|m| m.point.clone())
         .unwrap_or_else(|| sys_root.join("fs/cgroup/memory"));
     if v1.join("memory.limit_in_bytes").is_file() {
-        return create_cgroup_at(CgroupVersion::V1, &v1, name, limit);
+        return Ok((CgroupVersion::V1, v1));
     }
     Err(OsError::Unsupported {
         feature: "memory cgroup",

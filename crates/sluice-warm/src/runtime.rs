@@ -39,7 +39,8 @@ pub use model_files::{model_files, ModelNames};
 pub use samplers::{worker_from_environ, Samplers};
 pub use service::{exit_of, signal_name, ChildService, Service, ServiceExit};
 pub use service_cgroup::{
-    enter_cgroup, join_reader_cgroup, leave_cgroup, remove_cgroup, ServiceCgroup,
+    enter_cgroup, join_reader_cgroup, leave_cgroup, remove_cgroup, sweep_dead_cgroups,
+    ServiceCgroup,
 };
 pub use shutdown::{end_service, Ending};
 pub use stop_request::StopRequest;
@@ -260,6 +261,12 @@ fn run_in(
     if let (Some(w), false) = (&watch, config.command.is_empty()) {
         w.awaiting_service();
     }
+    // Without a cgroup, what the service detaches is followed as the
+    // runtime's adopted orphans (see `shutdown`).
+    let adoption = match config.command.is_empty() || cgroup.is_some() {
+        true => None,
+        false => shutdown::Adoption::before_launch(),
+    };
     let mut service = match config.command.is_empty() {
         true => None,
         false => Some(ChildService::spawn(
@@ -290,14 +297,23 @@ fn run_in(
     if config.command.is_empty() && cgroup.is_none() {
         runtime = runtime.with_reader_cgroup_join();
     }
+    let root = service.as_ref().map(|s| s.pid());
+    // Orphans that exit while the service runs are reaped as the status
+    // comes round (every 200 ms), so none stays a zombie.
+    let mut status_and_reap = |status: &Status| {
+        if let (Some(adoption), Some(root)) = (&adoption, root) {
+            adoption.reap(root);
+        }
+        on_status(status)
+    };
     let looped = runtime.run(
         service.as_mut().map(|s| s as &mut dyn Service),
         stop,
-        on_status,
+        &mut status_and_reap,
     );
     // Whatever ended the loop, the service ends with it.
     let ending = match service.as_mut() {
-        Some(service) => Some(end(service, cgroup, stop, config.grace)?),
+        Some(service) => Some(end(service, cgroup, adoption.as_ref(), stop, config.grace)?),
         None => None,
     };
     looped?;
@@ -330,10 +346,12 @@ fn run_in(
 }
 
 /// Ends the service (see [`shutdown`]): with a cgroup, every process in
-/// it, after the runtime left it; without, its root's process tree.
+/// it, after the runtime left it; without, its root's process tree and the
+/// orphans the runtime adopted.
 fn end(
     service: &mut ChildService,
     cgroup: Option<&ServiceCgroup>,
+    adoption: Option<&shutdown::Adoption>,
     stop: &StopRequest,
     grace: Duration,
 ) -> Result<Ending, WarmError> {
@@ -344,7 +362,7 @@ fn end(
             end_service(service, &mut processes, stop, grace)
         }
         None => {
-            let mut processes = shutdown::ProcessTree::new(service.pid());
+            let mut processes = shutdown::ProcessTree::new(service.pid(), adoption);
             end_service(service, &mut processes, stop, grace)
         }
     }

@@ -48,18 +48,22 @@ use super::human_bytes as human;
 pub fn ls(args: &CkptLsArgs) -> Result<(), CkptCliError> {
     let infos = CkptStore::open_existing(&args.path)?.infos()?;
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&infos).unwrap_or_default()
         );
         return Ok(());
     }
-    println!(
+    outln!(
         "{:<24} {:>8} {:>12} {:>12} {:>12}",
-        "checkpoint", "entries", "logical", "unique", "shared"
+        "checkpoint",
+        "entries",
+        "logical",
+        "unique",
+        "shared"
     );
     for i in &infos {
-        println!(
+        outln!(
             "{:<24} {:>8} {:>12} {:>12} {:>12}",
             i.name,
             i.entries,
@@ -74,7 +78,7 @@ pub fn ls(args: &CkptLsArgs) -> Result<(), CkptCliError> {
         .iter()
         .map(|(_, n)| n)
         .sum();
-    println!(
+    outln!(
         "{} checkpoints, {} of chunks stored",
         infos.len(),
         human(stored)
@@ -88,7 +92,7 @@ pub fn inspect(args: &CkptPathArgs) -> Result<(), CkptCliError> {
     let store = CkptStore::open_existing(&root)?;
     let m = Manifest::read(&store.checkpoint_dir(&name)?)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&m).unwrap_or_default());
+        outln!("{}", serde_json::to_string_pretty(&m).unwrap_or_default());
         return Ok(());
     }
     let unique: u64 = m.unique_chunks().values().sum();
@@ -99,7 +103,7 @@ pub fn inspect(args: &CkptPathArgs) -> Result<(), CkptCliError> {
             .as_ref()
             .map(|s| format!("{s:?}"))
             .unwrap_or_default();
-        println!(
+        outln!(
             "{key:<48} {:<10} {:<16} {:>10} {:>5} chunks",
             e.dtype.as_deref().unwrap_or("bytes"),
             shape,
@@ -112,7 +116,7 @@ pub fn inspect(args: &CkptPathArgs) -> Result<(), CkptCliError> {
     } else {
         logical as f64 / unique as f64
     };
-    println!(
+    outln!(
         "{} entries, {} logical, {} in {} unique chunks (dedup ratio {ratio:.2}), world size {}",
         m.entries.len(),
         human(logical),
@@ -144,12 +148,12 @@ pub fn verify(args: &CkptPathArgs) -> Result<(), CkptCliError> {
     })?;
     bar.finish_and_clear();
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+        outln!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
     } else {
         for (d, entry, why) in &r.problems {
-            println!("{entry}: chunk {d}: {why}");
+            outln!("{entry}: chunk {d}: {why}");
         }
-        println!(
+        outln!(
             "{} chunks, {} verified, {} bad",
             r.chunks,
             human(r.bytes),
@@ -173,19 +177,19 @@ pub fn diff_cmd(args: &CkptDiffArgs) -> Result<(), CkptCliError> {
     };
     let d = diff(&read(&args.a)?, &read(&args.b)?);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&d).unwrap_or_default());
+        outln!("{}", serde_json::to_string_pretty(&d).unwrap_or_default());
         return Ok(());
     }
     for (key, bytes) in &d.changed {
-        println!("changed  {key} ({} of new chunks)", human(*bytes));
+        outln!("changed  {key} ({} of new chunks)", human(*bytes));
     }
     for key in &d.added {
-        println!("added    {key}");
+        outln!("added    {key}");
     }
     for key in &d.removed {
-        println!("removed  {key}");
+        outln!("removed  {key}");
     }
-    println!(
+    outln!(
         "{} changed ({} of new chunks), {} added, {} removed",
         d.changed.len(),
         human(d.changed_bytes),
@@ -199,13 +203,13 @@ pub fn diff_cmd(args: &CkptDiffArgs) -> Result<(), CkptCliError> {
 pub fn gc(args: &CkptGcArgs) -> Result<(), CkptCliError> {
     let r = CkptStore::open_exclusive(&args.path)?.gc(args.keep)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+        outln!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
         return Ok(());
     }
     for name in &r.checkpoints_removed {
-        println!("removed  {name}");
+        outln!("removed  {name}");
     }
-    println!(
+    outln!(
         "{} checkpoints removed, {} chunks freed ({}), {} temporaries",
         r.checkpoints_removed.len(),
         r.chunks_removed,

@@ -28,9 +28,9 @@ pub fn run(args: &GenKvArgs) -> Result<(), SimError> {
             "block_tokens": config.block_tokens,
             "span_seconds": summary.span_s,
         });
-        println!("{text}");
+        outln!("{text}");
     } else {
-        println!(
+        outln!(
             "wrote {}: {} requests ({} agentic) from {} sessions over {:.0} s; \
              {} block reads of {} distinct {}-token blocks",
             args.out.display(),

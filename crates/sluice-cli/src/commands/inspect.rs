@@ -15,7 +15,7 @@ pub fn run(args: &InspectArgs) -> Result<(), LoadError> {
     let found = open_shard_files(&args.path, options)?;
     let (checkpoint, missing) = (found.checkpoint, found.missing);
     if args.json {
-        println!("{}", to_json(&checkpoint, &missing, !args.summary));
+        outln!("{}", to_json(&checkpoint, &missing, !args.summary));
     } else {
         print_text(&checkpoint, &missing, !args.summary);
     }
@@ -58,7 +58,7 @@ fn to_json(ckpt: &Checkpoint, missing: &[PathBuf], with_tensors: bool) -> serde_
 
 fn print_text(ckpt: &Checkpoint, missing: &[PathBuf], with_tensors: bool) {
     for shard in &ckpt.shards {
-        println!(
+        outln!(
             "{}  {} tensors, {} bytes",
             shard.path.display(),
             shard.header.tensors.len(),
@@ -69,7 +69,7 @@ fn print_text(ckpt: &Checkpoint, missing: &[PathBuf], with_tensors: bool) {
         }
         for t in &shard.header.tensors {
             let shape: Vec<String> = t.shape.iter().map(u64::to_string).collect();
-            println!(
+            outln!(
                 "  {:<60} {:<8} [{}] {}",
                 t.name,
                 t.dtype.as_str(),
@@ -79,14 +79,14 @@ fn print_text(ckpt: &Checkpoint, missing: &[PathBuf], with_tensors: bool) {
         }
     }
     for path in missing {
-        println!("{}  MISSING", path.display());
+        outln!("{}  MISSING", path.display());
     }
     let verdict = if missing.is_empty() {
         "valid"
     } else {
         "partial"
     };
-    println!(
+    outln!(
         "{verdict}: {} tensors in {} shard(s), {} bytes{}",
         ckpt.tensor_count(),
         ckpt.shards.len(),

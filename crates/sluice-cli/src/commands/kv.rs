@@ -60,29 +60,29 @@ pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> KvCliError +
 pub fn stats(args: &KvStatsArgs) -> Result<(), KvCliError> {
     let s = sluice_kv::fsck::summary(&args.path)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
+        outln!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
         return Ok(());
     }
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    println!("store        {}", s.path.display());
-    println!("store id     {}", s.store_id);
-    println!(
+    outln!("store        {}", s.path.display());
+    outln!("store id     {}", s.store_id);
+    outln!(
         "blocks       {} of {} bytes ({:.2} GiB), in {} records",
         s.blocks,
         s.block_bytes,
         gib(s.block_bytes_total),
         s.records
     );
-    println!(
+    outln!(
         "segments     {} ({} sealed, {} damaged), {:.2} GiB on disk",
         s.segments,
         s.sealed_segments,
         s.bad_segments,
         gib(s.segment_bytes)
     );
-    println!("free slots   {} (empty or torn)", s.empty_or_torn_slots);
+    outln!("free slots   {} (empty or torn)", s.empty_or_torn_slots);
     for (ns, n) in &s.namespaces {
-        println!("namespace    {ns}: {n} blocks");
+        outln!("namespace    {ns}: {n} blocks");
     }
     Ok(())
 }
@@ -91,15 +91,15 @@ pub fn stats(args: &KvStatsArgs) -> Result<(), KvCliError> {
 pub fn fsck(args: &KvFsckArgs) -> Result<(), KvCliError> {
     let r = sluice_kv::fsck::fsck(&args.path, args.repair)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+        outln!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
     } else {
         for p in &r.problems {
             match p.slot {
-                Some(slot) => println!("{} slot {slot}: {}", p.segment.display(), p.detail),
-                None => println!("{}: {}", p.segment.display(), p.detail),
+                Some(slot) => outln!("{} slot {slot}: {}", p.segment.display(), p.detail),
+                None => outln!("{}: {}", p.segment.display(), p.detail),
             }
         }
-        println!(
+        outln!(
             "{} segments, {} good blocks ({:.2} GiB verified), {} bad blocks, {} bad segments{}",
             r.segments,
             r.good_blocks,
@@ -297,7 +297,7 @@ pub fn bench(args: &KvBenchArgs) -> Result<(), KvCliError> {
             store_dir.display()
         )));
     }
-    eprintln!(
+    errln!(
         "replaying {} requests ({} blocks of {} bytes) into {} (dram {}, ssd {})",
         trace.request_starts.len().max(1),
         trace.records.len(),
@@ -325,13 +325,13 @@ pub fn bench(args: &KvBenchArgs) -> Result<(), KvCliError> {
     let text = serde_json::to_string_pretty(&report).unwrap_or_default();
     std::fs::write(&path, text).map_err(io_err(&path))?;
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string(&report["summary"]).unwrap_or_default()
         );
     } else {
         print_summary(&report);
-        println!("wrote {}", path.display());
+        outln!("wrote {}", path.display());
     }
     if !args.no_plots {
         super::sim::draw_plots_with(&args.out, "sluice.kv");
@@ -559,25 +559,27 @@ fn report_json(
 fn print_summary(report: &serde_json::Value) {
     let s = &report["summary"];
     let f = |k: &str| s[k].as_f64().unwrap_or(0.0);
-    println!(
+    outln!(
         "{} requests, {} blocks of {} bytes",
-        s["requests"], s["blocks"], s["block_bytes"]
+        s["requests"],
+        s["blocks"],
+        s["block_bytes"]
     );
-    println!(
+    outln!(
         "hit ratio {:.4} (dram {:.4}, ssd {:.4}); prefix served {:.4}",
         f("hit_ratio"),
         f("dram_hit_ratio"),
         f("ssd_hit_ratio"),
         f("prefix_hit_ratio")
     );
-    println!(
+    outln!(
         "load {:.2} GB/s, per request p50 {:.3} ms, p99 {:.3} ms; store {:.2} GB/s",
         f("load_gbps"),
         f("load_p50_ms"),
         f("load_p99_ms"),
         f("store_gbps")
     );
-    println!(
+    outln!(
         "served {:.2} GiB from DRAM, {:.2} GiB from SSD; {:.1} s saved against recomputing at \
          {:.0} tokens/s",
         f("served_bytes_dram") / (1u64 << 30) as f64,
@@ -589,7 +591,7 @@ fn print_summary(report: &serde_json::Value) {
     if sim.is_null() {
         return;
     }
-    println!("{:<20}{:>10}{:>10}{:>12}", "", "live", "sim", "diff (pts)");
+    outln!("{:<20}{:>10}{:>10}{:>12}", "", "live", "sim", "diff (pts)");
     for (label, key) in [
         ("hit ratio", "hit_ratio"),
         ("prefix hit ratio", "prefix_hit_ratio"),
@@ -599,7 +601,7 @@ fn print_summary(report: &serde_json::Value) {
         let (Some(live), Some(pred)) = (s[key].as_f64(), sim[key].as_f64()) else {
             continue;
         };
-        println!(
+        outln!(
             "{label:<20}{live:>10.4}{pred:>10.4}{:>+12.2}",
             (live - pred) * 100.0
         );

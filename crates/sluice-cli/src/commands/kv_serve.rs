@@ -44,7 +44,7 @@ pub fn serve(args: &KvServeArgs) -> Result<(), KvCliError> {
     };
     STOP.store(false, Ordering::Release);
     let handlers = super::signals::install(on_signal);
-    eprintln!(
+    errln!(
         "sluice kv serve: {} on {} (pid {}, {}-byte blocks, dram {}, ssd {}); stop with Ctrl-C or SIGTERM",
         args.path.display(),
         args.socket.display(),
@@ -58,7 +58,7 @@ pub fn serve(args: &KvServeArgs) -> Result<(), KvCliError> {
     handlers.restore();
     let closed = store.close();
     let s = store.stats();
-    eprintln!(
+    errln!(
         "sluice kv serve: stopped; {} puts, {} gets ({} DRAM hits, {} SSD hits, {} misses), {} blocks stored",
         s.puts,
         s.gets,

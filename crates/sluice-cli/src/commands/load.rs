@@ -62,10 +62,10 @@ fn print_result(args: &LoadArgs, stats: &LoadStats, bytes_read: u64) {
             "complete": stats.missing_shards.is_empty(),
             "missing_shards": stats.missing_shards,
         });
-        println!("{out}");
+        outln!("{out}");
         return;
     }
-    println!(
+    outln!(
         "loaded {} tensors, {:.3} GB in {:.3} s: {:.2} GB/s (engine {}, {} I/O, peak buffers {:.0} MiB)",
         stats.tensors,
         stats.tensor_bytes as f64 / 1e9,
@@ -76,13 +76,13 @@ fn print_result(args: &LoadArgs, stats: &LoadStats, bytes_read: u64) {
         stats.peak_pool_bytes as f64 / (1 << 20) as f64,
     );
     for f in stats.files.iter().filter(|f| !f.direct) {
-        println!(
+        outln!(
             "  buffered: {} ({})",
             f.path.display(),
             f.reason.as_deref().unwrap_or("-")
         );
     }
     for path in &stats.missing_shards {
-        println!("  MISSING (--allow-partial): {}", path.display());
+        outln!("  MISSING (--allow-partial): {}", path.display());
     }
 }

@@ -32,7 +32,7 @@ pub fn models(args: &SimModelsArgs) -> Result<(), SimError> {
     if let Some(spec) = &args.model {
         models.push(KvModel::parse(spec)?);
     }
-    println!(
+    outln!(
         "{:<16}{:>12}{:>20}  derivation",
         "model",
         "B/token",
@@ -40,7 +40,7 @@ pub fn models(args: &SimModelsArgs) -> Result<(), SimError> {
     );
     for m in models {
         let block_mib = m.block_bytes(args.block_tokens) as f64 / (1u64 << 20) as f64;
-        println!(
+        outln!(
             "{:<16}{:>12}{:>20.2}  {}",
             m.name,
             m.bytes_per_token(),
@@ -56,7 +56,7 @@ pub fn models(args: &SimModelsArgs) -> Result<(), SimError> {
 pub fn run(args: &SimRunArgs) -> Result<(), SimError> {
     let config = study_config(args)?;
     if let Some(model) = config.check()?.kv_model() {
-        eprintln!(
+        errln!(
             "KV blocks of {} tokens sized by {}: {}",
             config.trace_options.block_tokens,
             model.name,
@@ -74,10 +74,10 @@ pub fn run(args: &SimRunArgs) -> Result<(), SimError> {
     if args.json {
         let rows =
             serde_json::to_string(&study.rows).map_err(|e| SimError::Config(e.to_string()))?;
-        println!("{rows}");
+        outln!("{rows}");
     } else {
         print_table(&study.rows);
-        println!("wrote {} and {}", json_path.display(), csv_path.display());
+        outln!("wrote {} and {}", json_path.display(), csv_path.display());
     }
     if !args.no_plots {
         draw_plots(&args.out);
@@ -144,9 +144,9 @@ fn print_table(rows: &[GridRow]) {
             }),
         ];
         for (title, metric) in tables {
-            println!("{trace}: {title} by cache fraction of the working set");
+            outln!("{trace}: {title} by cache fraction of the working set");
             let head: Vec<String> = fractions.iter().map(|f| format!("{f:>9}")).collect();
-            println!("  {:<28}{}", "policy", head.join(""));
+            outln!("  {:<28}{}", "policy", head.join(""));
             for policy in &policies {
                 let cells: Vec<String> = fractions
                     .iter()
@@ -156,7 +156,7 @@ fn print_table(rows: &[GridRow]) {
                             .map_or(format!("{:>9}", "-"), |r| format!("{:>9.4}", metric(r)))
                     })
                     .collect();
-                println!("  {policy:<28}{}", cells.join(""));
+                outln!("  {policy:<28}{}", cells.join(""));
             }
         }
     }
@@ -192,7 +192,7 @@ pub(crate) fn draw_plots_with(dir: &Path, module: &str) {
             .output();
         match outcome {
             Ok(out) if out.status.success() => {
-                print!("{}", String::from_utf8_lossy(&out.stdout));
+                out!("{}", String::from_utf8_lossy(&out.stdout));
                 return;
             }
             Ok(out) => failures.push(format!(

@@ -83,6 +83,7 @@ pub fn run(command: WarmCommand) -> Result<i32, WarmError> {
     if let Err(err) = warm_status::list(&env.run_dir()) {
         tracing::debug!("stale status files: {err}");
     }
+    sluice_warm::runtime::sweep_dead_cgroups();
     execute(mode.name(), &common, config, &env)
 }
 
@@ -144,7 +145,7 @@ fn execute(
             tracing::debug!("status file: {err}");
         }
         if live {
-            eprint!("\r\x1b[2K{}", summary_line(&base));
+            errout!("\r\x1b[2K{}", summary_line(&base));
             let _ = std::io::stderr().flush();
         }
     };
@@ -152,7 +153,7 @@ fn execute(
     handlers.restore();
     warm_status::retract(&run_dir, pid);
     if live {
-        eprint!("\r\x1b[2K");
+        errout!("\r\x1b[2K");
     }
     let report = outcome?;
     print_report(mode, &config, &report, common.json);
@@ -228,10 +229,10 @@ fn print_report(mode: &str, config: &RunConfig, r: &RunReport, json: bool) {
             "cgroup": r.cgroup.as_ref().map(|p| p.display().to_string()),
             "template": template,
         });
-        println!("{value}");
+        outln!("{value}");
         return;
     }
-    eprintln!(
+    errln!(
         "sluice warm {mode} ({}, events: {level}): {} after {:.2} s; \
          prefetched {}, evicted {}, superseded {}, {} events",
         config.policy,
@@ -243,24 +244,26 @@ fn print_report(mode: &str, config: &RunConfig, r: &RunReport, json: bool) {
         r.stats.events
     );
     if r.watch_unanswered > 0 || r.watch_dropped > 0 {
-        eprintln!(
+        errln!(
             "sluice warm: of {} access events, {} permission answers were refused by the kernel \
              and {} events were dropped (logged above)",
-            r.watch_events, r.watch_unanswered, r.watch_dropped
+            r.watch_events,
+            r.watch_unanswered,
+            r.watch_dropped
         );
     }
     if let Some(fault) = &r.policy_fault {
-        eprintln!("sluice warm: the policy was disabled: {fault}");
+        errln!("sluice warm: the policy was disabled: {fault}");
     }
     print_ending(r);
     if r.recording_discarded {
-        eprintln!(
+        errln!(
             "sluice warm: the service exited {}: no template written (--keep-failed keeps a \
              failed run's recording)",
             r.exit_code()
         );
     } else if let Some(t) = template {
-        eprintln!("sluice warm: template written to {t}");
+        errln!("sluice warm: template written to {t}");
     }
 }
 
@@ -299,19 +302,20 @@ fn print_ending(r: &RunReport) {
                  signal) were killed"
             ),
         };
-        eprintln!(
+        errln!(
             "sluice warm: stopped by {}: {sent}; {then}",
             signal_name(signal)
         );
     } else if e.leftovers > 0 {
-        eprintln!(
+        errln!(
             "sluice warm: the service left {} processes running: sent SIGTERM, {} killed after \
              the {grace} s grace period",
-            e.leftovers, e.killed
+            e.leftovers,
+            e.killed
         );
     }
     if e.survivors > 0 {
-        eprintln!(
+        errln!(
             "sluice warm: {} processes of the service did not die after SIGKILL",
             e.survivors
         );
@@ -319,13 +323,13 @@ fn print_ending(r: &RunReport) {
     if let (Some(n @ 1..), Some(limit), false) =
         (r.oom_kills, r.memory_limit, r.service_oom_killed())
     {
-        eprintln!(
+        errln!(
             "sluice warm: the OOM killer killed {n} processes in the service's cgroup (limit {})",
             human(limit)
         );
     }
     if let (Some(path), false) = (&r.cgroup, r.cgroup_removed) {
-        eprintln!(
+        errln!(
             "sluice warm: cgroup {} left behind (logged above)",
             path.display()
         );
@@ -336,16 +340,16 @@ fn status(args: &WarmStatusArgs, env: &WarmEnv) -> Result<(), WarmError> {
     let all = warm_status::list(&env.run_dir())?;
     if args.json {
         let text = serde_json::to_string(&all).expect("statuses serialize: plain fields only");
-        println!("{text}");
+        outln!("{text}");
         return Ok(());
     }
     if all.is_empty() {
-        println!("no warm runtime is running");
+        outln!("no warm runtime is running");
     }
     for s in &all {
-        println!("pid {} {}: {}", s.pid, s.mode, summary_line(s));
+        outln!("pid {} {}: {}", s.pid, s.mode, summary_line(s));
         if let Some(f) = &s.policy_fault {
-            println!("  policy disabled: {f}");
+            outln!("  policy disabled: {f}");
         }
     }
     Ok(())

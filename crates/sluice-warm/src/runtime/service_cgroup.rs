@@ -52,10 +52,56 @@ impl ServiceCgroup {
     }
 }
 
+/// The name of the cgroup runtime `pid` creates.
+fn cgroup_name(pid: u32) -> String {
+    format!("{CGROUP_PREFIX}{pid}")
+}
+
+const CGROUP_PREFIX: &str = "sluice-warm-";
+
+/// Removes the cgroups of runtimes that died without removing theirs (a
+/// SIGKILL): each one whose runtime's pid is gone and which holds no
+/// process. One whose service still runs is left to it, logged, and
+/// removed by a later run once empty. Returns the cgroups removed.
+pub fn sweep_dead_cgroups() -> Vec<std::path::PathBuf> {
+    let Ok((_, parent)) = cgroup::memory_hierarchy() else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir(&parent) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(CGROUP_PREFIX))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let path = entry.path();
+        match std::fs::remove_dir(&path) {
+            Ok(()) => {
+                tracing::info!(cgroup = %path.display(), "removed the cgroup of a dead runtime");
+                removed.push(path);
+            }
+            Err(err) => tracing::warn!(
+                cgroup = %path.display(),
+                "the cgroup of a dead runtime (pid {pid}) stays: {err} (its service still runs?)"
+            ),
+        }
+    }
+    removed
+}
+
 /// Creates a cgroup with `limit`, moves this process into it and out of
 /// the OOM killer's reach; the service, spawned later, inherits the cgroup.
 pub fn enter_cgroup(limit: u64) -> Result<ServiceCgroup, WarmError> {
-    let name = format!("sluice-warm-{}", std::process::id());
+    let name = cgroup_name(std::process::id());
     let cgroup = cgroup::create_cgroup(&name, Some(limit))?;
     if let Err(err) = cgroup.add_pid(std::process::id() as i32) {
         let _ = cgroup.clone().remove();

@@ -18,10 +18,13 @@
 //! it by then); without, the root and its descendants ([`ProcessTree`]).
 //! A tree remembers every process it has seen while it ends (by pid and
 //! start time, so a reused pid is not taken for it), so a child whose
-//! parent exited first is still killed; a process that left the tree
-//! before the service was stopped (a daemon's double fork) is not.
+//! parent exited first is still killed. A process whose parent exited long
+//! before (`sh -c 'worker & exit'`, a daemon's double fork) would have left
+//! the tree for init; the runtime is therefore a child subreaper while a
+//! service runs ([`Adoption`]), so such orphans become its own children and
+//! the tree counts them too.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use sluice_engine::cgroup::Cgroup;
@@ -82,31 +85,94 @@ impl ServiceProcesses for CgroupProcesses<'_> {
     }
 }
 
+/// The runtime as a child subreaper (`PR_SET_CHILD_SUBREAPER`): orphans of
+/// the service are re-parented to it rather than to init. Its children from
+/// before the launch (a Python policy's host) are not the service's; every
+/// later child but the root is an orphan of the service.
+pub struct Adoption {
+    runtime: i32,
+    before: HashSet<i32>,
+}
+
+impl Adoption {
+    /// Makes this process a subreaper and notes its children; `None`
+    /// (logged) when the kernel refuses.
+    pub fn before_launch() -> Option<Adoption> {
+        // SAFETY: prctl with integer arguments only.
+        if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+            let err = std::io::Error::last_os_error();
+            tracing::info!(
+                "PR_SET_CHILD_SUBREAPER: {err}: processes the service detaches are not followed"
+            );
+            return None;
+        }
+        let runtime = std::process::id() as i32;
+        Some(Adoption {
+            runtime,
+            before: crate::idle_gate::children(runtime).into_iter().collect(),
+        })
+    }
+
+    /// The service's orphans this process adopted (zombies included).
+    fn orphans(&self, root: i32) -> Vec<i32> {
+        crate::idle_gate::children(self.runtime)
+            .into_iter()
+            .filter(|pid| *pid != root && !self.before.contains(pid))
+            .collect()
+    }
+
+    /// Reaps the adopted orphans that have exited, never the root (its
+    /// `Child` does) nor a child from before the launch.
+    pub fn reap(&self, root: i32) {
+        for pid in self.orphans(root) {
+            if running_since(pid).is_none() {
+                let mut status = 0;
+                // SAFETY: waitpid on one pid of our own children, WNOHANG.
+                unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            }
+        }
+    }
+}
+
+impl Drop for Adoption {
+    fn drop(&mut self) {
+        // SAFETY: as in `before_launch`.
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) };
+    }
+}
+
 /// The service's root and its descendants, through
-/// `/proc/PID/task/TID/children`, and every one seen before that is still
-/// running; zombies are gone already.
-pub struct ProcessTree {
+/// `/proc/PID/task/TID/children`, with the orphans the runtime adopted and
+/// theirs, and every one seen before that is still running; zombies are
+/// gone already.
+pub struct ProcessTree<'a> {
     root: i32,
+    adoption: Option<&'a Adoption>,
     /// Processes seen in the tree, by pid, with their start times.
     seen: HashMap<i32, u64>,
 }
 
-impl ProcessTree {
+impl<'a> ProcessTree<'a> {
     /// A bound on the processes followed: a fork bomb must not stall the
     /// runtime.
     const MAX_PROCESSES: usize = 4096;
 
-    pub fn new(root: i32) -> ProcessTree {
+    pub fn new(root: i32, adoption: Option<&'a Adoption>) -> ProcessTree<'a> {
         ProcessTree {
             root,
+            adoption,
             seen: HashMap::new(),
         }
     }
 }
 
-impl ServiceProcesses for ProcessTree {
+impl ServiceProcesses for ProcessTree<'_> {
     fn pids(&mut self) -> Vec<i32> {
         let mut stack = vec![self.root];
+        if let Some(adoption) = self.adoption {
+            adoption.reap(self.root);
+            stack.extend(adoption.orphans(self.root));
+        }
         while let Some(pid) = stack.pop() {
             if self.seen.len() >= Self::MAX_PROCESSES {
                 break;

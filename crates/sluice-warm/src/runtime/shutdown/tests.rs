@@ -190,7 +190,7 @@ fn a_process_tree_follows_a_child_its_root_left_behind() {
     )
     .unwrap();
     let sleeper: i32 = line.trim().parse().unwrap();
-    let mut tree = ProcessTree::new(root);
+    let mut tree = ProcessTree::new(root, None);
     let mut expected = vec![root, sleeper];
     expected.sort_unstable();
     assert_eq!(tree.pids(), expected);
