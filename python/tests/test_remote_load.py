@@ -8,6 +8,7 @@ naming the object URL, after a bounded time, and never a partial result."""
 from __future__ import annotations
 
 import _thread
+import json
 import os
 import subprocess
 import sys
@@ -155,6 +156,83 @@ def test_prefix_without_index(s3_env, tmp_path):
     save_file(b, str(tmp_path / "b.safetensors"))
     prefix = s3_env.upload_dir(tmp_path, "noindex")
     assert_same_tensors(sluice.torch.load_file(prefix), {**a, **b})
+
+
+def test_a_prefix_holds_only_the_objects_directly_under_it(s3_env, tmp_path):
+    """As a local directory: a deeper prefix (another checkpoint, a folder of its own)
+    is not merged in, nor its index taken, nor an odd key under it fatal."""
+    top = {"x": torch.arange(4.0)}
+    deeper = {"y": torch.arange(3.0)}
+    save_file(top, str(tmp_path / "a.safetensors"))
+    save_file(deeper, str(tmp_path / "b.safetensors"))
+    put_file(s3_env, tmp_path / "a.safetensors", "nested/a.safetensors")
+    put_file(s3_env, tmp_path / "b.safetensors", "nested/deeper/b.safetensors")
+    (tmp_path / "i.json").write_text('{"weight_map": {"z": "gone.safetensors"}}')
+    put_file(s3_env, tmp_path / "i.json", "nested/deeper/model.safetensors.index.json")
+    put_file(s3_env, tmp_path / "b.safetensors", "nested/odd//b.safetensors")
+    assert_same_tensors(sluice.torch.load_file(f"s3://{BUCKET}/nested/"), top)
+
+
+@pytest.fixture(scope="module")
+def one_of_two(s3, tmp_path_factory):
+    """Shard 1 of a 2-shard series, as a bare prefix and behind an index naming both."""
+    gen = torch.Generator().manual_seed(5)
+    first = {"a": random_tensor(torch.float32, (64, 3), gen)}
+    d = tmp_path_factory.mktemp("partial")
+    save_file(first, str(d / "model-00001-of-00002.safetensors"))
+    s3.client.upload_file(
+        str(d / "model-00001-of-00002.safetensors"),
+        BUCKET,
+        "series/model-00001-of-00002.safetensors",
+    )
+    s3.client.upload_file(
+        str(d / "model-00001-of-00002.safetensors"),
+        BUCKET,
+        "indexed/model-00001-of-00002.safetensors",
+    )
+    weight_map = {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}
+    (d / "index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    s3.client.upload_file(str(d / "index.json"), BUCKET, "indexed/model.safetensors.index.json")
+    return first
+
+
+@pytest.mark.parametrize("prefix", ["series", "indexed"])
+def test_a_missing_shard_is_an_error_unless_partial_loading_is_asked_for(
+    s3_env, one_of_two, prefix
+):
+    url = f"s3://{BUCKET}/{prefix}/"
+    missing = f"s3://{BUCKET}/{prefix}/model-00002-of-00002.safetensors"
+    with pytest.raises(SluiceFileNotFoundError, match="model-00002-of-00002"):
+        sluice.torch.load_file(url)
+    got = sluice.torch.load_file(url, allow_partial=True)
+    assert_same_tensors(got, one_of_two)
+    assert [str(p) for p in sluice.last_load_stats()["missing_shards"]] == [missing]
+
+
+def test_a_missing_bucket_is_not_found(s3_env):
+    with pytest.raises(SluiceFileNotFoundError, match="no such bucket"):
+        sluice.torch.load_file("s3://no-such-bucket/m/")
+
+
+@pytest.mark.parametrize(
+    "endpoint", ["notaurl", "", "127.0.0.1:9000", "http://", "ftp://127.0.0.1:9000"]
+)
+def test_a_malformed_endpoint_is_a_config_error_naming_it(s3_env, monkeypatch, endpoint):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    with pytest.raises(sluice.errors.ConfigError, match="AWS_ENDPOINT_URL"):
+        sluice.torch.load_file(f"s3://{BUCKET}/dtypes/model.safetensors")
+
+
+def test_a_plain_http_endpoint_without_allow_http_says_so(s3_env, monkeypatch):
+    monkeypatch.delenv("AWS_ALLOW_HTTP", raising=False)
+    with pytest.raises(sluice.errors.ConfigError, match="AWS_ALLOW_HTTP"):
+        sluice.torch.load_file(f"s3://{BUCKET}/dtypes/model.safetensors")
+
+
+@pytest.mark.parametrize("url", ["http://host/m.safetensors", "s3a://b/m", "S3://b/m"])
+def test_an_unknown_scheme_is_a_config_error_not_a_missing_file(url):
+    with pytest.raises(sluice.errors.ConfigError, match="scheme"):
+        sluice.torch.load_file(url)
 
 
 def test_cli_load_reads_an_object_url(s3_env, sharded):

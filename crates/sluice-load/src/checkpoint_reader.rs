@@ -57,7 +57,7 @@ pub fn open_shard_files(
     options: ReadOptions,
 ) -> Result<CheckpointFiles<ShardFile>, LoadError> {
     if let Some(url) = path.to_str().filter(|p| is_remote(p)) {
-        return open_remote_files(url, &RemoteOptions::from_env()?);
+        return open_remote_files(url, &RemoteOptions::from_env()?, options);
     }
     let found = open_checkpoint_files(path, options)?;
     Ok(CheckpointFiles {
@@ -94,10 +94,15 @@ pub fn open_checkpoint_files(
             missing: Vec::new(),
         }
     };
-    for missing in &found.missing {
-        tracing::warn!(shard = %missing.display(), "shard absent; loading the rest (allow_partial)");
-    }
+    warn_missing(&found.missing);
     Ok(found)
+}
+
+/// One warning per absent shard a partial load leaves out.
+pub(crate) fn warn_missing(missing: &[PathBuf]) {
+    for shard in missing {
+        tracing::warn!(shard = %shard.display(), "shard absent; loading the rest (allow_partial)");
+    }
 }
 
 fn read_directory(dir: &Path, options: ReadOptions) -> Result<CheckpointFiles, LoadError> {
@@ -157,7 +162,7 @@ fn series_position(path: &Path) -> Option<(String, u64, u64, usize)> {
 
 /// The shard files a directory's names promise but do not contain: for each
 /// `<prefix>-NNNNN-of-MMMMM` series, every number from 1 to M must be there.
-fn missing_in_series(dir: &Path, files: &[PathBuf]) -> Vec<PathBuf> {
+pub(crate) fn missing_in_series(dir: &Path, files: &[PathBuf]) -> Vec<PathBuf> {
     let mut series: BTreeMap<(String, u64), (BTreeSet<u64>, usize)> = BTreeMap::new();
     for file in files {
         if let Some((prefix, number, total, width)) = series_position(file) {

@@ -124,7 +124,10 @@ impl Loader {
         url: &sluice_remote::ObjectUrl,
         config: LoadConfig,
     ) -> Result<Loader, LoadError> {
-        let found = crate::remote_reader::open_remote_in(&store, url)?;
+        let options = ReadOptions {
+            allow_partial: config.allow_partial,
+        };
+        let found = crate::remote_reader::open_remote_in(&store, url, options)?;
         Loader::from_open_files(found.checkpoint, found.files.into(), found.missing, config)
     }
 

@@ -12,7 +12,9 @@ use sluice_formats::{
 };
 use sluice_remote::{ObjectInfo, ObjectUrl, RemoteError, RemoteOptions, RemoteStore};
 
-use crate::checkpoint_reader::{CheckpointFiles, INDEX_FILE_NAME};
+use crate::checkpoint_reader::{
+    missing_in_series, warn_missing, CheckpointFiles, ReadOptions, INDEX_FILE_NAME,
+};
 use crate::error::LoadError;
 use crate::shard_file::ShardFile;
 
@@ -30,23 +32,38 @@ pub fn is_remote(path: &str) -> bool {
 pub(crate) fn open_remote_files(
     url: &str,
     opts: &RemoteOptions,
+    options: ReadOptions,
 ) -> Result<CheckpointFiles<ShardFile>, LoadError> {
     let url = ObjectUrl::parse(url)?;
     let store = Arc::new(RemoteStore::open(&url, opts)?);
-    open_remote_in(&store, &url)
+    open_remote_in(&store, &url, options)
 }
 
 /// The checkpoint at `url` in `store` (any `ObjectStore` behind it: tests use an in-memory
-/// one behind a fault-injecting double).
+/// one behind a fault-injecting double). As for a local directory, a prefix holds the
+/// objects directly under it (not those under a deeper prefix), and a shard its index or
+/// its `-NNNNN-of-MMMMM` name promises but the store lacks is an error unless
+/// `allow_partial`.
 pub(crate) fn open_remote_in(
     store: &Arc<RemoteStore>,
     url: &ObjectUrl,
+    options: ReadOptions,
+) -> Result<CheckpointFiles<ShardFile>, LoadError> {
+    let found = open_remote(store, url, options)?;
+    warn_missing(&found.missing);
+    Ok(found)
+}
+
+fn open_remote(
+    store: &Arc<RemoteStore>,
+    url: &ObjectUrl,
+    options: ReadOptions,
 ) -> Result<CheckpointFiles<ShardFile>, LoadError> {
     let store = Arc::clone(store);
     let url = url.clone();
     let key = url.key.trim_end_matches('/');
     if key.ends_with(".json") {
-        return read_indexed(&store, &url);
+        return read_indexed(&store, &url, options);
     }
     if key.ends_with(".safetensors") {
         let (shard, file) = read_shard(&store, store.info(&url)?)?;
@@ -56,30 +73,34 @@ pub(crate) fn open_remote_in(
             missing: Vec::new(),
         });
     }
-    let listed = store.list(&url)?;
+    let listed = store.list_dir(&url)?;
     if let Some(index) = listed
         .iter()
         .find(|o| o.url.key.rsplit('/').next() == Some(INDEX_FILE_NAME))
     {
-        return read_indexed(&store, &index.url);
+        return read_indexed(&store, &index.url, options);
     }
     let objects: Vec<ObjectInfo> = listed
         .into_iter()
         .filter(|o| o.url.key.ends_with(".safetensors"))
         .collect();
+    let dir = PathBuf::from(url.to_string().trim_end_matches('/'));
     if objects.is_empty() {
-        return Err(LoadError::NoShards {
-            dir: PathBuf::from(url.to_string()),
-        });
+        return Err(LoadError::NoShards { dir });
+    }
+    let names: Vec<PathBuf> = objects
+        .iter()
+        .map(|o| PathBuf::from(o.url.to_string()))
+        .collect();
+    let missing = missing_in_series(&dir, &names);
+    if !missing.is_empty() && !options.allow_partial {
+        return Err(LoadError::ShardsMissing { dir, missing });
     }
     let (shards, files) = read_shards(&store, objects)?;
     Ok(CheckpointFiles {
-        checkpoint: Checkpoint::from_shards(
-            CheckpointSource::Directory(PathBuf::from(url.to_string())),
-            shards,
-        )?,
+        checkpoint: Checkpoint::from_shards(CheckpointSource::Directory(dir), shards)?,
         files,
-        missing: Vec::new(),
+        missing,
     })
 }
 
@@ -90,6 +111,7 @@ fn source_file(url: &ObjectUrl) -> CheckpointSource {
 fn read_indexed(
     store: &Arc<RemoteStore>,
     index: &ObjectUrl,
+    options: ReadOptions,
 ) -> Result<CheckpointFiles<ShardFile>, LoadError> {
     let info = store.info(index)?;
     let shown = PathBuf::from(index.to_string());
@@ -101,7 +123,7 @@ fn read_indexed(
     }
     let mut json = vec![0u8; info.size as usize];
     store.read_ranges(&info, vec![(0, &mut json)])?;
-    let parsed = parse_index(&shown, &json)?;
+    let mut parsed = parse_index(&shown, &json)?;
     let dir = match index.key.rsplit_once('/') {
         Some((d, _)) => ObjectUrl {
             key: d.to_string(),
@@ -112,13 +134,31 @@ fn read_indexed(
             ..index.clone()
         },
     };
-    let names = parsed.shard_names();
-    let objects = parallel(&names, |name| store.info(&dir.join(name)))?;
+    let mut names = parsed.shard_names();
+    names.sort();
+    // An absent shard is an error naming it, or with `allow_partial` left out with
+    // the tensors the index puts in it.
+    let found = parallel(&names, |name| match store.info(&dir.join(name)) {
+        Ok(info) => Ok(Some(info)),
+        Err(RemoteError::NotFound { .. }) if options.allow_partial => Ok(None),
+        Err(e) => Err(e),
+    })?;
+    let mut objects = Vec::with_capacity(names.len());
+    let mut missing = Vec::new();
+    for (name, info) in names.iter().zip(found) {
+        match info {
+            Some(info) => objects.push(info),
+            None => {
+                parsed.weight_map.retain(|_, shard| shard != name);
+                missing.push(PathBuf::from(dir.join(name).to_string()));
+            }
+        }
+    }
     let (shards, files) = read_shards(store, objects)?;
     Ok(CheckpointFiles {
-        checkpoint: Checkpoint::from_shards(CheckpointSource::Index(shown), shards)?,
+        checkpoint: Checkpoint::from_index(&shown, &parsed, shards)?,
         files,
-        missing: Vec::new(),
+        missing,
     })
 }
 

@@ -40,7 +40,7 @@ fn setup(faults: Vec<Fault>) -> (Arc<FaultyStore>, Arc<RemoteStore>, Vec<TestTen
     for (i, shard) in all.chunks(4).enumerate() {
         put(
             &mem,
-            &format!("m/model-{i:05}-of-00003.safetensors"),
+            &format!("m/model-{:05}-of-00003.safetensors", i + 1),
             safetensors_bytes(shard),
         );
     }

@@ -9,8 +9,9 @@ pub enum RemoteError {
     BadUrl { url: String, why: String },
     #[error("{url}: cannot configure the store: {why}")]
     Config { url: String, why: String },
-    #[error("{url}: no such object")]
-    NotFound { url: String },
+    /// No such object, or (`what` says which) no such bucket or container.
+    #[error("{url}: no such {what}")]
+    NotFound { url: String, what: &'static str },
     #[error("{url}: the object changed while it was read (ETag was {expected:?})")]
     Changed { url: String, expected: String },
     #[error("{url}: bytes {}..{}: got {got} bytes", range.start, range.end)]
@@ -88,6 +89,26 @@ fn refused_status(e: &object_store::Error) -> bool {
     while let Some(err) = at {
         let text = err.to_string();
         if text.contains("403 Forbidden") || text.contains("401 Unauthorized") {
+            return true;
+        }
+        at = err.source();
+    }
+    false
+}
+
+/// Whether a store's generic error says the bucket or container does not exist (a list
+/// request, which object_store leaves `Generic`, with the code only in the message).
+pub(crate) fn missing_bucket(e: &object_store::Error) -> bool {
+    if !matches!(e, object_store::Error::Generic { .. }) {
+        return false;
+    }
+    let mut at: Option<&dyn std::error::Error> = Some(e);
+    while let Some(err) = at {
+        let text = err.to_string();
+        if ["NoSuchBucket", "ContainerNotFound", "404 Not Found"]
+            .iter()
+            .any(|code| text.contains(code))
+        {
             return true;
         }
         at = err.source();

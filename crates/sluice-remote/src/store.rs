@@ -172,6 +172,7 @@ impl RemoteStore {
         };
         let store: Arc<dyn ObjectStore> = match url.scheme {
             Scheme::S3 => {
+                check_s3_endpoint(opts)?;
                 let mut b = object_store::aws::AmazonS3Builder::from_env()
                     .with_bucket_name(&url.bucket)
                     .with_retry(retry);
@@ -256,14 +257,26 @@ impl RemoteStore {
     /// The objects under `prefix` (a "directory": `prefix/...`), in key order.
     pub fn list(&self, prefix: &ObjectUrl) -> Result<Vec<ObjectInfo>, RemoteError> {
         let path = self.path(prefix)?;
-        let under = if prefix.key.is_empty() {
-            None
-        } else {
-            Some(&path)
-        };
-        let metas: Vec<_> = runtime()?
+        let under = (!prefix.key.is_empty()).then_some(&path);
+        let metas = runtime()?
             .block_on(self.store.list(under).try_collect::<Vec<_>>())
             .map_err(|e| request_error(prefix, e))?;
+        Ok(self.infos(metas))
+    }
+
+    /// The objects directly under `prefix` (a "directory": `prefix/name`, not
+    /// `prefix/sub/name`), in key order, as a local directory listing gives its files.
+    pub fn list_dir(&self, prefix: &ObjectUrl) -> Result<Vec<ObjectInfo>, RemoteError> {
+        let path = self.path(prefix)?;
+        let under = (!prefix.key.is_empty()).then_some(&path);
+        let listed = runtime()?
+            .block_on(self.store.list_with_delimiter(under))
+            .map_err(|e| request_error(prefix, e))?;
+        Ok(self.infos(listed.objects))
+    }
+
+    /// A listing's objects as infos, in key order.
+    fn infos(&self, metas: Vec<object_store::ObjectMeta>) -> Vec<ObjectInfo> {
         let mut out: Vec<ObjectInfo> = metas
             .into_iter()
             .map(|m| ObjectInfo {
@@ -276,7 +289,7 @@ impl RemoteStore {
             })
             .collect();
         out.sort_by(|a, b| a.url.key.cmp(&b.url.key));
-        Ok(out)
+        out
     }
 
     /// Fills each `(offset, buffer)` with the object's bytes at that offset: every range
@@ -383,7 +396,10 @@ impl RemoteStore {
             ..GetOptions::default()
         };
         let read_error = |e: object_store::Error| match e {
-            object_store::Error::NotFound { .. } => RemoteError::NotFound { url: url() },
+            object_store::Error::NotFound { .. } => RemoteError::NotFound {
+                url: url(),
+                what: "object",
+            },
             object_store::Error::Precondition { .. } => RemoteError::Changed {
                 url: url(),
                 expected: obj.etag.clone().unwrap_or_default(),
@@ -422,10 +438,55 @@ impl RemoteStore {
     }
 }
 
+/// An S3 endpoint from `opts` or the environment that the client library would panic on
+/// (an empty value, no scheme, no host) is a configuration error naming it, as is a
+/// plain-HTTP one without `AWS_ALLOW_HTTP=true`.
+fn check_s3_endpoint(opts: &RemoteOptions) -> Result<(), RemoteError> {
+    let (name, value) = match &opts.endpoint {
+        Some(e) => ("endpoint", e.clone()),
+        None => match ["AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
+            .into_iter()
+            .find_map(|v| std::env::var(v).ok().map(|e| (v, e)))
+        {
+            Some((v, e)) => (v, e),
+            None => return Ok(()),
+        },
+    };
+    let shown = match name {
+        "endpoint" => name.to_string(),
+        _ => format!("${name}"),
+    };
+    let bad = |why: &str| RemoteError::Config {
+        url: shown.clone(),
+        why: format!("{value:?}: {why}"),
+    };
+    let parsed = url::Url::parse(value.trim()).map_err(|e| {
+        bad(&format!(
+            "not a URL ({e}); expected e.g. http://127.0.0.1:9000"
+        ))
+    })?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none_or(str::is_empty) {
+        return Err(bad("expected an http:// or https:// URL with a host"));
+    }
+    let http_allowed = opts.allow_http
+        || std::env::var("AWS_ALLOW_HTTP").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"));
+    if parsed.scheme() == "http" && !http_allowed {
+        return Err(bad(
+            "a plain-HTTP endpoint needs AWS_ALLOW_HTTP=true (the client refuses http:// otherwise)",
+        ));
+    }
+    Ok(())
+}
+
 fn request_error(url: &ObjectUrl, e: object_store::Error) -> RemoteError {
     match e {
         object_store::Error::NotFound { .. } => RemoteError::NotFound {
             url: url.to_string(),
+            what: "object",
+        },
+        e if crate::error::missing_bucket(&e) => RemoteError::NotFound {
+            url: url.to_string(),
+            what: "bucket",
         },
         e => RemoteError::Request {
             url: url.to_string(),

@@ -32,13 +32,28 @@ pub struct ObjectUrl {
 }
 
 impl ObjectUrl {
+    /// The URL prefixes of the stores this crate reaches.
+    const KNOWN: [&'static str; 3] = ["s3://", "gs://", "az://"];
+
     /// Whether `s` looks like an object URL at all (a scheme this crate knows), so that
     /// callers can tell URLs from local paths before parsing.
+    ///
+    /// Any other `scheme://…` (`http://`, `s3a://`, `S3://`) counts too unless a local path
+    /// of that name exists, so that it gets [`ObjectUrl::parse`]'s error naming the schemes
+    /// known, not "no such file".
     pub fn is_url(s: &str) -> bool {
-        ["s3://", "gs://", "az://"].iter().any(|p| s.starts_with(p))
+        Self::KNOWN.iter().any(|p| s.starts_with(p))
+            || (has_scheme(s) && std::fs::symlink_metadata(s).is_err())
     }
 
     pub fn parse(s: &str) -> Result<ObjectUrl, RemoteError> {
+        if has_scheme(s) && !Self::KNOWN.iter().any(|p| s.starts_with(p)) {
+            let scheme = s.split_once("://").map_or("", |(scheme, _)| scheme);
+            return Err(RemoteError::BadUrl {
+                url: s.to_string(),
+                why: format!("the scheme {scheme:?} is not supported: use s3://, gs:// or az://"),
+            });
+        }
         let bad = |why: &str| RemoteError::BadUrl {
             url: s.to_string(),
             why: why.to_string(),
@@ -94,6 +109,17 @@ impl fmt::Display for ObjectUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}://{}/{}", self.scheme.as_str(), self.bucket, self.key)
     }
+}
+
+/// Whether `s` starts like a URL: `scheme://` with an RFC 3986 scheme (a letter, then
+/// letters, digits, `+`, `-` or `.`).
+fn has_scheme(s: &str) -> bool {
+    let Some((scheme, _)) = s.split_once("://") else {
+        return false;
+    };
+    let mut chars = scheme.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
 }
 
 #[cfg(test)]
