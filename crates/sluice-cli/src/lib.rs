@@ -36,7 +36,8 @@ pub const EXIT_SERVICE_NOT_FOUND: i32 = 127;
 const LAUNCHER_EXIT_STATUS_HELP: &str = "\
 Exit status: the service's own (its code, or 128 + the signal that ended it, as a shell \
 reports it: 137 for SIGKILL, also when the OOM killer took it); 125 when sluice warm itself \
-failed (bad option, bad template, missing model, no cgroup), 126 when the service command \
+failed (bad option, bad template, missing model, no cgroup, a template that cannot be \
+written), 126 when the service command \
 cannot be executed, 127 when it is not found. The report (--json: exit_code, service_exit, \
 oom_killed, stopped_by) tells the service's end apart from warm's.
 

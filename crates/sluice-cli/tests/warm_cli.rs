@@ -770,3 +770,70 @@ fn the_empty_cgroup_of_a_killed_runtime_is_removed_by_the_next_run() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(!exists, "{} removed", dead.display());
 }
+
+/// `warm record` of a service that reads the model (an explicit trigger), writes `ran` and
+/// exits 0, templates in `templates`.
+fn record_into(dir: &Path, templates: &Path) -> Output {
+    let model = dir.join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(model.join("a.bin"), vec![1u8; 1 << 20]).unwrap();
+    let service = format!(
+        "echo '{{\"path\": \"a.bin\"}}' > \"$SLUICE_RUN_DIR/$PPID.trigger\"; sleep 0.5; \
+         touch {}/ran",
+        dir.display()
+    );
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .env("SLUICE_RUN_DIR", dir.join("run"))
+        .args(["warm", "record", "--events", "explicit", "--service", "t"])
+        .arg("--model")
+        .arg(&model)
+        .arg("--template-dir")
+        .arg(templates)
+        .args(["--", "sh", "-c", &service])
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_template_dir_that_cannot_hold_templates_fails_before_the_service_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("not-a-dir");
+    std::fs::write(&file, b"x").unwrap();
+    let out = record_into(dir.path(), &file);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(
+        err.contains("not-a-dir") && err.contains("not a directory"),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("ran").exists(),
+        "the service was not started"
+    );
+}
+
+#[test]
+fn a_template_that_cannot_be_written_is_a_failure_of_warms_own() {
+    if !is_root() {
+        eprintln!("skipped: needs root to mount a small tmpfs");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let full = dir.path().join("full");
+    std::fs::create_dir(&full).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
+        .arg(&full)
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    // Fill it: the directory and an empty probe file still fit, a template does not.
+    let _ = std::fs::write(full.join("filler"), vec![0u8; 1 << 20]);
+    let out = record_into(dir.path(), &full.join("templates"));
+    let _ = Command::new("umount").arg(&full).status();
+    let err = stderr(&out);
+    assert!(dir.path().join("ran").exists(), "the service ran: {err}");
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(err.contains("no template was written"), "{err}");
+    assert!(!err.contains("template written to"), "{err}");
+}

@@ -158,6 +158,9 @@ pub fn run(
     on_status: &mut dyn FnMut(&Status),
 ) -> Result<RunReport, WarmError> {
     let policy = by_name(&config.policy, &config.builtin)?;
+    if let (true, Some(dir)) = (config.builtin.record, &config.builtin.template_dir) {
+        crate::template::TemplateStore::new(dir.clone()).check_writable()?;
+    }
     // A template that cannot be read is a usage error here, before the
     // service starts; inside a running runtime the policy fails open.
     if let (false, Some(service), Some(dir)) = (

@@ -47,6 +47,7 @@ pub enum IoOperation {
     Stat,
     Read,
     CreateDir,
+    Create,
     Replace,
 }
 
@@ -57,6 +58,7 @@ impl fmt::Display for IoOperation {
             IoOperation::Stat => "stat",
             IoOperation::Read => "read",
             IoOperation::CreateDir => "create the directory",
+            IoOperation::Create => "create a file in the template directory:",
             IoOperation::Replace => "atomically replace",
         })
     }

@@ -157,6 +157,14 @@ fn execute(
     }
     let report = outcome?;
     print_report(mode, &config, &report, common.json);
+    // A recorder that failed (a full disk at the end, say) leaves no template, or an old
+    // one: a failure of warm's own, even when the service succeeded.
+    if mode == "record" && report.policy_fault.is_some() && !report.recording_discarded {
+        errln!("sluice warm: no template was written (the recorder failed: above)");
+        if report.exit_code() == 0 {
+            return Ok(crate::EXIT_WARM_FAILED);
+        }
+    }
     Ok(report.exit_code())
 }
 
@@ -178,7 +186,7 @@ fn summary_line(s: &RuntimeStatus) -> String {
 
 fn print_report(mode: &str, config: &RunConfig, r: &RunReport, json: bool) {
     let template = match (mode, &config.builtin.service, &config.builtin.template_dir) {
-        ("record", Some(id), Some(dir)) if !r.recording_discarded => {
+        ("record", Some(id), Some(dir)) if !r.recording_discarded && r.policy_fault.is_none() => {
             let path = TemplateStore::new(dir.clone()).path_for(id);
             path.exists().then(|| path.display().to_string())
         }

@@ -122,6 +122,29 @@ impl TemplateStore {
         Ok(Some(template))
     }
 
+    /// Whether a template could be saved here: the directory exists (or is created) and a
+    /// file can be created in it. A recording checks before the service starts, so that a
+    /// path that is a file, or a directory it may not write, fails at once, not after the
+    /// whole run.
+    pub fn check_writable(&self) -> Result<(), TemplateError> {
+        let create = TemplateError::io(&self.dir, IoOperation::CreateDir);
+        if std::fs::symlink_metadata(&self.dir).is_ok_and(|m| !m.is_dir())
+            && !std::fs::metadata(&self.dir).is_ok_and(|m| m.is_dir())
+        {
+            let not_dir = std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a directory");
+            return Err(create(not_dir));
+        }
+        std::fs::create_dir_all(&self.dir).map_err(create)?;
+        let probe = self.dir.join(format!(".probe-{}", std::process::id()));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&probe)
+            .map_err(TemplateError::io(&probe, IoOperation::Create))?;
+        let _ = std::fs::remove_file(&probe);
+        Ok(())
+    }
+
     /// Saves `template` under its service id, creating the directory if needed; returns
     /// the file's path.
     pub fn save(&self, template: &Template) -> Result<PathBuf, TemplateError> {
