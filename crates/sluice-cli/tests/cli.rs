@@ -269,3 +269,44 @@ fn output_that_cannot_be_written_is_an_error_not_a_panic() {
     let out = sluice_to_full(&["inspect", "/nonexistent/model.safetensors"], false);
     assert_eq!(out.status.code(), Some(4));
 }
+
+#[test]
+fn inspect_escapes_control_characters_in_tensor_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.safetensors");
+    let header = r#"{"a\nvalid: forged":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#;
+    let mut padded = header.to_string();
+    while padded.len() % 8 != 0 {
+        padded.push(' ');
+    }
+    let mut bytes = (padded.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(padded.as_bytes());
+    bytes.push(7);
+    std::fs::write(&path, bytes).unwrap();
+    let out = sluice(&["inspect", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(r#""a\nvalid: forged""#), "{text}");
+    assert!(
+        !text.lines().any(|l| l.starts_with("valid: forged")),
+        "{text}"
+    );
+}
+
+#[test]
+fn load_says_when_bytes_were_mapped_rather_than_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.safetensors");
+    write_checkpoint(&path);
+    let p = path.to_str().unwrap();
+    let json = sluice(&["load", "--json", "--direct", "off", p]);
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let mapped = v["bytes_read"].as_u64().unwrap() < v["bytes"].as_u64().unwrap();
+    let out = sluice(&["load", "--direct", "off", p]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text.contains("mapped from the page cache"),
+        mapped,
+        "{v} / {text}"
+    );
+}

@@ -35,24 +35,19 @@ fn open_checked(path: &Path, flags: i32, write: bool) -> io::Result<File> {
         .read(true)
         .write(write)
         .custom_flags(flags | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)?;
+        .open(path)
+        .map_err(|err| match err.raw_os_error() {
+            // open(2) of a Unix socket fails with ENXIO ("No such device or address"):
+            // say what the path is, as for the other kinds.
+            Some(libc::ENXIO) => match std::fs::metadata(path) {
+                Ok(meta) => not_regular(meta.file_type()),
+                Err(_) => err,
+            },
+            _ => err,
+        })?;
     let kind = file.metadata()?.file_type();
     if !kind.is_file() {
-        let what = if kind.is_fifo() {
-            "a FIFO"
-        } else if kind.is_dir() {
-            "a directory"
-        } else if kind.is_char_device() || kind.is_block_device() {
-            "a device"
-        } else if kind.is_socket() {
-            "a socket"
-        } else {
-            "something else"
-        };
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            NotRegular { what },
-        ));
+        return Err(not_regular(kind));
     }
     // SAFETY: F_GETFL/F_SETFL on a descriptor this function owns.
     unsafe {
@@ -62,6 +57,22 @@ fn open_checked(path: &Path, flags: i32, write: bool) -> io::Result<File> {
         }
     }
     Ok(file)
+}
+
+/// The refusal of a path of type `kind`, saying what it is.
+fn not_regular(kind: std::fs::FileType) -> io::Error {
+    let what = if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_dir() {
+        "a directory"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "a device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        "something else"
+    };
+    io::Error::new(io::ErrorKind::InvalidInput, NotRegular { what })
 }
 
 /// [`open_regular`]'s refusal, carried inside the `io::Error` so callers
@@ -106,5 +117,18 @@ mod tests {
         let missing = open_regular(&dir.path().join("missing"), 0).unwrap_err();
         assert_eq!(missing.kind(), io::ErrorKind::NotFound);
         assert!(!is_not_regular(&missing));
+    }
+
+    #[test]
+    fn a_socket_is_refused_as_not_a_regular_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        // open(2) itself fails here (ENXIO), before any fstat.
+        let err = open_regular(&path, 0).unwrap_err();
+        assert!(
+            is_not_regular(&err) && err.to_string().contains("socket"),
+            "{err}"
+        );
     }
 }

@@ -35,7 +35,7 @@ pub enum LoadError {
     #[error(
         "{}: {} missing: the shard names promise a complete -NNNNN-of-MMMMM series; pass allow_partial=True (--allow-partial) to load the rest",
         dir.display(),
-        missing.iter().map(|p| p.file_name().unwrap_or_default().to_string_lossy()).collect::<Vec<_>>().join(", ")
+        shard_list(missing)
     )]
     ShardsMissing { dir: PathBuf, missing: Vec<PathBuf> },
     #[error("tensor {name:?} was requested but {} has no such tensor", checkpoint.display())]
@@ -153,5 +153,40 @@ impl LoadError {
             LoadError::Remote(e) => e.is_permission_denied(),
             _ => false,
         }
+    }
+}
+
+/// The file names of `shards` for a one-line message: the first few, then how many more
+/// (a name promising 99,999 shards must not make a megabyte-long error line).
+fn shard_list(shards: &[PathBuf]) -> String {
+    const SHOWN: usize = 8;
+    let names: Vec<_> = shards
+        .iter()
+        .take(SHOWN)
+        .map(|p| p.file_name().unwrap_or_default().to_string_lossy())
+        .collect();
+    match shards.len().saturating_sub(SHOWN) {
+        0 => names.join(", "),
+        more => format!("{} and {more} more", names.join(", ")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_list_of_missing_shards_is_cut_short_in_the_message() {
+        let missing: Vec<PathBuf> = (2..=99_999)
+            .map(|n| PathBuf::from(format!("/m/model-{n:05}-of-99999.safetensors")))
+            .collect();
+        let err = LoadError::ShardsMissing {
+            dir: PathBuf::from("/m"),
+            missing,
+        };
+        let text = err.to_string();
+        assert!(text.len() < 1000, "{} bytes", text.len());
+        assert!(text.contains("model-00002-of-99999.safetensors"), "{text}");
+        assert!(text.contains("and 99990 more"), "{text}");
     }
 }

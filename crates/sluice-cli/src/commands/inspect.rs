@@ -71,7 +71,7 @@ fn print_text(ckpt: &Checkpoint, missing: &[PathBuf], with_tensors: bool) {
             let shape: Vec<String> = t.shape.iter().map(u64::to_string).collect();
             outln!(
                 "  {:<60} {:<8} [{}] {}",
-                t.name,
+                printable(&t.name),
                 t.dtype.as_str(),
                 shape.join(", "),
                 t.byte_len()
@@ -97,4 +97,13 @@ fn print_text(ckpt: &Checkpoint, missing: &[PathBuf], with_tensors: bool) {
             format!("; {} shard(s) missing", missing.len())
         }
     );
+}
+
+/// A tensor name for a terminal: as it is, or quoted with escapes when it holds control
+/// characters (a newline or a NUL in a hostile header must not forge output lines).
+fn printable(name: &str) -> std::borrow::Cow<'_, str> {
+    match name.chars().any(char::is_control) {
+        true => format!("{name:?}").into(),
+        false => name.into(),
+    }
 }

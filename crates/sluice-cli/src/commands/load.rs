@@ -82,6 +82,14 @@ fn print_result(args: &LoadArgs, stats: &LoadStats, bytes_read: u64) {
             f.reason.as_deref().unwrap_or("-")
         );
     }
+    if bytes_read < stats.tensor_bytes {
+        // Windows already in the page cache are mapped, not read: the rate above is
+        // not a read rate then.
+        outln!(
+            "  read {:.3} GB; the rest was mapped from the page cache (SLUICE_MAP_CACHED=0 reads it)",
+            bytes_read as f64 / 1e9
+        );
+    }
     for path in &stats.missing_shards {
         outln!("  MISSING (--allow-partial): {}", path.display());
     }
