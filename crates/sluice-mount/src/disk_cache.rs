@@ -16,10 +16,14 @@
 //! punched out and reported as a miss, so it is fetched again and never served. A block
 //! is written first and its hash after, so a crash leaves the block absent or checkable. A
 //! file is handed out for passthrough only once every block has been checked or written by
-//! this process, and it is pinned (never evicted) while the kernel holds it.
+//! this process, and it is pinned (never evicted) while the kernel holds it. Its data
+//! file's change time is noted when it becomes whole ("sealed"); a file changed since (a
+//! write by another process) is not handed out but read through the daemon, every block
+//! checked again, until it is whole and checked once more.
 //!
 //! Eviction is least recently used, block by block (a hole is punched), by last read in
-//! this process and by file time across restarts. The cache fails open: a read error is a
+//! this process and by the table's time across restarts (a read touches the table, not
+//! the data file, whose change time is the seal). The cache fails open: a read error is a
 //! miss, and a write error (a full disk) leaves the block uncached with one warning.
 //!
 //! The directory is marked as a Sluice cache and locked (`flock`) while a mount uses it:
@@ -29,7 +33,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -104,6 +108,11 @@ struct Cached {
     /// Passthrough opens and reads in progress: no block of a pinned file is evicted.
     pins: usize,
     writing: HashSet<u64>,
+    /// The data file's change time when it became whole and checked: a different one at a
+    /// passthrough open means another process wrote to it.
+    sealed: Option<(i64, i64)>,
+    /// Warned that it changed since it was sealed.
+    warned_changed: bool,
 }
 
 /// Bytes of block `b` of a file of `size` bytes cut in blocks of `block`.
@@ -125,6 +134,8 @@ impl Cached {
             blocks: vec![None; size.div_ceil(block) as usize],
             pins: 0,
             writing: HashSet::new(),
+            sealed: None,
+            warned_changed: false,
         }
     }
 
@@ -143,6 +154,19 @@ impl Cached {
     fn complete_and_checked(&self) -> bool {
         self.blocks.iter().all(|h| h.is_some_and(|h| h.checked))
     }
+
+    /// Notes the data file's change time once the file is whole and checked, with no write
+    /// of it in flight.
+    fn seal_if_whole(&mut self, data: &File) {
+        if self.sealed.is_none() && self.writing.is_empty() && self.complete_and_checked() {
+            self.sealed = change_time(data);
+        }
+    }
+}
+
+/// A file's change time (ctime), which any write to it moves.
+fn change_time(file: &File) -> Option<(i64, i64)> {
+    file.metadata().ok().map(|m| (m.ctime(), m.ctime_nsec()))
 }
 
 #[derive(Default)]
@@ -264,7 +288,11 @@ impl DiskCache {
         {
             return Err(bad("not a directory".into()));
         }
-        std::fs::create_dir_all(dir).map_err(|e| bad(format!("cannot create it: {e}")))?;
+        // Only the mount's user may write a new cache directory: the copies in it are
+        // handed to the kernel unhashed (see `pin_complete`).
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(dir)
+            .map_err(|e| bad(format!("cannot create it: {e}")))?;
         if !std::fs::metadata(dir)
             .map_err(|e| bad(e.to_string()))?
             .is_dir()
@@ -411,8 +439,10 @@ impl DiskCache {
                 checked: false,
             });
         }
-        // Reads touch the data file's time (and writes change it): the file's last use.
-        let when = data.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+        // Reads touch the table's time (and writes change it): the file's last use.
+        let when = std::fs::metadata(path)
+            .and_then(|m| m.modified())
+            .unwrap_or(SystemTime::UNIX_EPOCH);
         Ok((when, c))
     }
 
@@ -541,19 +571,27 @@ impl DiskCache {
             Ok(f)
         });
         let mut ix = lock(&self.index);
-        let ok = result.is_ok();
         if let Some(c) = ix.files.get_mut(&name) {
             c.pins -= 1;
-            if let Some(held) = c.blocks[b as usize].as_mut().filter(|_| ok) {
-                held.checked = true;
+            if let Ok(f) = &result {
+                if let Some(held) = c.blocks[b as usize].as_mut() {
+                    held.checked = true;
+                }
+                c.seal_if_whole(f);
             }
         }
         match result {
-            Ok(f) => {
+            Ok(_) => {
                 ix.stats.hits += 1;
                 drop(ix);
                 // Keeps the order of use across restarts; a failure only costs that order.
-                let _ = f.set_modified(SystemTime::now());
+                if let Ok(table) = OpenOptions::new()
+                    .write(true)
+                    .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                    .open(self.path_of(&name, SUMS))
+                {
+                    let _ = table.set_modified(SystemTime::now());
+                }
                 true
             }
             Err(why) => {
@@ -642,7 +680,7 @@ impl DiskCache {
         c.writing.remove(&b);
         c.pins -= 1;
         match written {
-            Ok(_) => {
+            Ok(d) => {
                 ix.tick += 1;
                 let tick = ix.tick;
                 if let Some(c) = ix.files.get_mut(&name) {
@@ -651,6 +689,7 @@ impl DiskCache {
                         tick,
                         checked: true,
                     });
+                    c.seal_if_whole(&d);
                 }
                 ix.lru.insert(tick, (name, b));
                 ix.stats.written_blocks += 1;
@@ -680,12 +719,25 @@ impl DiskCache {
         if !c.complete_and_checked() {
             return None;
         }
+        let path = self.path_of(&name, DATA);
         let file = OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(self.path_of(&name, DATA))
+            .open(&path)
             .ok()
             .filter(|f| f.metadata().is_ok_and(|m| m.is_file() && m.len() == c.size))?;
+        if c.sealed.is_none() || change_time(&file) != c.sealed {
+            // Written by someone else since this process checked it: every block is
+            // checked again on its next read through the daemon, and sealed anew.
+            for held in c.blocks.iter_mut().flatten() {
+                held.checked = false;
+            }
+            c.sealed = None;
+            if !std::mem::replace(&mut c.warned_changed, true) {
+                tracing::warn!(file = %entry.path, cache = %path.display(), "disk cache copy changed since it was checked; reading it through the daemon to check every block again");
+            }
+            return None;
+        }
         c.pins += 1;
         ix.stats.passthrough_opens += 1;
         Some(file)
@@ -737,6 +789,7 @@ impl DiskCache {
         let Some(Held { tick, .. }) = c.blocks[b as usize].take() else {
             return;
         };
+        c.sealed = None;
         let (offset, len) = (b * c.block, c.block_len(b));
         let cleared = self
             .sums_of(&name, c, false)

@@ -549,3 +549,30 @@ fn caching_many_files_holds_no_descriptor_per_file() {
         "{before} descriptors before, {after} after"
     );
 }
+
+#[test]
+fn a_copy_written_by_another_process_after_its_check_is_not_passed_through() {
+    let (src, cache, files) = fresh();
+    let (_b, fs) = mount(src.path(), options(cache.path(), 64));
+    let (name, data) = &files[1];
+    let ino = ino_of(&fs, name);
+    read_everything(&fs, &files);
+    let (fh, _) = backed(&fs, ino);
+    fs.release_handle(ino, fh).unwrap();
+    // Someone flips a byte of the checked local copy while the mount runs.
+    let (copy, _) = files_of(cache.path(), data.len() as u64);
+    std::thread::sleep(Duration::from_millis(20));
+    patch(&copy, BLOCK * 3 + 5, &[data[(BLOCK * 3 + 5) as usize] ^ 1]);
+    let fh = through_mount(&fs, ino, true);
+    let mut out = Vec::new();
+    loop {
+        let got = fs.read(ino, out.len() as u64, 100_000).unwrap();
+        if got.is_empty() {
+            break;
+        }
+        out.extend_from_slice(&got);
+    }
+    assert!(&out == data, "wrong bytes through the mount");
+    fs.release_handle(ino, fh).unwrap();
+    assert_eq!(fs.stats().disk.passthrough_opens, 1, "only the open before the change");
+}
