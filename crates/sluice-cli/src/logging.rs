@@ -30,7 +30,14 @@ pub fn log_filter(verbose: u8) -> EnvFilter {
         1 => "info",
         _ => "debug",
     };
-    EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| EnvFilter::new(level))
+    match std::env::var("SLUICE_LOG") {
+        Ok(spec) if !spec.trim().is_empty() => EnvFilter::try_new(&spec).unwrap_or_else(|e| {
+            // Said once, on stderr: the subscriber that would log it is not installed yet.
+            errln!("sluice: SLUICE_LOG={spec:?} is not a log filter ({e}); logging at {level}");
+            EnvFilter::new(level)
+        }),
+        _ => EnvFilter::new(level),
+    }
 }
 
 /// Logs to stderr at warn, info or debug; `SLUICE_LOG` overrides. The first

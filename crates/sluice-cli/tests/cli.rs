@@ -310,3 +310,21 @@ fn load_says_when_bytes_were_mapped_rather_than_read() {
         "{v} / {text}"
     );
 }
+
+#[test]
+fn a_malformed_sluice_log_is_said_not_silently_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.safetensors");
+    write_checkpoint(&path);
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["inspect", path.to_str().unwrap()])
+        .env("SLUICE_LOG", "garbage[[")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("SLUICE_LOG=\"garbage[[\" is not a log filter"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -294,6 +294,16 @@ fn bad_flags_and_missing_files_have_distinct_statuses() {
     let out = sluice(&["sim", "run", "--trace", p(&empty), "--out", p(&res)]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     assert!(stderr(&out).contains("no requests"), "{}", stderr(&out));
+    // Rows of size 0 are skipped: a trace of nothing else says why it is empty.
+    let zeros = dir.path().join("zeros.csv");
+    std::fs::write(&zeros, b"time,id,size\n1,7,0\n2,8,0\n").unwrap();
+    let out = sluice(&["sim", "run", "--trace", p(&zeros), "--out", p(&res)]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("size 0 are skipped"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 /// A small valid trace of each format, for tests that vary only the flags.

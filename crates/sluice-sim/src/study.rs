@@ -59,7 +59,7 @@ pub enum StudyError {
 }
 
 /// Why an empty trace is refused, as the message says it.
-const EMPTY_TRACE: &str = "the trace holds no requests";
+const EMPTY_TRACE: &str = "the trace holds no requests (requests of size 0 are skipped)";
 
 impl From<StudyError> for SimError {
     /// The [`SimError`] of the same class, which the fronts know how to
