@@ -294,6 +294,14 @@ fn bad_flags_and_missing_files_have_distinct_statuses() {
     let out = sluice(&["sim", "run", "--trace", p(&empty), "--out", p(&res)]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     assert!(stderr(&out).contains("no requests"), "{}", stderr(&out));
+    // An --out that is a file says so.
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let ok_trace = dir.path().join("ok.csv");
+    std::fs::write(&ok_trace, b"time,id,size\n1,7,3\n2,8,3\n").unwrap();
+    let out = sluice(&["sim", "run", "--trace", p(&ok_trace), "--out", p(&file)]);
+    assert_ne!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("not a directory"), "{}", stderr(&out));
     // Rows of size 0 are skipped: a trace of nothing else says why it is empty.
     let zeros = dir.path().join("zeros.csv");
     std::fs::write(&zeros, b"time,id,size\n1,7,0\n2,8,0\n").unwrap();

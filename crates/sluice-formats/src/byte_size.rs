@@ -21,7 +21,8 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         other => return Err(format!("unknown byte unit {other:?} in {s:?}")),
     };
     let bytes = number * scale as f64;
-    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+    // `u64::MAX as f64` rounds up to 2^64, which itself does not fit.
+    if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
         return Err(format!("byte size out of range: {s:?}"));
     }
     Ok(bytes as u64)
@@ -39,5 +40,18 @@ mod tests {
         assert_eq!(parse_bytes("1.5G").unwrap(), 3 << 29);
         assert!(parse_bytes("12 parsecs").is_err());
         assert!(parse_bytes("").is_err());
+    }
+
+    #[test]
+    fn two_to_the_64_and_more_are_out_of_range_not_saturated() {
+        for s in [
+            "18446744073709551616",
+            "99999999999999999999",
+            "16777216TiB",
+        ] {
+            let e = parse_bytes(s).unwrap_err();
+            assert!(e.contains("out of range"), "{s}: {e}");
+        }
+        assert_eq!(parse_bytes("16777215TiB").unwrap(), 16777215 << 40);
     }
 }

@@ -57,6 +57,10 @@ pub fn write_results(
     meta: &StudyMeta,
     rows: &[GridRow],
 ) -> Result<(PathBuf, PathBuf), SimError> {
+    if std::fs::metadata(dir).is_ok_and(|m| !m.is_dir()) {
+        let not_dir = std::io::Error::new(std::io::ErrorKind::NotADirectory, "not a directory");
+        return Err(io_err(dir)(not_dir));
+    }
     std::fs::create_dir_all(dir).map_err(io_err(dir))?;
     let json_path = dir.join("results.json");
     let body = serde_json::json!({ "meta": meta, "rows": rows });

@@ -342,8 +342,10 @@ fn invalid(option: &'static str, value: impl ToString, expected: &'static str) -
 
 /// A size option (`512MiB`, `1.5G`, `4096`).
 fn size(option: &'static str, value: &str) -> Result<u64, WarmConfigError> {
-    sluice_formats::parse_bytes(value)
-        .map_err(|_| invalid(option, value, "must be a size like 4096, 512KiB or 6GiB"))
+    sluice_formats::parse_bytes(value).map_err(|e| match e.contains("out of range") {
+        true => invalid(option, value, "is out of range (a size below 16 EiB)"),
+        false => invalid(option, value, "must be a size like 4096, 512KiB or 6GiB"),
+    })
 }
 
 /// A memory limit, at least [`MIN_MEMORY_LIMIT_BYTES`].
