@@ -2,14 +2,19 @@
 read-only, unmodified `safetensors.torch.load_file` on 1 and 2 torch threads bit-exact
 through it, SIGTERM unmounting cleanly even with a file mapped, a daemon killed with
 SIGKILL leaving a stale mount that the next `sluice mount` reports, the disk tier serving a
-restarted mount (and refetching a corrupted block), and bad options."""
+restarted mount (and refetching a corrupted block), and bad options. Also hostile input:
+a directory source's permissions kept (root-only files stay root-only through the mount),
+S3 folder markers, empty prefixes and object URLs, a mount point whose name mountinfo
+escapes, and `--daemon` exiting as the foreground would."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -100,9 +105,10 @@ def load_through(mnt: Path, threads: int) -> dict:
     return torch.load(dest)
 
 
-def test_directory_mount_serves_unmodified_loaders_and_unmounts_on_sigterm(model, mnt):
+def test_directory_mount_serves_unmodified_loaders_and_unmounts_on_sigterm(model, mnt, tmp_path):
     src, want = model
-    pid = mount(str(src), mnt)
+    log = tmp_path / "mount.log"
+    pid = mount(str(src), mnt, "--log", str(log))
     assert sorted(os.listdir(mnt)) == sorted(os.listdir(src))
     for f in src.iterdir():
         assert (mnt / f.name).stat().st_size == f.stat().st_size
@@ -117,6 +123,8 @@ def test_directory_mount_serves_unmodified_loaders_and_unmounts_on_sigterm(model
         os.kill(pid, signal.SIGTERM)
         wait_gone(pid)
         assert not os.path.ismount(mnt)
+    # A clean stop logs no error (fuser's own unmount on drop used to log one).
+    assert "ERROR" not in log.read_text(), log.read_text()
 
 
 def test_s3_prefix_mount(tmp_path, model):
@@ -138,6 +146,150 @@ def test_s3_prefix_mount(tmp_path, model):
         server.stop()
 
 
+def test_s3_folder_markers_empty_prefixes_and_object_urls(tmp_path, mnt):
+    """Keys ending in `/` (folder markers, as the AWS console, s3fs and rclone make them)
+    are directories, an object `x` beside `x/y` too; a prefix with nothing under it, or an
+    object's URL, is a missing source (exit 4), in the foreground and as a daemon."""
+    server = S3Server()
+    try:
+        put = server.client.put_object
+        for key, body in [
+            ("conf2/", b""),
+            ("conf2/sub/", b""),
+            ("conf2/sub/in.safetensors", b"inner"),
+            ("conf2/x", b"a file"),
+            ("conf2/x/y.safetensors", b"why"),
+        ]:
+            put(Bucket="models", Key=key, Body=body)
+        env = server.env()
+        pid = mount("s3://models/conf2/", mnt, env=env)
+        try:
+            assert sorted(os.listdir(mnt)) == ["sub", "x"]
+            assert (mnt / "sub" / "in.safetensors").read_bytes() == b"inner"
+            assert (mnt / "x" / "y.safetensors").read_bytes() == b"why"
+        finally:
+            os.kill(pid, signal.SIGTERM)
+            wait_gone(pid)
+        for url, says in [
+            ("s3://models/nothing/", "no objects under s3://models/nothing/"),
+            ("s3://models/conf2/sub/in.safetensors", "is an object"),
+        ]:
+            for daemon in ([], ["--daemon"]):
+                r = subprocess.run(
+                    [BIN, "mount", url, str(mnt), *daemon],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    env={**os.environ, **env},
+                )
+                assert r.returncode == 4 and says in r.stderr, (url, daemon, r.stderr)
+        codes = []
+        for daemon in ([], ["--daemon"]):
+            r = subprocess.run(
+                [BIN, "mount", "s3://no-such-bucket/m/", str(mnt), *daemon],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env={**os.environ, **env},
+            )
+            codes.append(r.returncode)
+        assert codes[0] != 0 and codes[0] == codes[1], codes
+        assert not os.path.ismount(mnt)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def shared_mnt():
+    """An empty mount point other users can reach (pytest's own are root-only)."""
+    base = Path(tempfile.mkdtemp(prefix="sluice-mnt-", dir="/tmp"))
+    base.chmod(0o755)
+    path = base / "mnt"
+    path.mkdir()
+    yield path
+    force_unmount(path)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_directory_mount_keeps_the_sources_permissions(tmp_path, shared_mnt):
+    """A root-only file or directory stays root-only through the mount (`allow_other`
+    lets every user in; `default_permissions` then checks the source's own bits)."""
+    src = tmp_path / "perm-src"
+    (src / "private").mkdir(parents=True)
+    for name, mode in [("secret.safetensors", 0o600), ("open.safetensors", 0o644)]:
+        (src / name).write_bytes(b"safetensors-bytes")
+        (src / name).chmod(mode)
+    (src / "private" / "f").write_bytes(b"x")
+    (src / "private").chmod(0o700)
+    src.chmod(0o755)
+    pid = mount(str(src), shared_mnt)
+    try:
+
+        def as_nobody(*cmd: str) -> subprocess.CompletedProcess:
+            return subprocess.run(
+                list(cmd), user=65534, group=65534, capture_output=True, timeout=30
+            )
+
+        opened = as_nobody("head", "-c", "8", str(shared_mnt / "open.safetensors"))
+        assert opened.stdout == b"safetens", opened
+        denied = as_nobody("head", "-c", "8", str(shared_mnt / "secret.safetensors"))
+        assert denied.returncode != 0 and denied.stdout == b"", denied
+        assert b"Permission denied" in denied.stderr, denied
+        assert as_nobody("ls", str(shared_mnt / "private")).returncode != 0
+        st = (shared_mnt / "secret.safetensors").stat()
+        assert (st.st_mode & 0o777, st.st_uid) == (
+            0o400,
+            (src / "secret.safetensors").stat().st_uid,
+        )
+        # Root still reads everything.
+        assert (shared_mnt / "secret.safetensors").read_bytes() == b"safetensors-bytes"
+    finally:
+        os.kill(pid, signal.SIGTERM)
+        wait_gone(pid)
+
+
+def test_the_default_daemon_log_is_named_after_the_daemon(model, mnt):
+    src, _ = model
+    r = subprocess.run(
+        [BIN, "mount", str(src), str(mnt), "--daemon"], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    pid = int(r.stdout.split()[0])
+    try:
+        log = Path(tempfile.gettempdir()) / f"sluice-mount-{pid}.log"
+        assert f"(log {log})" in r.stderr and "mounted" in log.read_text(), r.stderr
+    finally:
+        os.kill(pid, signal.SIGTERM)
+        wait_gone(pid)
+
+
+def test_a_mount_point_named_with_escaped_characters(model, tmp_path):
+    """A mount point with a newline, a tab, a space and a backslash (mountinfo writes them
+    as octal escapes): the daemon's parent returns, and a second mount there is refused."""
+    src, _ = model
+    mnt = tmp_path / "a\nb\tc d\\e"
+    mnt.mkdir()
+    try:
+        r = subprocess.run(
+            [BIN, "mount", str(src), str(mnt), "--daemon"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert r.returncode == 0 and os.path.ismount(mnt), r.stderr
+        pid = int(r.stdout.split()[0])
+        r = subprocess.run(
+            [BIN, "mount", str(src), str(mnt)], capture_output=True, text=True, timeout=30
+        )
+        assert r.returncode == 3 and "already mounted" in r.stderr, r.stderr
+        os.kill(pid, signal.SIGTERM)
+        wait_gone(pid)
+        assert not os.path.ismount(mnt)
+    finally:
+        for _ in range(3):  # (a failed check may leave mounts stacked here)
+            force_unmount(mnt)
+
+
 def test_a_killed_daemon_leaves_a_stale_mount_that_is_reported(model, mnt):
     src, _ = model
     pid = mount(str(src), mnt)
@@ -150,7 +302,17 @@ def test_a_killed_daemon_leaves_a_stale_mount_that_is_reported(model, mnt):
     assert not _stale(mnt)
 
 
-def test_bad_mounts_are_refused(model, mnt, tmp_path):
+@pytest.fixture
+def full(tmp_path):
+    """A mount point that is not empty, unmounted after the test should one mount there."""
+    path = tmp_path / "full"
+    path.mkdir()
+    (path / "kept").write_bytes(b"hidden by a mount")
+    yield path
+    force_unmount(path)
+
+
+def test_bad_mounts_are_refused(model, mnt, full, tmp_path):
     src, _ = model
     cases = [
         ([str(src), str(mnt), "--pool", "1MiB"], 2, "pool"),
@@ -167,9 +329,26 @@ def test_bad_mounts_are_refused(model, mnt, tmp_path):
             2,
             "4 blocks",
         ),
+        ([str(src), str(full)], 3, "not empty"),
+        ([str(src), str(mnt), "--log", str(tmp_path / "x.log")], 2, "--log"),
+        ([str(src), str(mnt), "--streams", "0"], 2, "streams"),
     ]
     for args, code, says in cases:
         r = subprocess.run([BIN, "mount", *args], capture_output=True, text=True, timeout=60)
+        assert r.returncode == code and says in r.stderr, (args, r.returncode, r.stderr)
+    assert not os.path.ismount(mnt)
+    # The same failures in a --daemon's child: the parent exits as the foreground did.
+    regular = src / "model.safetensors.index.json"
+    daemon_cases = [
+        ([str(src), str(mnt), "--cache-dir", str(regular)], 2, "cache"),
+        ([str(src), str(mnt), "--log", str(tmp_path / "none" / "x.log")], 2, "--log"),
+        ([str(tmp_path / "missing"), str(mnt)], 4, "missing"),
+        ([str(src), str(full)], 3, "not empty"),
+    ]
+    for args, code, says in daemon_cases:
+        r = subprocess.run(
+            [BIN, "mount", "--daemon", *args], capture_output=True, text=True, timeout=60
+        )
         assert r.returncode == code and says in r.stderr, (args, r.returncode, r.stderr)
     assert not os.path.ismount(mnt)
 

@@ -120,7 +120,7 @@ pub struct MountArgs {
     /// Run in the background; print the daemon's pid once the mount is up.
     #[arg(long)]
     pub daemon: bool,
-    /// The daemon's log (default: a file in the temporary directory).
+    /// The daemon's log, only with --daemon (default: $TMPDIR/sluice-mount-<daemon pid>.log).
     #[arg(long)]
     pub log: Option<PathBuf>,
 }

@@ -24,16 +24,22 @@ static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
 /// The filter for `-v` given `verbose` times: warn, info, then debug.
 /// `SLUICE_LOG` (an `EnvFilter` directive such as `sluice_warm=debug`)
 /// overrides it.
+///
+/// Below debug, fuser's "Unmount failed" is left out: `sluice mount` unmounts
+/// (lazily, when files are open) before fuser's own unmount on drop, which then
+/// finds the mount gone or busy and logs an error for a clean stop. The mount's
+/// own unmount reports its failures.
 pub fn log_filter(verbose: u8) -> EnvFilter {
     let level = match verbose {
-        0 => "warn",
-        1 => "info",
+        0 => "warn,fuser::mnt::fuse_pure=off",
+        1 => "info,fuser::mnt::fuse_pure=off",
         _ => "debug",
     };
     match std::env::var("SLUICE_LOG") {
         Ok(spec) if !spec.trim().is_empty() => EnvFilter::try_new(&spec).unwrap_or_else(|e| {
             // Said once, on stderr: the subscriber that would log it is not installed yet.
-            errln!("sluice: SLUICE_LOG={spec:?} is not a log filter ({e}); logging at {level}");
+            let shown = level.split(',').next().unwrap_or(level);
+            errln!("sluice: SLUICE_LOG={spec:?} is not a log filter ({e}); logging at {shown}");
             EnvFilter::new(level)
         }),
         _ => EnvFilter::new(level),

@@ -61,7 +61,16 @@ fn open_checked(path: &Path, flags: i32, write: bool) -> io::Result<File> {
 
 /// The refusal of a path of type `kind`, saying what it is.
 fn not_regular(kind: std::fs::FileType) -> io::Error {
-    let what = if kind.is_fifo() {
+    let what = kind_name(kind);
+    io::Error::new(io::ErrorKind::InvalidInput, NotRegular { what })
+}
+
+/// What a path of type `kind` is, for messages: "a FIFO", "a directory", "a device", "a
+/// socket", "a regular file" or "something else".
+pub fn kind_name(kind: std::fs::FileType) -> &'static str {
+    if kind.is_file() {
+        "a regular file"
+    } else if kind.is_fifo() {
         "a FIFO"
     } else if kind.is_dir() {
         "a directory"
@@ -71,8 +80,7 @@ fn not_regular(kind: std::fs::FileType) -> io::Error {
         "a socket"
     } else {
         "something else"
-    };
-    io::Error::new(io::ErrorKind::InvalidInput, NotRegular { what })
+    }
 }
 
 /// [`open_regular`]'s refusal, carried inside the `io::Error` so callers

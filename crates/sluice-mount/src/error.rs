@@ -24,6 +24,10 @@ pub enum MountError {
     },
     #[error("cannot start a thread: {0}")]
     Thread(std::io::Error),
+    /// The background mount daemon (`--daemon`) failed: its exit status (what the same
+    /// command in the foreground exits with) and what it logged.
+    #[error("the mount daemon failed (exit status {code}): {said}")]
+    Daemon { code: i32, said: String },
     #[error(transparent)]
     Remote(#[from] sluice_remote::RemoteError),
 }

@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 
 use sluice_engine::AlignedBuf;
 
-use crate::backend::{Backend, Entry};
+use crate::backend::{Backend, Entry, Perm};
 use crate::disk_cache::{DiskCache, DiskCacheOptions, DiskStats};
 use crate::error::MountError;
 use crate::lock;
@@ -77,6 +77,9 @@ impl MountOptions {
                 self.prefetch_threads
             ));
         }
+        if self.streams.max_cursors == 0 {
+            return bad("streams per file must be at least 1, not 0".into());
+        }
         if let Some(d) = &self.disk_cache {
             if d.budget < 4 * self.block_bytes {
                 return bad(format!(
@@ -89,12 +92,14 @@ impl MountOptions {
     }
 }
 
-/// A node's kind and size, what `getattr` answers.
+/// A node's kind, size and permissions, what `getattr` answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Attr {
     pub ino: u64,
     pub size: u64,
     pub is_dir: bool,
+    /// The source's owner and read/execute bits; `None` for the mount's defaults.
+    pub perm: Option<Perm>,
 }
 
 /// What `readdir` lists.
@@ -124,7 +129,10 @@ struct FileNode {
 }
 
 enum Node {
-    Dir { children: BTreeMap<String, u64> },
+    Dir {
+        children: BTreeMap<String, u64>,
+        perm: Option<Perm>,
+    },
     File(FileNode),
 }
 
@@ -252,46 +260,7 @@ impl MountFs {
             root: backend.describe(),
             source,
         })?;
-        let mut nodes = vec![Node::Dir {
-            children: BTreeMap::new(),
-        }];
-        let mut shards = Vec::new();
-        for entry in listed {
-            let mut dir = ROOT_INO;
-            let parts: Vec<&str> = entry.path.split('/').collect();
-            if parts
-                .iter()
-                .any(|p| p.is_empty() || *p == "." || *p == ".." || p.contains('\0'))
-            {
-                tracing::warn!(path = %entry.path, "skipping a name no file system can hold");
-                continue;
-            }
-            let (name, dirs) = parts.split_last().expect("split gives one part at least");
-            for part in dirs {
-                dir = child_dir(&mut nodes, dir, part);
-            }
-            let ino = nodes.len() as u64 + 1;
-            let Node::Dir { children } = &mut nodes[(dir - 1) as usize] else {
-                continue;
-            };
-            if children.contains_key(*name) {
-                tracing::warn!(path = %entry.path, "skipping a file shadowed by a directory");
-                continue;
-            }
-            children.insert(name.to_string(), ino);
-            let safetensors = name.ends_with(".safetensors");
-            if safetensors {
-                shards.push(ino);
-            }
-            nodes.push(Node::File(FileNode {
-                streams: Mutex::new(Streams::new(opts.streams, opts.block_bytes)),
-                opens: Mutex::new(Opens::default()),
-                safetensors,
-                shard_rank: safetensors.then(|| shards.len() - 1),
-                looked_ahead: AtomicBool::new(false),
-                entry,
-            }));
-        }
+        let (nodes, shards) = tree(listed, &opts);
         let inner = Arc::new(Inner {
             backend,
             nodes,
@@ -333,7 +302,7 @@ impl MountFs {
 
     pub fn lookup(&self, parent: u64, name: &str) -> io::Result<Attr> {
         match self.inner.node(parent)? {
-            Node::Dir { children } => {
+            Node::Dir { children, .. } => {
                 let ino = *children.get(name).ok_or_else(|| errno(libc::ENOENT))?;
                 self.getattr(ino)
             }
@@ -343,22 +312,24 @@ impl MountFs {
 
     pub fn getattr(&self, ino: u64) -> io::Result<Attr> {
         Ok(match self.inner.node(ino)? {
-            Node::Dir { .. } => Attr {
+            Node::Dir { perm, .. } => Attr {
                 ino,
                 size: 0,
                 is_dir: true,
+                perm: *perm,
             },
             Node::File(f) => Attr {
                 ino,
                 size: f.entry.size,
                 is_dir: false,
+                perm: f.entry.perm,
             },
         })
     }
 
     pub fn readdir(&self, ino: u64) -> io::Result<Vec<DirEntry>> {
         match self.inner.node(ino)? {
-            Node::Dir { children } => Ok(children
+            Node::Dir { children, .. } => Ok(children
                 .iter()
                 .map(|(name, &child)| DirEntry {
                     ino: child,
@@ -566,9 +537,103 @@ impl Drop for MountFs {
     }
 }
 
+/// The inode table of a listing: the root first, then directories and files in listing
+/// order; and the `.safetensors` files' inodes in that order. A name that is both a file
+/// and a directory (an object `x` beside `x/y`, or a folder marker) is served as the
+/// directory: an empty object (a folder marker) is dropped quietly, any other logged.
+fn tree(listed: Vec<Entry>, opts: &MountOptions) -> (Vec<Node>, Vec<u64>) {
+    let mut nodes = vec![Node::Dir {
+        children: BTreeMap::new(),
+        perm: None,
+    }];
+    // Every directory path, with the first listed path that makes it one.
+    let mut dirs: std::collections::HashMap<String, String> = Default::default();
+    let mut usable = Vec::with_capacity(listed.len());
+    for entry in listed {
+        if entry.path.is_empty() {
+            if entry.is_dir {
+                if let Node::Dir { perm, .. } = &mut nodes[0] {
+                    *perm = entry.perm;
+                }
+            } else {
+                tracing::warn!("skipping a file with an empty name");
+            }
+            continue;
+        }
+        let parts: Vec<&str> = entry.path.split('/').collect();
+        if parts
+            .iter()
+            .any(|p| p.is_empty() || *p == "." || *p == ".." || p.contains('\0'))
+        {
+            tracing::warn!(path = %entry.path, "skipping a name no file system can hold");
+            continue;
+        }
+        let upto = if entry.is_dir {
+            parts.len()
+        } else {
+            parts.len() - 1
+        };
+        for i in 1..=upto {
+            dirs.entry(parts[..i].join("/"))
+                .or_insert_with(|| entry.path.clone());
+        }
+        usable.push(entry);
+    }
+    let mut shards = Vec::new();
+    for entry in usable {
+        if !entry.is_dir {
+            if let Some(by) = dirs.get(&entry.path) {
+                if entry.size == 0 {
+                    tracing::debug!(path = %entry.path, "an empty object named as a directory (a folder marker): serving the directory");
+                } else {
+                    tracing::warn!(file = %entry.path, directory_of = %by, "a file and a directory share a name: serving the directory, skipping the file");
+                }
+                continue;
+            }
+        }
+        let parts: Vec<&str> = entry.path.split('/').collect();
+        let (name, parents) = parts.split_last().expect("split gives one part at least");
+        let mut dir = ROOT_INO;
+        for part in parents {
+            dir = child_dir(&mut nodes, dir, part);
+        }
+        if entry.is_dir {
+            let ino = child_dir(&mut nodes, dir, name);
+            if let Node::Dir { perm, .. } = &mut nodes[(ino - 1) as usize] {
+                *perm = entry.perm;
+            }
+            continue;
+        }
+        let ino = nodes.len() as u64 + 1;
+        let Node::Dir { children, .. } = &mut nodes[(dir - 1) as usize] else {
+            continue; // (child_dir gives directories)
+        };
+        if children.contains_key(*name) {
+            tracing::warn!(path = %entry.path, "skipping a file listed twice");
+            continue;
+        }
+        children.insert(name.to_string(), ino);
+        let safetensors = name.ends_with(".safetensors");
+        if safetensors {
+            shards.push(ino);
+        }
+        nodes.push(Node::File(FileNode {
+            streams: Mutex::new(Streams::new(opts.streams, opts.block_bytes)),
+            opens: Mutex::new(Opens::default()),
+            safetensors,
+            shard_rank: safetensors.then(|| shards.len() - 1),
+            looked_ahead: AtomicBool::new(false),
+            entry,
+        }));
+    }
+    (nodes, shards)
+}
+
+/// The directory `name` in directory `parent`, made if new. Never a file: a file is only
+/// added under a name no directory has.
 fn child_dir(nodes: &mut Vec<Node>, parent: u64, name: &str) -> u64 {
     let next = nodes.len() as u64 + 1;
-    if let Node::Dir { children } = &mut nodes[(parent - 1) as usize] {
+    if let Node::Dir { children, .. } = &mut nodes[(parent - 1) as usize] {
         if let Some(&ino) = children.get(name) {
             return ino;
         }
@@ -576,6 +641,7 @@ fn child_dir(nodes: &mut Vec<Node>, parent: u64, name: &str) -> u64 {
     }
     nodes.push(Node::Dir {
         children: BTreeMap::new(),
+        perm: None,
     });
     next
 }

@@ -49,8 +49,15 @@ struct Adapter {
     closed: mpsc::Sender<u64>,
 }
 
+/// A node's attributes: the source's owner and read/execute bits where it has them (a
+/// directory source: the kernel then grants through the mount what the source grants),
+/// else world-readable and owned by the daemon's user (an object store).
 fn attr(a: Attr, uid: u32, gid: u32) -> FileAttr {
     let now = SystemTime::UNIX_EPOCH;
+    let (perm, uid, gid) = match a.perm {
+        Some(p) => ((p.mode & 0o555) as u16, p.uid, p.gid),
+        None => (if a.is_dir { 0o555 } else { 0o444 }, uid, gid),
+    };
     FileAttr {
         ino: a.ino,
         size: a.size,
@@ -64,7 +71,7 @@ fn attr(a: Attr, uid: u32, gid: u32) -> FileAttr {
         } else {
             FileType::RegularFile
         },
-        perm: if a.is_dir { 0o555 } else { 0o444 },
+        perm,
         nlink: if a.is_dir { 2 } else { 1 },
         uid,
         gid,
@@ -411,18 +418,45 @@ fn lazy_unmount(path: &Path) {
 
 /// Whether `path` is a mount point now (its line in /proc/self/mountinfo).
 fn is_mount_point(path: &Path) -> bool {
-    let canon = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+    use std::os::unix::ffi::OsStrExt;
+    let canon = std::fs::canonicalize(path)
+        .or_else(|_| std::path::absolute(path))
+        .unwrap_or_else(|_| path.to_path_buf());
+    let Ok(info) = std::fs::read("/proc/self/mountinfo") else {
         return false;
     };
-    let want = canon.to_string_lossy().replace(' ', "\\040");
-    info.lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .any(|m| m == want)
+    let want = canon.as_os_str().as_bytes();
+    info.split(|&b| b == b'\n')
+        .filter_map(|l| l.split(|&b| b == b' ').nth(4))
+        .any(|m| unescape_mountinfo(m) == want)
 }
 
-/// Refuses a mount point that is not an empty-enough directory, is already a mount, or
-/// holds a stale mount left by a daemon that died (ENOTCONN).
+/// A path as mountinfo writes it: space, tab, newline and backslash as `\NNN` (octal).
+fn unescape_mountinfo(field: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(field.len());
+    let mut i = 0;
+    while i < field.len() {
+        let octal = field
+            .get(i + 1..i + 4)
+            .filter(|d| field[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)))
+            .map(|d| d.iter().fold(0u32, |n, c| n * 8 + (c - b'0') as u32))
+            .filter(|&n| n <= 0xff);
+        match octal {
+            Some(n) => {
+                out.push(n as u8);
+                i += 4;
+            }
+            None => {
+                out.push(field[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Refuses a mount point that is not an empty directory, is already a mount, or holds a
+/// stale mount left by a daemon that died (ENOTCONN).
 pub fn check_mount_point(path: &Path) -> Result<(), MountError> {
     let bad = |why: &str| MountError::MountPoint {
         path: path.to_path_buf(),
@@ -449,7 +483,13 @@ pub fn check_mount_point(path: &Path) -> Result<(), MountError> {
         }
         return Err(bad("something is already mounted here"));
     }
-    Ok(())
+    match std::fs::read_dir(path).map(|mut d| d.next().is_some()) {
+        Ok(false) => Ok(()),
+        Ok(true) => Err(bad(
+            "not empty (the mount would hide its files): use an empty directory",
+        )),
+        Err(e) => Err(bad(&format!("cannot list: {e}"))),
+    }
 }
 
 /// Mounts `fs` read-only at `path` and serves it on background threads.
@@ -525,5 +565,21 @@ fn raise_readahead(dev: u64, block_bytes: u64) {
     let kb = (block_bytes / 1024).to_string();
     if let Err(e) = std::fs::write(&knob, &kb) {
         tracing::info!(%knob, error = %e, "cannot raise the mount's readahead; the kernel's 128 KiB stays");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unescape_mountinfo;
+
+    #[test]
+    fn mountinfo_escapes_are_decoded() {
+        assert_eq!(
+            unescape_mountinfo(br"/mnt/a\040b\011c\012d\134e"),
+            b"/mnt/a b\tc\nd\\e"
+        );
+        // Not an escape: left as it is.
+        assert_eq!(unescape_mountinfo(br"/x\9\01"), br"/x\9\01");
+        assert_eq!(unescape_mountinfo(b"/plain"), b"/plain");
     }
 }

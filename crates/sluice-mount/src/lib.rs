@@ -16,7 +16,7 @@ mod fuse;
 mod pool;
 mod streams;
 
-pub use backend::{Backend, DirBackend, Entry, FaultyBackend, ObjectBackend};
+pub use backend::{Backend, DirBackend, Entry, FaultyBackend, ObjectBackend, Perm};
 pub use disk_cache::{DiskCache, DiskCacheOptions, DiskStats};
 pub use error::MountError;
 pub use fs::{

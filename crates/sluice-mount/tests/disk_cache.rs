@@ -574,5 +574,9 @@ fn a_copy_written_by_another_process_after_its_check_is_not_passed_through() {
     }
     assert!(&out == data, "wrong bytes through the mount");
     fs.release_handle(ino, fh).unwrap();
-    assert_eq!(fs.stats().disk.passthrough_opens, 1, "only the open before the change");
+    assert_eq!(
+        fs.stats().disk.passthrough_opens,
+        1,
+        "only the open before the change"
+    );
 }

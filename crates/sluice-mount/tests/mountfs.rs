@@ -323,6 +323,13 @@ fn bad_options_are_refused() {
             prefetch_threads: 0,
             ..options(64)
         },
+        MountOptions {
+            streams: StreamConfig {
+                max_cursors: 0,
+                ..StreamConfig::default()
+            },
+            ..options(64)
+        },
     ] {
         assert!(MountFs::new(backend.clone(), opts).is_err());
     }

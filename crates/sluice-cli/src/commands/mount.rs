@@ -21,10 +21,16 @@ extern "C" fn on_signal(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c
     STOP.store(true, Ordering::Release);
 }
 
+/// Set in a `--daemon`'s child: the pipe it writes [`READY`] to once its mount is up.
+const READY_FD_ENV: &str = "SLUICE_MOUNT_READY_FD";
+const READY: &[u8] = b"ready\n";
+
 /// Exit status of a failed mount: bad options 2, a stale or busy mount point 3, a
-/// missing source 4, the rest 1.
+/// missing source 4, the rest 1; a daemon's failure, the status it exited with.
 pub fn exit_code(err: &MountError) -> i32 {
     match err {
+        MountError::Daemon { code, .. } if (1..=4).contains(code) => *code,
+        MountError::Daemon { .. } => 1,
         MountError::Config(_) => 2,
         MountError::Stale { .. } | MountError::MountPoint { .. } => 3,
         MountError::Backend { source, .. } if source.kind() == std::io::ErrorKind::NotFound => 4,
@@ -55,6 +61,11 @@ fn options(args: &MountArgs) -> Result<MountOptions, MountError> {
     };
     opts.streams.max_cursors = args.streams;
     opts.validate()?;
+    if args.log.is_some() && !args.daemon && ready_fd().is_none() {
+        return Err(MountError::Config(
+            "--log is the log of a --daemon; in the foreground the log goes to stderr".into(),
+        ));
+    }
     if let Some(dir) = &args.cache_dir {
         // Blocks kept under the mount point would be written through the mount itself.
         let inside = |d: &Path| {
@@ -101,11 +112,35 @@ pub fn run(args: &MountArgs) -> Result<(), MountError> {
     outcome
 }
 
+/// In a `--daemon`'s child, the pipe to tell the parent the mount is up on (taken once).
+fn ready_fd() -> Option<std::os::fd::RawFd> {
+    let fd: std::os::fd::RawFd = std::env::var(READY_FD_ENV).ok()?.parse().ok()?;
+    // SAFETY: F_GETFD only asks whether the descriptor is open.
+    (fd > 2 && unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0).then_some(fd)
+}
+
+/// Tells a `--daemon` parent that the mount is up (a foreground mount has none).
+fn tell_ready() {
+    use std::io::Write;
+    use std::os::fd::FromRawFd;
+    static TOLD: AtomicBool = AtomicBool::new(false);
+    let Some(fd) = ready_fd() else { return };
+    if TOLD.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    // SAFETY: the parent passed this descriptor (checked open) for this one write; it is
+    // owned and closed here, once (`TOLD`).
+    let mut pipe = unsafe { std::fs::File::from_raw_fd(fd) };
+    if let Err(e) = pipe.write_all(READY) {
+        tracing::warn!(error = %e, "cannot tell the parent the mount is up");
+    }
+}
+
 fn serve(args: &MountArgs, opts: MountOptions) -> Result<(), MountError> {
     let backend = backend(&args.source)?;
     let fs = Arc::new(MountFs::new(backend, opts)?);
     let mounted = sluice_mount::mount(Arc::clone(&fs), &args.mountpoint, &args.source)?;
-    eprintln!(
+    errln!(
         "sluice: mounted {} at {} (pool {}, block {}{}); Ctrl-C or SIGTERM unmounts",
         args.source,
         args.mountpoint.display(),
@@ -121,13 +156,14 @@ fn serve(args: &MountArgs, opts: MountOptions) -> Result<(), MountError> {
             None => String::new(),
         },
     );
+    tell_ready();
     while !STOP.load(Ordering::Acquire) && !mounted.is_finished() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let outside = mounted.is_finished();
     mounted.unmount();
     let s = fs.stats();
-    eprintln!(
+    errln!(
         "sluice: unmounted {}{}: fetched {} in {} reads ({} failed), pool peak {}, {} hits, {} misses ({} waited on prefetch, {} not prefetched)",
         args.mountpoint.display(),
         if outside { " (from outside)" } else { "" },
@@ -142,7 +178,7 @@ fn serve(args: &MountArgs, opts: MountOptions) -> Result<(), MountError> {
     );
     if let Some(dir) = &args.cache_dir {
         let d = s.disk;
-        eprintln!(
+        errln!(
             "sluice: disk cache {}: {} hits, {} misses, {} corrupt blocks refetched, {} written ({} write errors), {} evicted, holds {}, {} opens passed through{}",
             dir.display(),
             d.hits,
@@ -162,19 +198,32 @@ fn serve(args: &MountArgs, opts: MountOptions) -> Result<(), MountError> {
     Ok(())
 }
 
-/// Runs this command again without `--daemon`, in its own session, and waits until its
-/// mount is up (or it failed, whose log is then shown).
+/// Runs this command again without `--daemon`, in its own session, and waits until it
+/// says (through a pipe) that its mount is up, or it exits: then this exits as it did,
+/// with its log shown.
 fn daemonize(args: &MountArgs) -> Result<(), MountError> {
+    use std::io::Read;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe().map_err(MountError::Thread)?;
-    let log_path = args.log.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("sluice-mount-{}.log", std::process::id()))
-    });
-    let log = std::fs::File::create(&log_path).map_err(|e| MountError::MountPoint {
-        path: log_path.clone(),
-        why: format!("cannot create the log: {e}"),
+    let default_log = |pid: u32| std::env::temp_dir().join(format!("sluice-mount-{pid}.log"));
+    let mut log_path = args
+        .log
+        .clone()
+        .unwrap_or_else(|| default_log(std::process::id()));
+    let log = std::fs::File::create(&log_path).map_err(|e| {
+        MountError::Config(format!("--log {}: cannot create: {e}", log_path.display()))
     })?;
     let err_log = log.try_clone().map_err(MountError::Thread)?;
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(MountError::Thread(std::io::Error::last_os_error()));
+    }
+    // SAFETY: pipe2 just opened both; each is owned once, here.
+    let (ready_rx, ready_tx) =
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let tx = ready_tx.as_raw_fd();
     let mut argv: Vec<std::ffi::OsString> = std::env::args_os()
         .skip(1)
         .filter(|a| a != "--daemon")
@@ -184,47 +233,83 @@ fn daemonize(args: &MountArgs) -> Result<(), MountError> {
     }
     let mut cmd = std::process::Command::new(exe);
     cmd.args(argv)
+        .env(READY_FD_ENV, tx.to_string())
         .stdin(std::process::Stdio::null())
         .stdout(log)
         .stderr(err_log);
-    // SAFETY: setsid is async-signal-safe and touches no memory of this process.
+    // SAFETY: setsid and fcntl are async-signal-safe and touch no memory of this process.
     unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() < 0 {
+        cmd.pre_exec(move || {
+            if libc::setsid() < 0 || libc::fcntl(tx, libc::F_SETFD, 0) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
     }
     let mut child = cmd.spawn().map_err(MountError::Thread)?;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            let said = std::fs::read_to_string(&log_path).unwrap_or_default();
-            return Err(MountError::MountPoint {
-                path: args.mountpoint.clone(),
-                why: format!("the mount daemon exited ({status}): {}", said.trim()),
-            });
+    // Only the child may hold the write end: the pipe ends when it exits.
+    drop(ready_tx);
+    if args.log.is_none() {
+        let named = default_log(child.id());
+        if std::fs::rename(&log_path, &named).is_ok() {
+            log_path = named;
         }
-        if sluice_mount::check_mount_point(&args.mountpoint).is_err() {
-            println!("{}", child.id());
-            eprintln!(
-                "sluice: mount daemon {} serves {} (log {}); `kill {}` or `umount {}` stops it",
-                child.id(),
-                args.mountpoint.display(),
-                log_path.display(),
-                child.id(),
-                args.mountpoint.display()
-            );
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            return Err(MountError::MountPoint {
-                path: args.mountpoint.clone(),
-                why: "the mount daemon did not mount within 120 s".into(),
-            });
-        }
-        std::thread::sleep(Duration::from_millis(50));
     }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut pipe = std::fs::File::from(ready_rx);
+    let mut said = Vec::new();
+    let ready = loop {
+        if said.ends_with(READY) {
+            break true;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(MountError::MountPoint {
+                path: args.mountpoint.clone(),
+                why: format!(
+                    "the mount daemon did not mount within 120 s (log {})",
+                    log_path.display()
+                ),
+            });
+        }
+        let mut poll = libc::pollfd {
+            fd: pipe.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut poll, 1, left.as_millis().min(1000) as i32) };
+        if n <= 0 {
+            continue; // timeout or EINTR: check the deadline again
+        }
+        let mut buf = [0u8; 16];
+        match pipe.read(&mut buf) {
+            Ok(0) => break false,
+            Ok(got) => said.extend_from_slice(&buf[..got]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break false,
+        }
+    };
+    if !ready {
+        // The pipe closed without a word: the child exited (or is exiting).
+        let status = child.wait().map_err(MountError::Thread)?;
+        let said = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let said = said.trim().trim_start_matches("sluice: error: ");
+        return Err(MountError::Daemon {
+            code: status.code().unwrap_or(1),
+            said: format!("{said} (log {})", log_path.display()),
+        });
+    }
+    outln!("{}", child.id());
+    errln!(
+        "sluice: mount daemon {} serves {} (log {}); `kill {}` or `umount {}` stops it",
+        child.id(),
+        args.mountpoint.display(),
+        log_path.display(),
+        child.id(),
+        args.mountpoint.display()
+    );
+    Ok(())
 }
