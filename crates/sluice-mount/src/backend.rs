@@ -2,7 +2,6 @@
 //! [`Backend`] lists its files once and reads ranges of them; every read of a remote file
 //! is pinned to the version (ETag) it was listed with.
 
-use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -87,7 +86,7 @@ pub trait Backend: Send + Sync {
 const MAX_LOCAL_ENTRIES: usize = 1 << 22;
 
 /// A local directory (tests, and a mount over a network file system). Symbolic links are
-/// followed: a link to a file serves the file (pinned to the target's inode and mtime), a
+/// followed: a link to a file serves the file (pinned to the target's inode, mtime and ctime), a
 /// link to a directory its tree, except a link back to a directory above it (a loop).
 /// Dangling links, loops, FIFOs, sockets and devices are skipped, each logged with its
 /// path. Permissions and owners are served as the source has them.
@@ -176,8 +175,18 @@ impl DirBackend {
     }
 }
 
+/// A local file's version: its inode, mtime and ctime. The ctime catches a rewrite in
+/// place whose mtime was put back (`touch -r`, `cp -p` of the same size), which no one can
+/// set back.
 fn local_version(meta: &std::fs::Metadata) -> String {
-    format!("{}:{}:{}", meta.ino(), meta.mtime(), meta.mtime_nsec())
+    format!(
+        "{}:{}:{}:{}:{}",
+        meta.ino(),
+        meta.mtime(),
+        meta.mtime_nsec(),
+        meta.ctime(),
+        meta.ctime_nsec()
+    )
 }
 
 impl Backend for DirBackend {
@@ -194,7 +203,9 @@ impl Backend for DirBackend {
 
     fn read(&self, entry: &Entry, offset: u64, dst: &mut [u8]) -> io::Result<usize> {
         let path = self.root.join(&entry.path);
-        let file = File::open(&path)?;
+        // A FIFO put in the file's place must not block the read (and the daemon's thread).
+        let file = sluice_engine::open_regular(&path, 0)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
         let meta = file.metadata()?;
         if local_version(&meta) != entry.version || meta.len() != entry.size {
             return Err(io::Error::new(

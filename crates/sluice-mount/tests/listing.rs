@@ -260,3 +260,36 @@ fn an_empty_prefix_or_an_object_url_is_a_missing_source() {
     );
     assert!(object_fs(&mem, "s3://models/m").is_ok());
 }
+
+#[test]
+fn a_file_rewritten_in_place_with_its_mtime_put_back_or_swapped_for_a_fifo_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.bin");
+    std::fs::write(&path, vec![1u8; 4096]).unwrap();
+    let backend = DirBackend::new(dir.path()).unwrap();
+    let entry = backend
+        .list()
+        .unwrap()
+        .into_iter()
+        .find(|e| e.path == "a.bin")
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    assert_eq!(backend.read(&entry, 0, &mut buf).unwrap(), 4096);
+    // The same size rewritten in place, and its mtime put back (`touch -r`, `cp -p`).
+    let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::write(&path, vec![2u8; 4096]).unwrap();
+    let f = std::fs::File::options().write(true).open(&path).unwrap();
+    f.set_modified(mtime).unwrap();
+    drop(f);
+    let err = backend.read(&entry, 0, &mut buf).unwrap_err();
+    assert!(
+        err.to_string().contains("changed since it was listed"),
+        "{err}"
+    );
+    // A FIFO in its place is refused at once, not waited on.
+    std::fs::remove_file(&path).unwrap();
+    sluice_testkit::mkfifo(&path);
+    let err = backend.read(&entry, 0, &mut buf).unwrap_err();
+    assert!(err.to_string().contains("FIFO"), "{err}");
+}
