@@ -328,6 +328,8 @@ impl WarmOptions {
             numa_map: env.numa_map.clone(),
             keep_failed: self.keep_failed,
             grace: duration("grace-period", &self.grace_period)?,
+            // The `sluice warm` process runs this one runtime.
+            adopt_orphans: true,
         })
     }
 }

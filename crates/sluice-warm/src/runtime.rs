@@ -91,6 +91,12 @@ pub struct RunConfig {
     /// How long a stopped service gets to exit before what is left of it
     /// is killed (see [`shutdown`]).
     pub grace: Duration,
+    /// Without a cgroup, make this process a child subreaper, so that what the service
+    /// detaches is re-parented here and ended with it ([`shutdown::Adoption`]). Only for a
+    /// process that runs one runtime at a time and starts no other children meanwhile
+    /// (the `sluice warm` command): adopted orphans are reaped, and every child started
+    /// after the service but the service itself counts as one.
+    pub adopt_orphans: bool,
 }
 
 /// How a run went.
@@ -266,9 +272,9 @@ fn run_in(
     }
     // Without a cgroup, what the service detaches is followed as the
     // runtime's adopted orphans (see `shutdown`).
-    let adoption = match config.command.is_empty() || cgroup.is_some() {
-        true => None,
-        false => shutdown::Adoption::before_launch(),
+    let adoption = match config.adopt_orphans && !config.command.is_empty() && cgroup.is_none() {
+        true => shutdown::Adoption::before_launch(),
+        false => None,
     };
     let mut service = match config.command.is_empty() {
         true => None,

@@ -76,6 +76,8 @@ fn config(model_dir: &Path, command: &[&str]) -> RunConfig {
         numa_map: None,
         keep_failed: false,
         grace: Duration::from_secs(10),
+        // Several runtimes run at once in this test process.
+        adopt_orphans: false,
     }
 }
 

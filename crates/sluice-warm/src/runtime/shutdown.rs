@@ -20,9 +20,9 @@
 //! start time, so a reused pid is not taken for it), so a child whose
 //! parent exited first is still killed. A process whose parent exited long
 //! before (`sh -c 'worker & exit'`, a daemon's double fork) would have left
-//! the tree for init; the runtime is therefore a child subreaper while a
-//! service runs ([`Adoption`]), so such orphans become its own children and
-//! the tree counts them too.
+//! the tree for init; the `sluice warm` command's runtime is therefore a
+//! child subreaper while a service runs ([`Adoption`]; `RunConfig::adopt_orphans`),
+//! so such orphans become its own children and the tree counts them too.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
