@@ -215,6 +215,7 @@ def stream(
         chunk_bytes=chunk_bytes,
         memory_limit=memory_limit,
         drop_cache=drop_cache,
+        allow_partial=allow_partial,
     )
     try:
         for window in windows:

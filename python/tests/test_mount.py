@@ -339,9 +339,12 @@ def test_bad_mounts_are_refused(model, mnt, full, tmp_path):
     assert not os.path.ismount(mnt)
     # The same failures in a --daemon's child: the parent exits as the foreground did.
     regular = src / "model.safetensors.index.json"
+    fifo = tmp_path / "log.fifo"
+    os.mkfifo(fifo)
     daemon_cases = [
         ([str(src), str(mnt), "--cache-dir", str(regular)], 2, "cache"),
         ([str(src), str(mnt), "--log", str(tmp_path / "none" / "x.log")], 2, "--log"),
+        ([str(src), str(mnt), "--log", str(fifo)], 2, "a FIFO"),
         ([str(tmp_path / "missing"), str(mnt)], 4, "missing"),
         ([str(src), str(full)], 3, "not empty"),
     ]

@@ -223,6 +223,31 @@ def test_a_malformed_endpoint_is_a_config_error_naming_it(s3_env, monkeypatch, e
         sluice.torch.load_file(f"s3://{BUCKET}/dtypes/model.safetensors")
 
 
+@pytest.mark.parametrize(
+    ("var", "value", "secret"),
+    [
+        ("AWS_ENDPOINT_URL", " {endpoint}", False),
+        ("AWS_ENDPOINT_URL", "{endpoint}\n", False),
+        ("AWS_REGION", "us-east-1\n", False),
+        ("AWS_ACCESS_KEY_ID", "test\n", True),
+        ("AWS_SESSION_TOKEN", "tok en\t", True),
+    ],
+)
+def test_white_space_or_control_characters_in_aws_variables_are_config_errors(
+    s3_env, monkeypatch, var, value, secret
+):
+    value = value.format(endpoint=s3_env.endpoint)
+    monkeypatch.setenv(var, value)
+    with pytest.raises(sluice.errors.ConfigError, match=var) as e:
+        sluice.torch.load_file(f"s3://{BUCKET}/dtypes/model.safetensors")
+    assert (value.strip() in str(e.value)) != secret, str(e.value)
+
+
+def test_an_empty_or_absent_prefix_is_not_found(s3_env):
+    with pytest.raises(SluiceFileNotFoundError, match="no objects under it"):
+        sluice.torch.load_file(f"s3://{BUCKET}/no-such-model/")
+
+
 def test_a_plain_http_endpoint_without_allow_http_says_so(s3_env, monkeypatch):
     monkeypatch.delenv("AWS_ALLOW_HTTP", raising=False)
     with pytest.raises(sluice.errors.ConfigError, match="AWS_ALLOW_HTTP"):

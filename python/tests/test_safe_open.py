@@ -284,6 +284,8 @@ def test_allow_partial_loads_the_rest_and_says_what_is_missing(series_missing_on
     [missing] = sluice.last_load_stats()["missing_shards"]
     assert Path(missing).name == "model-00002-of-00003.safetensors"
     assert sorted(sluice.safe_open(directory, allow_partial=True).keys()) == sorted(kept)
+    streamed = dict(sluice.stream(directory, allow_partial=True))
+    assert_same_tensors(streamed, kept)
 
 
 def test_a_dangling_shard_link_is_an_error_naming_it(tmp_path: Path, gen: torch.Generator) -> None:

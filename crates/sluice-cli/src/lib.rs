@@ -696,7 +696,13 @@ where
         }
     };
     init_logging(cli.verbose);
-    output::finish(run(cli))
+    // `warm run` and `record` pass the service's status through: their own failure to
+    // print the report is 125, which a service's status cannot be mistaken for.
+    let failed = match launches_service(&args) {
+        true => EXIT_WARM_FAILED,
+        false => EXIT_FAILED,
+    };
+    output::finish(run(cli), failed)
 }
 
 /// Runs the command and returns the process exit status.

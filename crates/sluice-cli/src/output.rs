@@ -25,9 +25,9 @@ pub(crate) fn stderr(args: fmt::Arguments<'_>) {
     let _ = std::io::stderr().lock().write_fmt(args);
 }
 
-/// Flushes standard output, and turns a lost output into an error message and a failed
-/// exit status (a command that failed already keeps its own status).
-pub(crate) fn finish(code: i32) -> i32 {
+/// Flushes standard output, and turns a lost output into an error message and the exit
+/// status `failed` (a command that failed already keeps its own status).
+pub(crate) fn finish(code: i32, failed: i32) -> i32 {
     if let Err(err) = std::io::stdout().lock().flush() {
         let _ = STDOUT_FAILED.set(err.to_string());
     }
@@ -38,7 +38,7 @@ pub(crate) fn finish(code: i32) -> i32 {
                 "sluice: error: cannot write to standard output: {err}\n"
             ));
             if code == 0 {
-                crate::EXIT_FAILED
+                failed
             } else {
                 code
             }

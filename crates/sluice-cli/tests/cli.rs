@@ -328,3 +328,25 @@ fn a_malformed_sluice_log_is_said_not_silently_ignored() {
         stderr(&out)
     );
 }
+
+#[test]
+fn a_partial_load_of_a_long_series_lists_a_few_missing_shards_and_counts_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(&dir.path().join("model-00001-of-00500.safetensors"));
+    let d = dir.path().to_str().unwrap();
+    for args in [
+        &["load", "--allow-partial", d][..],
+        &["inspect", "--allow-partial", d],
+    ] {
+        let out = sluice(args);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(text.matches("MISSING").count(), 9, "{args:?}: {text}");
+        assert!(text.contains("and 491 more MISSING"), "{args:?}: {text}");
+        assert!(
+            stderr(&out).lines().count() < 20,
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+}

@@ -837,3 +837,27 @@ fn a_template_that_cannot_be_written_is_a_failure_of_warms_own() {
     assert!(err.contains("no template was written"), "{err}");
     assert!(!err.contains("template written to"), "{err}");
 }
+
+#[test]
+fn a_report_that_cannot_be_printed_is_a_failure_of_warms_own_not_a_service_status() {
+    let (_dir, m, templates) = model();
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "warm", "run", "--policy", "eager", "--events", "explicit", "--json",
+        ])
+        .arg("--model")
+        .arg(&m)
+        .args(["--", "true"])
+        .env("SLUICE_TEMPLATE_DIR", &templates)
+        .env("SLUICE_RUN_DIR", templates.join("run"))
+        .stdout(full)
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(err.contains("cannot write to standard output"), "{err}");
+}

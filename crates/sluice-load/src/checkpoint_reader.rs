@@ -98,10 +98,18 @@ pub fn open_checkpoint_files(
     Ok(found)
 }
 
-/// One warning per absent shard a partial load leaves out.
+/// One warning per absent shard a partial load leaves out, for the first few; one line for
+/// the rest (a name promising 99,999 shards must not print 99,998 lines).
 pub(crate) fn warn_missing(missing: &[PathBuf]) {
-    for shard in missing {
+    const SHOWN: usize = 8;
+    for shard in missing.iter().take(SHOWN) {
         tracing::warn!(shard = %shard.display(), "shard absent; loading the rest (allow_partial)");
+    }
+    if missing.len() > SHOWN {
+        tracing::warn!(
+            "and {} more shards absent (last_load_stats()['missing_shards'] lists them all)",
+            missing.len() - SHOWN
+        );
     }
 }
 

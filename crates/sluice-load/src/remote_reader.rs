@@ -73,7 +73,15 @@ fn open_remote(
             missing: Vec::new(),
         });
     }
-    let listed = store.list_dir(&url)?;
+    let (listed, deeper) = store.list_dir(&url)?;
+    if listed.is_empty() && deeper == 0 {
+        // Nothing at all under it: a missing "directory", as a local path would be.
+        return Err(RemoteError::NotFound {
+            url: url.to_string(),
+            what: "prefix (no objects under it)",
+        }
+        .into());
+    }
     if let Some(index) = listed
         .iter()
         .find(|o| o.url.key.rsplit('/').next() == Some(INDEX_FILE_NAME))

@@ -265,14 +265,15 @@ impl RemoteStore {
     }
 
     /// The objects directly under `prefix` (a "directory": `prefix/name`, not
-    /// `prefix/sub/name`), in key order, as a local directory listing gives its files.
-    pub fn list_dir(&self, prefix: &ObjectUrl) -> Result<Vec<ObjectInfo>, RemoteError> {
+    /// `prefix/sub/name`), in key order, as a local directory listing gives its files, and
+    /// how many deeper prefixes (subdirectories) it holds.
+    pub fn list_dir(&self, prefix: &ObjectUrl) -> Result<(Vec<ObjectInfo>, usize), RemoteError> {
         let path = self.path(prefix)?;
         let under = (!prefix.key.is_empty()).then_some(&path);
         let listed = runtime()?
             .block_on(self.store.list_with_delimiter(under))
             .map_err(|e| request_error(prefix, e))?;
-        Ok(self.infos(listed.objects))
+        Ok((self.infos(listed.objects), listed.common_prefixes.len()))
     }
 
     /// A listing's objects as infos, in key order.
@@ -438,10 +439,35 @@ impl RemoteStore {
     }
 }
 
-/// An S3 endpoint from `opts` or the environment that the client library would panic on
-/// (an empty value, no scheme, no host) is a configuration error naming it, as is a
-/// plain-HTTP one without `AWS_ALLOW_HTTP=true`.
+/// The S3 settings the client library would panic on, as configuration errors naming them:
+/// an endpoint from `opts` or the environment that is empty, has no scheme or no host, or
+/// is plain HTTP without `AWS_ALLOW_HTTP=true`; and a credential, region or endpoint
+/// variable with surrounding white space or a control character (a pasted newline), which
+/// cannot go into an HTTP header. A secret's value is never shown.
 fn check_s3_endpoint(opts: &RemoteOptions) -> Result<(), RemoteError> {
+    for (name, secret) in [
+        ("AWS_ENDPOINT_URL", false),
+        ("AWS_ENDPOINT", false),
+        ("AWS_REGION", false),
+        ("AWS_DEFAULT_REGION", false),
+        ("AWS_ACCESS_KEY_ID", true),
+        ("AWS_SECRET_ACCESS_KEY", true),
+        ("AWS_SESSION_TOKEN", true),
+    ] {
+        let Ok(value) = std::env::var(name) else {
+            continue;
+        };
+        if value.trim() != value || value.chars().any(char::is_control) {
+            let shown = match secret {
+                true => "its value".to_string(),
+                false => format!("{value:?}"),
+            };
+            return Err(RemoteError::Config {
+                url: format!("${name}"),
+                why: format!("{shown} has white space around it or a control character"),
+            });
+        }
+    }
     let (name, value) = match &opts.endpoint {
         Some(e) => ("endpoint", e.clone()),
         None => match ["AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
@@ -460,7 +486,7 @@ fn check_s3_endpoint(opts: &RemoteOptions) -> Result<(), RemoteError> {
         url: shown.clone(),
         why: format!("{value:?}: {why}"),
     };
-    let parsed = url::Url::parse(value.trim()).map_err(|e| {
+    let parsed = url::Url::parse(&value).map_err(|e| {
         bad(&format!(
             "not a URL ({e}); expected e.g. http://127.0.0.1:9000"
         ))

@@ -78,8 +78,14 @@ fn print_text(ckpt: &Checkpoint, missing: &[PathBuf], with_tensors: bool) {
             );
         }
     }
-    for path in missing {
+    for path in missing.iter().take(MISSING_SHOWN) {
         outln!("{}  MISSING", path.display());
+    }
+    if missing.len() > MISSING_SHOWN {
+        outln!(
+            "... and {} more MISSING (--json lists them all)",
+            missing.len() - MISSING_SHOWN
+        );
     }
     let verdict = if missing.is_empty() {
         "valid"
@@ -107,3 +113,7 @@ fn printable(name: &str) -> std::borrow::Cow<'_, str> {
         false => name.into(),
     }
 }
+
+/// Missing shards listed one per line in text output; the rest are counted (`--json` lists
+/// every one).
+pub(crate) const MISSING_SHOWN: usize = 8;

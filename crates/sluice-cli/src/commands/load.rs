@@ -90,7 +90,12 @@ fn print_result(args: &LoadArgs, stats: &LoadStats, bytes_read: u64) {
             bytes_read as f64 / 1e9
         );
     }
-    for path in &stats.missing_shards {
+    let shown = super::inspect::MISSING_SHOWN;
+    for path in stats.missing_shards.iter().take(shown) {
         outln!("  MISSING (--allow-partial): {}", path.display());
+    }
+    if stats.missing_shards.len() > shown {
+        let more = stats.missing_shards.len() - shown;
+        outln!("  ... and {more} more MISSING (--json lists them all)");
     }
 }

@@ -198,6 +198,44 @@ fn serve(args: &MountArgs, opts: MountOptions) -> Result<(), MountError> {
     Ok(())
 }
 
+/// The daemon's log, created or truncated: a regular file, or a character device such
+/// as `/dev/null`. A FIFO (which would block the open until a reader came), a socket or
+/// a directory is a bad option.
+fn open_log(path: &std::path::Path) -> Result<std::fs::File, MountError> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let bad = |why: String| MountError::Config(format!("--log {}: {why}", path.display()));
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match std::fs::metadata(path) {
+            Ok(m) if !m.is_file() => bad(format!(
+                "not a regular file but {}",
+                sluice_engine::kind_name(m.file_type())
+            )),
+            _ => bad(format!("cannot create: {e}")),
+        })?;
+    let kind = file.metadata().map_err(|e| bad(e.to_string()))?.file_type();
+    if !(kind.is_file() || kind.is_char_device()) {
+        return Err(bad(format!(
+            "not a regular file but {}",
+            sluice_engine::kind_name(kind)
+        )));
+    }
+    // SAFETY: F_GETFL/F_SETFL on a descriptor this function owns: O_NONBLOCK served the
+    // open only, and a terminal as the log must not see EAGAIN.
+    unsafe {
+        use std::os::fd::AsRawFd;
+        let fl = libc::fcntl(file.as_raw_fd(), libc::F_GETFL);
+        if fl >= 0 {
+            libc::fcntl(file.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
+        }
+    }
+    Ok(file)
+}
+
 /// Runs this command again without `--daemon`, in its own session, and waits until it
 /// says (through a pipe) that its mount is up, or it exits: then this exits as it did,
 /// with its log shown.
@@ -211,9 +249,7 @@ fn daemonize(args: &MountArgs) -> Result<(), MountError> {
         .log
         .clone()
         .unwrap_or_else(|| default_log(std::process::id()));
-    let log = std::fs::File::create(&log_path).map_err(|e| {
-        MountError::Config(format!("--log {}: cannot create: {e}", log_path.display()))
-    })?;
+    let log = open_log(&log_path)?;
     let err_log = log.try_clone().map_err(MountError::Thread)?;
     let mut fds = [0; 2];
     // SAFETY: `fds` has room for the two descriptors pipe2 writes.
