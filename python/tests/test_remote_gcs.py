@@ -113,11 +113,17 @@ def test_loaders_read_gcs_bit_exact(sharded):
     assert torch.equal(got, sharded["s0.torch.float32"][3:9, 2:5])
 
 
-def test_a_missing_object_is_a_typed_error(sharded):
+def test_a_missing_object_is_a_typed_error(sharded, gcs, tmp_path):
     import sluice.torch
 
     with pytest.raises(SluiceFileNotFoundError, match=r"nope\.safetensors"):
         sluice.torch.load_file(f"gs://{BUCKET}/llm/nope.safetensors")
-    # A prefix with no shards, as a local directory with none.
-    with pytest.raises(HeaderError, match=r"no \*\.safetensors files"):
+    # A prefix with nothing under it: a missing "directory", as a local path would be.
+    with pytest.raises(SluiceFileNotFoundError, match="no objects under it"):
         sluice.torch.load_file(f"gs://{BUCKET}/empty/")
+    # A prefix with objects but no shards, as a local directory with none.
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "readme.txt").write_text("not a checkpoint")
+    upload_dir(gcs[0], tmp_path / "other", "noshards")
+    with pytest.raises(HeaderError, match=r"no \*\.safetensors files"):
+        sluice.torch.load_file(f"gs://{BUCKET}/noshards/")
