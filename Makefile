@@ -169,7 +169,7 @@ bench-warm: $(STAMP)/develop build
 	$(PY) benches/bench_warm.py --data bench-data/warm --size-gib 4 --runs 3 --out docs/
 
 # `make bench-remote` (root; about 20 min, plus 8-10 min the first time to build MinIO from
-# source with `go install` into ~/.cache/sluice/bin; 10 GiB free under /var/tmp): issue 15's
+# source with `go install` into ~/.cache/sluice/bin; 13 GiB free under /var/tmp): issue 15's
 # benchmark. A 4 GiB, 8-shard checkpoint on MinIO in a network namespace of its own, at 0, 5 and
 # 20 ms round trips from sluice-faultproxy (and direct): Sluice's s3:// loader against Run:ai's
 # streamer, boto3, s3fs-fuse, a cold local load and the server's parallel-GET ceiling. Writes
