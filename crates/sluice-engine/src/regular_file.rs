@@ -49,14 +49,20 @@ fn open_checked(path: &Path, flags: i32, write: bool) -> io::Result<File> {
     if !kind.is_file() {
         return Err(not_regular(kind));
     }
-    // SAFETY: F_GETFL/F_SETFL on a descriptor this function owns.
+    clear_nonblocking(&file);
+    Ok(file)
+}
+
+/// Clears `O_NONBLOCK` on `file`, opened with it only so that opening a FIFO returns at
+/// once: the descriptor itself should not carry it (a terminal would see `EAGAIN`).
+pub fn clear_nonblocking(file: &File) {
+    // SAFETY: F_GETFL/F_SETFL on a descriptor the caller holds open.
     unsafe {
         let fl = libc::fcntl(file.as_raw_fd(), libc::F_GETFL);
         if fl >= 0 {
             libc::fcntl(file.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
         }
     }
-    Ok(file)
 }
 
 /// The refusal of a path of type `kind`, saying what it is.

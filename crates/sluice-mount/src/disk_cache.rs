@@ -585,11 +585,7 @@ impl DiskCache {
                 ix.stats.hits += 1;
                 drop(ix);
                 // Keeps the order of use across restarts; a failure only costs that order.
-                if let Ok(table) = OpenOptions::new()
-                    .write(true)
-                    .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                    .open(self.path_of(&name, SUMS))
-                {
+                if let Ok(table) = open_rw(&self.path_of(&name, SUMS), false) {
                     let _ = table.set_modified(SystemTime::now());
                 }
                 true

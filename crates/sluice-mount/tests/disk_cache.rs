@@ -75,20 +75,24 @@ fn ino_of(fs: &MountFs, path: &str) -> u64 {
     ino
 }
 
+/// File `ino`'s bytes, read through the mount (an open handle) to its end.
+fn read_whole(fs: &MountFs, ino: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let got = fs.read(ino, out.len() as u64, 100_000).unwrap();
+        if got.is_empty() {
+            return out;
+        }
+        out.extend_from_slice(&got);
+    }
+}
+
 /// Reads every file through the mount, checking its bytes, then waits for prefetch.
 fn read_everything(fs: &MountFs, files: &[(String, Vec<u8>)]) {
     for (name, data) in files {
         let ino = ino_of(fs, name);
         fs.open(ino).unwrap();
-        let mut out = Vec::new();
-        loop {
-            let got = fs.read(ino, out.len() as u64, 100_000).unwrap();
-            if got.is_empty() {
-                break;
-            }
-            out.extend_from_slice(&got);
-        }
-        assert!(&out == data, "{name}: wrong bytes");
+        assert!(&read_whole(fs, ino) == data, "{name}: wrong bytes");
         fs.release(ino).unwrap();
     }
     fs.quiesce();
@@ -564,15 +568,10 @@ fn a_copy_written_by_another_process_after_its_check_is_not_passed_through() {
     std::thread::sleep(Duration::from_millis(20));
     patch(&copy, BLOCK * 3 + 5, &[data[(BLOCK * 3 + 5) as usize] ^ 1]);
     let fh = through_mount(&fs, ino, true);
-    let mut out = Vec::new();
-    loop {
-        let got = fs.read(ino, out.len() as u64, 100_000).unwrap();
-        if got.is_empty() {
-            break;
-        }
-        out.extend_from_slice(&got);
-    }
-    assert!(&out == data, "wrong bytes through the mount");
+    assert!(
+        &read_whole(&fs, ino) == data,
+        "wrong bytes through the mount"
+    );
     fs.release_handle(ino, fh).unwrap();
     assert_eq!(
         fs.stats().disk.passthrough_opens,

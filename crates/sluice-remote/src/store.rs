@@ -172,7 +172,7 @@ impl RemoteStore {
         };
         let store: Arc<dyn ObjectStore> = match url.scheme {
             Scheme::S3 => {
-                check_s3_endpoint(opts)?;
+                check_s3_settings(opts)?;
                 let mut b = object_store::aws::AmazonS3Builder::from_env()
                     .with_bucket_name(&url.bucket)
                     .with_retry(retry);
@@ -444,7 +444,7 @@ impl RemoteStore {
 /// is plain HTTP without `AWS_ALLOW_HTTP=true`; and a credential, region or endpoint
 /// variable with surrounding white space or a control character (a pasted newline), which
 /// cannot go into an HTTP header. A secret's value is never shown.
-fn check_s3_endpoint(opts: &RemoteOptions) -> Result<(), RemoteError> {
+fn check_s3_settings(opts: &RemoteOptions) -> Result<(), RemoteError> {
     for (name, secret) in [
         ("AWS_ENDPOINT_URL", false),
         ("AWS_ENDPOINT", false),

@@ -224,15 +224,7 @@ fn open_log(path: &std::path::Path) -> Result<std::fs::File, MountError> {
             sluice_engine::kind_name(kind)
         )));
     }
-    // SAFETY: F_GETFL/F_SETFL on a descriptor this function owns: O_NONBLOCK served the
-    // open only, and a terminal as the log must not see EAGAIN.
-    unsafe {
-        use std::os::fd::AsRawFd;
-        let fl = libc::fcntl(file.as_raw_fd(), libc::F_GETFL);
-        if fl >= 0 {
-            libc::fcntl(file.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK);
-        }
-    }
+    sluice_engine::clear_nonblocking(&file);
     Ok(file)
 }
 

@@ -122,15 +122,20 @@ impl Adoption {
     }
 
     /// Reaps the adopted orphans that have exited, never the root (its
-    /// `Child` does) nor a child from before the launch.
-    pub fn reap(&self, root: i32) {
-        for pid in self.orphans(root) {
-            if running_since(pid).is_none() {
+    /// `Child` does) nor a child from before the launch; returns those still
+    /// running.
+    pub fn reap(&self, root: i32) -> Vec<i32> {
+        let mut running = self.orphans(root);
+        running.retain(|&pid| {
+            let alive = running_since(pid).is_some();
+            if !alive {
                 let mut status = 0;
                 // SAFETY: waitpid on one pid of our own children, WNOHANG.
                 unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
             }
-        }
+            alive
+        });
+        running
     }
 }
 
@@ -170,8 +175,7 @@ impl ServiceProcesses for ProcessTree<'_> {
     fn pids(&mut self) -> Vec<i32> {
         let mut stack = vec![self.root];
         if let Some(adoption) = self.adoption {
-            adoption.reap(self.root);
-            stack.extend(adoption.orphans(self.root));
+            stack.extend(adoption.reap(self.root));
         }
         while let Some(pid) = stack.pop() {
             if self.seen.len() >= Self::MAX_PROCESSES {
