@@ -1,6 +1,8 @@
 # Sluice: every target installs what it needs on a fresh machine.
 #   make demo   - generate a 1 GiB checkpoint, load it cold with safetensors and Sluice
-#   make test   - fmt, clippy, ruff, Rust tests, Python tests (what CI runs)
+#   make test   - fmt, clippy, ruff, crate-tree check, Rust tests, Python tests, strict docs build
+#                 (what CI runs)
+#   make docs   - the docs site (mkdocs, material, API reference from docstrings) into target/site
 #   make bench-load - the full loader benchmark (4 GiB, cold and warm, vs peers)
 #   make bench-sim  - simulator replay throughput vs libCacheSim (10 M requests)
 #   make bench-warm - page-cache policies under an unmodified loader (root; ~20 min)
@@ -17,7 +19,7 @@ CARGO ?= cargo
 # Stamps record that a set-up step is done and redo it when its inputs change.
 STAMP := $(VENV)/.stamps
 
-.PHONY: all demo test lint rust-test py-test numa-test numa-vm-watchdog build develop bench-load bench-ckpt bench-sim bench-warm bench-kv bench-deps bench-remote fuzz clean azurite fake-gcs
+.PHONY: all demo test lint docs rust-test py-test numa-test numa-vm-watchdog build develop bench-load bench-ckpt bench-sim bench-warm bench-kv bench-deps bench-remote fuzz clean azurite fake-gcs
 
 all: test
 
@@ -52,6 +54,16 @@ lint: $(STAMP)/deps $(STAMP)/rust
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(PY) scripts/check_crate_tree.py --cargo $(CARGO)
+
+$(STAMP)/docs-deps: $(STAMP)/venv requirements-docs.txt
+	$(PIP) install --quiet -r requirements-docs.txt
+	touch $@
+
+# The docs site, built strictly: a broken link or anchor, a page left out of the nav, or a
+# docstring the API reference cannot render fails the build (mkdocs.yml's validation settings).
+docs: $(STAMP)/docs-deps
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir target/site
 
 rust-test: $(STAMP)/rust
 	$(CARGO) test --workspace --exclude sluice-py
@@ -128,7 +140,7 @@ numa-vm-watchdog:
 	  echo "numa-vm watchdog: FAILED (status $$rc; log: $$log):"; grep '^numa-vm: ' $$log | tail -n 4; exit 1; \
 	fi
 
-test: lint rust-test py-test numa-test
+test: lint rust-test py-test numa-test docs
 
 demo: $(STAMP)/develop build
 	$(PY) benches/demo.py
