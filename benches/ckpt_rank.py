@@ -384,7 +384,8 @@ def hash_bench(gib: float, runs: int) -> dict[str, Any]:
     seconds = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        _sluice.ckpt_hash([(t.data_ptr(), nbytes)], CHUNK)
+        head = json.dumps([{"key": "t", "kind": "tensor", "nbytes": nbytes}])
+        _sluice.CkptShare(head, [t.data_ptr()], CHUNK)
         seconds.append(time.perf_counter() - t0)
     s = statistics.median(seconds)
     cores = os.cpu_count() or 1

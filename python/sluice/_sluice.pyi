@@ -252,53 +252,163 @@ def kv_connect(
 def kv_fsck(path: str, repair: bool = False) -> str:
     """Verifies every block of a closed store; the report as JSON (GIL released)."""
 
-class CkptJob:
-    """One rank's share of a ``sluice.ckpt`` save, staging and writing in the background."""
+class _CkptEntry(TypedDict, total=False):
+    kind: str
+    dtype: str
+    shape: list[int]
+    nbytes: int
+    chunks: list[dict[str, Any]]
+    pack: dict[str, Any]
+    meta: dict[str, Any]
 
+class _CkptManifest(TypedDict, total=False):
+    format: str
+    version: int
+    created_unix: int
+    chunk_bytes: int
+    world_size: int
+    entries: dict[str, _CkptEntry]
+    packs: dict[str, int]
+    extra: dict[str, Any]
+
+class _CkptInfo(TypedDict):
+    name: str
+    created_unix: int
+    entries: int
+    logical_bytes: int
+    unique_bytes: int
+    shared_bytes: int
+
+class _CkptVerifyReport(TypedDict):
+    chunks: int
+    bytes: int
+    problems: list[tuple[str, str, str]]
+
+class _CkptGcReport(TypedDict):
+    checkpoints_removed: list[str]
+    chunks_removed: int
+    bytes_freed: int
+    temporaries_removed: int
+    directories_left: list[str]
+
+class _CkptJobReport(TypedDict):
+    chunks_written: int
+    bytes_written: int
+    chunks_present: int
+    staging_peak_bytes: int
+    staged_s: float
+    durable_s: float
+    write_bytes_per_s: float
+
+class _CkptSaveSummary(TypedDict):
+    path: str
+    rank: int
+    world_size: int
+    entries: int
+    logical_bytes: int
+    unique_bytes: int
+    logical_bytes_rank: int
+    written_bytes_rank: int
+    written_bytes: int | None
+    written_bytes_per_rank: list[int]
+    planned_makespan_s: float
+    plan_cached: bool
+    stood_in_for: int | None
+    rank_report: _CkptJobReport
+    save_id: str
+
+class _CkptFetchReport(TypedDict):
+    read_bytes: int
+    received_bytes: int
+    chunks_read: int
+
+class CkptShare:
+    """A rank's state hashed into chunks (small entries packed); ``sources`` are host
+    addresses, or -1 for entries streamed through ``hash_window``."""
+
+    def __init__(self, heads: str, sources: list[int], chunk_bytes: int) -> None: ...
+    def hash_window(self, entry: int, offset: int, addr: int, len: int) -> None: ...
+    def table(self) -> bytes:
+        """The table the other ranks see, as bytes."""
+
+class CkptSave:
+    """One rank's save in flight: staging, writing, then the commit."""
+
+    def streamed(self) -> list[tuple[bytes, int, int, int]]: ...
+    def push(self, chunks: list[tuple[bytes, int, int]]) -> None: ...
+    def end_pushes(self) -> None: ...
     def wait_staged(self, timeout: float | None = None) -> float | None: ...
-    def wait_durable(self, timeout: float | None = None) -> str | None: ...
+    def replica_sends(self) -> list[tuple[int, int]]: ...
+    def replica_lengths(self) -> list[int]: ...
+    def finish(self, replica: tuple[int, int] | None = None) -> _CkptSaveSummary: ...
     def cancel(self, why: str) -> None: ...
     def close(self) -> None: ...
+
+class CkptFetch:
+    """A load's reads on one rank."""
+
+    def needs(self) -> bytes: ...
+    def read(self, all_needs: list[bytes], rank: int) -> None: ...
+    def transfers(self, rank: int) -> list[tuple[bool, int, int, int]]: ...
+    def finish(self) -> _CkptFetchReport: ...
 
 class CkptStore:
     """An open checkpoint store; its lock is held shared until ``close``."""
 
     root: str
-    def known(self) -> bytes: ...
-    def write(
+    def start_save(
         self,
-        tasks: list[tuple[bytes, int, int]],
+        share: CkptShare,
+        tables: list[bytes],
+        plan: bytes,
+        name: str,
+        rank: int,
+        world: int,
         chunk_bytes: int,
         staging_bytes: int,
-        keep: object,
-    ) -> CkptJob: ...
-    def publish(
-        self,
-        name: str,
-        world_size: int,
-        chunk_bytes: int,
-        ranks: list[tuple[str, bytes, bytes, list[int]]],
+        timeout_s: float,
+        replicate: bool,
         extra: str,
+        keep: object,
+        publish: bool = True,
+    ) -> CkptSave: ...
+    def publish(
+        self, name: str, tables: list[bytes], world: int, chunk_bytes: int, extra: str
     ) -> None: ...
-    def manifest(self, name: str) -> str: ...
-    def read_chunks(self, items: list[tuple[bytes, int, int, str]]) -> None: ...
-    def ls(self) -> str: ...
-    def verify(self, name: str) -> str: ...
+    def write_share(self, share: CkptShare, staging_bytes: int) -> None: ...
+    def prepare(self, name: str) -> None: ...
+    def manifest(self, name: str) -> _CkptManifest: ...
+    def fetch(self, name: str, dests: list[tuple[str, int, int]]) -> CkptFetch: ...
+    def ls(self) -> list[_CkptInfo]: ...
+    def verify(self, name: str) -> _CkptVerifyReport: ...
     def close(self) -> None: ...
 
 def ckpt_open(root: str, create: bool = False) -> CkptStore:
-    """Opens a checkpoint store (``create``: make it if absent)."""
+    """Opens a checkpoint store (``create``: make it if absent; else read-only)."""
+
+def ckpt_path(path: str) -> tuple[str, str]:
+    """``STORE/NAME`` checked: (store, name)."""
+
+def ckpt_check_store(path: str) -> None:
+    """Refuses an object URL or a path with '..' as a store."""
 
 def ckpt_size(name: str, value: int | str) -> int:
     """A byte size ("4MiB") as bytes."""
 
-def ckpt_hash(regions: list[tuple[int, int]], chunk_bytes: int) -> tuple[bytes, bytes, list[int]]:
-    """Chunks and hashes host memory regions: digests, lengths, chunks per region."""
+def ckpt_pack_below(chunk_bytes: int) -> int:
+    """Entries below this many bytes share packs."""
 
-def ckpt_plan(
-    ranks: list[tuple[bytes, bytes]], bandwidth: list[float], stored: bytes
-) -> tuple[list[bytes], float, bool]:
-    """A grouped save's write plan: per rank, u32 indices into its own chunk table."""
+def ckpt_bandwidth() -> float:
+    """This process's write bandwidth for the next plan (bytes/s)."""
 
-def ckpt_gc(root: str, keep: int) -> str:
-    """Keeps the ``keep`` newest checkpoints of a store; the report as JSON."""
+def ckpt_plan(store: CkptStore, tables: list[bytes], bandwidth: list[float]) -> bytes:
+    """Rank 0's plan for a save (who writes what, and the save's token), as bytes."""
+
+def ckpt_totals(tables: list[bytes]) -> tuple[int, int, int]:
+    """(entries, logical bytes, content-unique bytes) of every rank's table."""
+
+def ckpt_table_keep(table: bytes, rank: int, keep: set[str]) -> bytes:
+    """A table cut down to the entries named in ``keep``."""
+
+def ckpt_gc(root: str, keep: int) -> _CkptGcReport:
+    """Keeps the ``keep`` newest checkpoints of a store."""

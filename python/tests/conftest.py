@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -233,22 +234,36 @@ def require_io_uring(tmp_path_factory: pytest.TempPathFactory) -> None:
             pytest.skip(f"io_uring unavailable here: {e}")
 
 
-@pytest.fixture
-def ramfs(tmp_path: Path) -> Iterator[Path]:
-    """A ramfs mount, which refuses O_DIRECT (tmpfs accepts it since Linux 6.6)."""
+@contextlib.contextmanager
+def mounted(tmp_path: Path, fstype: str, options: str = "") -> Iterator[Path]:
+    """A fresh file system of `fstype` mounted under `tmp_path`; the test is skipped, saying
+    why, where mounting is not permitted (root and mount(8) are needed)."""
     if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting ramfs needs root and mount(8)")
-    mount_point = tmp_path / "ramfs"
+        pytest.skip(f"mounting a {fstype} needs root and mount(8)")
+    mount_point = tmp_path / fstype
     mount_point.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "ramfs", "ramfs", str(mount_point)], capture_output=True, text=True
-    )
+    cmd = ["mount", "-t", fstype, *(["-o", options] if options else []), fstype, str(mount_point)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        pytest.skip(f"cannot mount ramfs: {done.stderr.strip()}")
+        pytest.skip(f"cannot mount {fstype}: {done.stderr.strip()}")
     try:
         yield mount_point
     finally:
-        subprocess.run(["umount", str(mount_point)], check=True)
+        subprocess.run(["umount", "-l", str(mount_point)], check=True)
+
+
+@pytest.fixture
+def ramfs(tmp_path: Path) -> Iterator[Path]:
+    """A ramfs mount, which refuses O_DIRECT (tmpfs accepts it since Linux 6.6)."""
+    with mounted(tmp_path, "ramfs") as mount_point:
+        yield mount_point
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 3 MiB tmpfs: a disk that fills up."""
+    with mounted(tmp_path, "tmpfs", "size=3m") as mount_point:
+        yield mount_point
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -222,15 +223,20 @@ def test_a_store_open_elsewhere_or_of_another_kind_is_refused(store_dir, tmp_pat
     assert (other / "notes.txt").read_text() == "mine"
 
 
-def test_the_readme_kv_example_runs_as_written(tmp_path, monkeypatch, capsys):
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_the_documented_kv_examples_run_as_written(tmp_path, monkeypatch, capsys):
+    repo = Path(__file__).resolve().parents[2]
     head = "```python\nimport numpy as np\nimport sluice.kv\n"
-    starts = [i for i in range(len(readme)) if readme.startswith(head, i)]
-    assert len(starts) == 2, "the store example and the jobs example"
+    pages = {"docs/guide/kv.md": 2, "README.md": 1}  # the store and jobs examples; the short one
     monkeypatch.chdir(tmp_path)
-    for start in starts:
-        code = readme[start + len("```python\n") : readme.index("```", start + 10)]
-        exec(compile(code, "README.md (sluice.kv)", "exec"), {})
+    for page, count in pages.items():
+        text = (repo / page).read_text()
+        starts = [i for i in range(len(text)) if text.startswith(head, i)]
+        assert len(starts) == count, page
+        for start in starts:
+            code = text[start + len("```python\n") : text.index("```", start + 10)]
+            exec(compile(code, f"{page} (sluice.kv)", "exec"), {})
+            for p in tmp_path.iterdir():  # each example starts from an empty directory
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
     out = capsys.readouterr().out
     assert "'good_blocks': 8" in out and "'bad_blocks': 0" in out
     assert "[True, True, True, True] [7 7 7 7]" in out

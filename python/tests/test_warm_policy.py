@@ -251,13 +251,13 @@ def test_trigger_writes_one_json_line_to_the_runtimes_pipe(tmp_path, monkeypatch
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="sluice warm run needs root (fanotify)")
-def test_the_readme_policy_prefetches_under_a_stock_safetensors_loader(
+def test_the_documented_policy_prefetches_under_a_stock_safetensors_loader(
     tmp_path: Path, sluice_bin: Path
 ) -> None:
-    # The README's RestOfFile, verbatim. Its first version prefetched 0 bytes:
-    # a mapping loader's event spans the whole file, so "after the access"
-    # was empty. -vv logs each event and the policy's reply.
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    # The guide's RestOfFile (docs/guide/warm.md), verbatim. Its first version prefetched
+    # 0 bytes: a mapping loader's event spans the whole file, so "after the access" was
+    # empty. -vv logs each event and the policy's reply.
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "guide" / "warm.md").read_text()
     start = readme.index("# mypolicy.py")
     (tmp_path / "mypolicy.py").write_text(readme[start : readme.index("```", start)])
     model = tmp_path / "model"

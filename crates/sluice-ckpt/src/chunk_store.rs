@@ -24,7 +24,8 @@ use std::sync::Arc;
 use sluice_engine::AlignedBuf;
 
 use crate::chunking::{ChunkRef, Digest};
-use crate::error::CkptError;
+use crate::error::{ChunkDamage, CkptError};
+use crate::steps::{Step, StoreSteps};
 
 /// O_DIRECT transfer sizes are padded to this, and the file cut back to the chunk's length.
 const DIRECT_ALIGN: usize = 4096;
@@ -35,19 +36,39 @@ const TMP_MARK: &str = ".tmp-";
 static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// The chunk files of one store.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ChunkStore {
     dir: PathBuf,
     /// Cleared, for every clone, once the file system refuses O_DIRECT.
     direct: Arc<AtomicBool>,
+    steps: Arc<dyn StoreSteps>,
+}
+
+impl std::fmt::Debug for ChunkStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChunkStore")
+            .field("dir", &self.dir)
+            .finish()
+    }
 }
 
 impl ChunkStore {
     pub fn new(dir: &Path) -> ChunkStore {
+        ChunkStore::with_steps(dir, crate::steps::real())
+    }
+
+    /// A chunk store whose file-system steps go through `steps` (tests fail them).
+    pub fn with_steps(dir: &Path, steps: Arc<dyn StoreSteps>) -> ChunkStore {
         ChunkStore {
             dir: dir.to_path_buf(),
             direct: Arc::new(AtomicBool::new(true)),
+            steps,
         }
+    }
+
+    /// The steps this store's file operations go through.
+    pub fn steps(&self) -> &Arc<dyn StoreSteps> {
+        &self.steps
     }
 
     /// Whether staged chunks still go out with O_DIRECT (false once refused).
@@ -87,8 +108,12 @@ impl ChunkStore {
         if self.contains(c) {
             return Ok(false);
         }
-        self.put(c, |tmp| std::fs::File::create(tmp)?.write_all(bytes))
-            .map(|()| true)
+        self.put(c, |tmp| {
+            let mut f = std::fs::File::create(tmp)?;
+            self.steps.before(Step::ChunkWrite, tmp)?;
+            f.write_all(bytes)
+        })
+        .map(|()| true)
     }
 
     /// As [`ChunkStore::write`], from a page-aligned staging buffer whose first `c.len`
@@ -112,14 +137,14 @@ impl ChunkStore {
                 .truncate(true)
                 .custom_flags(libc::O_DIRECT)
                 .open(tmp)?;
+            self.steps.before(Step::ChunkWrite, tmp)?;
             f.write_all(bytes)?;
             if padded != n {
                 f.set_len(n as u64)?;
             }
             Ok(())
         });
-        let refused = matches!(&r, Err(CkptError::Io { source, .. })
-            if source.raw_os_error() == Some(libc::EINVAL));
+        let refused = matches!(&r, Err(e) if e.errno() == Some(libc::EINVAL));
         if refused {
             if self.direct.swap(false, Ordering::Relaxed) {
                 tracing::info!(
@@ -147,7 +172,12 @@ impl ChunkStore {
             c.digest.hex(),
             std::process::id()
         ));
-        let written = fill(&tmp).and_then(|()| std::fs::rename(&tmp, &path));
+        let written = self
+            .steps
+            .before(Step::ChunkCreate, &tmp)
+            .and_then(|()| fill(&tmp))
+            .and_then(|()| self.steps.before(Step::ChunkRename, &path))
+            .and_then(|()| std::fs::rename(&tmp, &path));
         if let Err(e) = written {
             let _ = std::fs::remove_file(&tmp);
             return Err(CkptError::io(&path)(e));
@@ -168,23 +198,23 @@ impl ChunkStore {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(CkptError::MissingChunk {
-                    digest: c.digest.hex(),
+                    digest: c.digest,
                     entry: entry.to_string(),
                     path,
                 })
             }
             Err(e) => return Err(CkptError::io(&path)(e)),
         };
-        let corrupt = |actual: String| CkptError::CorruptChunk {
-            digest: c.digest.hex(),
-            actual,
+        let corrupt = |found: ChunkDamage| CkptError::CorruptChunk {
+            digest: c.digest,
+            found,
             entry: entry.to_string(),
             path: path.clone(),
         };
         let mut got = 0;
         while got < out.len() {
             match file.read(&mut out[got..]) {
-                Ok(0) => return Err(corrupt(format!("nothing: it is {got} bytes long"))),
+                Ok(0) => return Err(corrupt(ChunkDamage::Short { len: got as u64 })),
                 Ok(n) => got += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(CkptError::io(&path)(e)),
@@ -192,11 +222,11 @@ impl ChunkStore {
         }
         let mut extra = [0u8; 1];
         if matches!(file.read(&mut extra), Ok(n) if n > 0) {
-            return Err(corrupt("nothing: it is longer than its length".into()));
+            return Err(corrupt(ChunkDamage::Long));
         }
         let actual = Digest::of(out);
         if actual != c.digest {
-            return Err(corrupt(actual.hex()));
+            return Err(corrupt(ChunkDamage::Hashes(actual)));
         }
         Ok(())
     }
@@ -208,6 +238,9 @@ impl ChunkStore {
         if written.is_empty() {
             return Ok(());
         }
+        self.steps
+            .before(Step::Sync, &self.dir)
+            .map_err(CkptError::io(&self.dir))?;
         let dir = std::fs::File::open(&self.dir).map_err(CkptError::io(&self.dir))?;
         // SAFETY: syncfs on a descriptor we own.
         if unsafe { libc::syncfs(dir.as_raw_fd()) } == 0 {
@@ -263,7 +296,11 @@ impl ChunkStore {
     /// Removes a chunk file; gone already is fine.
     pub fn remove(&self, d: &Digest) -> Result<(), CkptError> {
         let path = self.path_of(d);
-        match std::fs::remove_file(&path) {
+        let removed = self
+            .steps
+            .before(Step::Remove, &path)
+            .and_then(|()| std::fs::remove_file(&path));
+        match removed {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(CkptError::io(&path)(e)),
             _ => Ok(()),
         }

@@ -125,6 +125,34 @@ pub fn chunk(bytes: &[u8], chunk_bytes: usize, threads: usize) -> Vec<ChunkRef> 
         .collect()
 }
 
+/// The digests of `pieces`, hashed on up to `threads` threads together (many small pieces
+/// cost one pool of threads, not one per piece).
+pub fn hash_all(pieces: &[&[u8]], threads: usize) -> Vec<Digest> {
+    // Pieces are dealt out in runs of about a megabyte, so tiny ones do not each pay for a
+    // trip through the work queue.
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    let (mut start, mut bytes) = (0, 0usize);
+    for (i, p) in pieces.iter().enumerate() {
+        bytes += p.len().max(64);
+        if bytes >= 1 << 20 {
+            runs.push(start..i + 1);
+            (start, bytes) = (i + 1, 0);
+        }
+    }
+    if start < pieces.len() {
+        runs.push(start..pieces.len());
+    }
+    parallel_map(&runs, threads, |r| {
+        pieces[r.clone()]
+            .iter()
+            .map(|p| Digest::of(p))
+            .collect::<Vec<_>>()
+    })
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
 /// `f` over `items` on up to `threads` scoped threads; results in order.
 pub(crate) fn parallel_map<T: Sync, R: Send>(
     items: &[T],

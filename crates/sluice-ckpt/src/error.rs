@@ -1,28 +1,35 @@
 //! The checkpoint plane's error type.
+//!
+//! Every variant names what the user can act on: the store, checkpoint, entry, chunk or
+//! rank, and the value that was wrong. Errors are `Clone` (I/O errors are shared), so one
+//! failure can be handed to every waiter of a save.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
-#[derive(Debug, thiserror::Error)]
+use crate::chunking::Digest;
+
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum CkptError {
     /// I/O on a store file failed.
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
         #[source]
-        source: std::io::Error,
+        source: Arc<std::io::Error>,
     },
     /// A chunk's bytes do not hash to its name: it was damaged after it was written.
-    #[error("chunk {digest} of {entry:?} in {path} is corrupt (its bytes hash to {actual})")]
+    #[error("chunk {digest} of {entry:?} in {path} is corrupt ({found})")]
     CorruptChunk {
-        digest: String,
-        actual: String,
+        digest: Digest,
+        found: ChunkDamage,
         entry: String,
         path: PathBuf,
     },
     /// A manifest names a chunk the store does not hold.
     #[error("chunk {digest} of {entry:?} is missing from {path}")]
     MissingChunk {
-        digest: String,
+        digest: Digest,
         entry: String,
         path: PathBuf,
     },
@@ -44,6 +51,25 @@ pub enum CkptError {
     /// An argument out of range: `what` names it.
     #[error("{what}: {detail}")]
     InvalidArgument { what: String, detail: String },
+    /// An object-store URL where a checkpoint path belongs.
+    #[error(
+        "{url}: checkpoints are saved to a directory; {scheme}:// object stores are not \
+         supported by sluice.ckpt yet (save to a local or mounted file system)"
+    )]
+    ObjectUrl { url: String, scheme: String },
+    /// A directory the store did not write, where it would write: a store is created only
+    /// in a new or empty directory, and a checkpoint only where none or its own was.
+    #[error(
+        "{path}: {role} holds files Sluice did not write ({}); choose a new or empty \
+         directory",
+        list_names(.found)
+    )]
+    ForeignDirectory {
+        path: PathBuf,
+        /// "is not a checkpoint store and" / "is no checkpoint of this store and".
+        role: &'static str,
+        found: Vec<String>,
+    },
     /// A path that holds no checkpoint store (no `sluice-ckpt.json`).
     #[error("{path}: not a checkpoint store (no sluice-ckpt.json)")]
     NoStore { path: PathBuf },
@@ -53,71 +79,61 @@ pub enum CkptError {
     /// A save stopped before it finished (cancelled, or another part of it failed first).
     #[error("save cancelled: {0}")]
     Cancelled(String),
+    /// A grouped save or load that another rank failed or left.
+    #[error("{path}: rank {rank} {why}")]
+    RankFailed {
+        path: PathBuf,
+        rank: u32,
+        why: String,
+    },
+    /// A grouped save whose ranks did not all finish in time.
+    #[error("{path}: {what} within {timeout_s:.0} s; not published")]
+    TimedOut {
+        path: PathBuf,
+        what: String,
+        timeout_s: f64,
+    },
     /// A write plan that cannot exist: a chunk no rank with bandwidth holds.
     #[error("write plan: {0}")]
     Unplannable(String),
 }
 
+/// What a damaged chunk file holds instead of its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkDamage {
+    /// Bytes of the right length that hash to another digest.
+    Hashes(Digest),
+    /// Fewer bytes than the chunk has.
+    Short { len: u64 },
+    /// More bytes than the chunk has.
+    Long,
+}
+
+impl std::fmt::Display for ChunkDamage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChunkDamage::Hashes(d) => write!(f, "its bytes hash to {d}"),
+            ChunkDamage::Short { len } => write!(f, "it is only {len} bytes long"),
+            ChunkDamage::Long => write!(f, "it is longer than its length"),
+        }
+    }
+}
+
+/// Up to eight names, then how many more.
+fn list_names(names: &[String]) -> String {
+    let mut out: Vec<String> = names.iter().take(8).map(|n| format!("{n:?}")).collect();
+    if names.len() > 8 {
+        out.push(format!("{} more", names.len() - 8));
+    }
+    out.join(", ")
+}
+
 impl CkptError {
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> CkptError {
         let path = path.into();
-        move |source| CkptError::Io { path, source }
-    }
-
-    /// A lossless-enough copy for handing one failure to several waiters: the kind, errno
-    /// and message of an I/O error survive, its source chain does not.
-    pub fn duplicate(&self) -> CkptError {
-        let io = |e: &std::io::Error| match e.raw_os_error() {
-            Some(code) => std::io::Error::from_raw_os_error(code),
-            None => std::io::Error::new(e.kind(), e.to_string()),
-        };
-        match self {
-            CkptError::Io { path, source } => CkptError::Io {
-                path: path.clone(),
-                source: io(source),
-            },
-            CkptError::CorruptChunk {
-                digest,
-                actual,
-                entry,
-                path,
-            } => CkptError::CorruptChunk {
-                digest: digest.clone(),
-                actual: actual.clone(),
-                entry: entry.clone(),
-                path: path.clone(),
-            },
-            CkptError::MissingChunk {
-                digest,
-                entry,
-                path,
-            } => CkptError::MissingChunk {
-                digest: digest.clone(),
-                entry: entry.clone(),
-                path: path.clone(),
-            },
-            CkptError::BadManifest { path, detail } => CkptError::BadManifest {
-                path: path.clone(),
-                detail: detail.clone(),
-            },
-            CkptError::NewerFormat {
-                path,
-                found,
-                supported,
-            } => CkptError::NewerFormat {
-                path: path.clone(),
-                found: *found,
-                supported: *supported,
-            },
-            CkptError::NoCheckpoint { path } => CkptError::NoCheckpoint { path: path.clone() },
-            CkptError::InvalidArgument { what, detail } => CkptError::InvalidArgument {
-                what: what.clone(),
-                detail: detail.clone(),
-            },
-            CkptError::Unplannable(s) => CkptError::Unplannable(s.clone()),
-            CkptError::Cancelled(s) => CkptError::Cancelled(s.clone()),
-            CkptError::Busy { path } => CkptError::Busy { path: path.clone() },
-            CkptError::NoStore { path } => CkptError::NoStore { path: path.clone() },
+        move |source| CkptError::Io {
+            path,
+            source: Arc::new(source),
         }
     }
 
@@ -127,15 +143,26 @@ impl CkptError {
             detail: detail.into(),
         }
     }
+
+    /// The OS error number of an I/O failure (ENOSPC for a full disk).
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            CkptError::Io { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
 }
 
 impl From<sluice_engine::OsError> for CkptError {
     fn from(e: sluice_engine::OsError) -> CkptError {
         match e {
-            sluice_engine::OsError::Io { path, source } => CkptError::Io { path, source },
+            sluice_engine::OsError::Io { path, source } => CkptError::Io {
+                path,
+                source: Arc::new(source),
+            },
             other => CkptError::Io {
                 path: PathBuf::new(),
-                source: std::io::Error::other(other.to_string()),
+                source: Arc::new(std::io::Error::other(other.to_string())),
             },
         }
     }

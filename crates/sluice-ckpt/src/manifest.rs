@@ -1,5 +1,10 @@
 //! The manifest of one checkpoint: every entry (tensor or bytes item) with its chunks.
 //!
+//! An entry's bytes are either whole chunks, in order, or a range of a *pack*: a chunk
+//! that holds many small entries back to back (see [`crate::share`]). The manifest lists
+//! the packs it uses with their lengths; a manifest with packs is version 2, so a build
+//! that predates packs refuses it instead of misreading it.
+//!
 //! A checkpoint is a directory holding `manifest.json`; its bytes are chunks of the store.
 //! The manifest is written last, whole or not at all (tmp, fsync, rename, fsync of the
 //! directory), after every chunk it names is durable: a checkpoint is visible only once it
@@ -12,11 +17,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::chunking::{ChunkRef, Digest};
 use crate::error::CkptError;
+use crate::share::{Layout, ShareTable};
 
 /// What a manifest's `format` field holds.
 pub const FORMAT: &str = "sluice-ckpt";
-/// The manifest version this build writes, and the newest it reads.
-pub const VERSION: u32 = 1;
+/// The newest manifest version this build reads: 2 added packs of small entries.
+pub const VERSION: u32 = 2;
+/// The version of a manifest without packs (what every earlier build reads).
+const VERSION_NO_PACKS: u32 = 1;
 /// The manifest's file name inside a checkpoint directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
 
@@ -38,10 +46,26 @@ pub struct Entry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shape: Option<Vec<u64>>,
     pub nbytes: u64,
+    /// The entry's whole chunks, in order (none when it is packed, or empty).
     pub chunks: Vec<ChunkRef>,
+    /// Where a packed entry's `nbytes` bytes are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack: Option<PackRef>,
     /// Front-end data carried along (DCP's sharding metadata, the saving rank).
     #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
     pub meta: serde_json::Value,
+}
+
+/// A packed entry's place: `nbytes` bytes at `offset` of pack `digest`, and the digest of
+/// those bytes alone (what `diff` compares: a pack changes when any of its entries does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackRef {
+    #[serde(rename = "d")]
+    pub digest: Digest,
+    #[serde(rename = "o")]
+    pub offset: u64,
+    #[serde(rename = "h")]
+    pub bytes_digest: Digest,
 }
 
 /// One checkpoint's manifest.
@@ -54,6 +78,9 @@ pub struct Manifest {
     #[serde(default)]
     pub world_size: u32,
     pub entries: BTreeMap<String, Entry>,
+    /// The packs small entries live in, with their lengths.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub packs: BTreeMap<Digest, u64>,
     /// Front-end data for the whole checkpoint.
     #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
     pub extra: serde_json::Value,
@@ -63,7 +90,7 @@ impl Manifest {
     pub fn new(chunk_bytes: u64, world_size: u32) -> Manifest {
         Manifest {
             format: FORMAT.into(),
-            version: VERSION,
+            version: VERSION_NO_PACKS,
             created_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -71,8 +98,64 @@ impl Manifest {
             chunk_bytes,
             world_size,
             entries: BTreeMap::new(),
+            packs: BTreeMap::new(),
             extra: serde_json::Value::Null,
         }
+    }
+
+    /// The manifest of a save from every rank's table. An entry key two ranks (or one
+    /// rank twice) use is refused, naming it.
+    pub fn from_tables(
+        tables: &[ShareTable],
+        world_size: u32,
+        chunk_bytes: u64,
+    ) -> Result<Manifest, CkptError> {
+        let mut m = Manifest::new(chunk_bytes, world_size);
+        for (rank, t) in tables.iter().enumerate() {
+            for (h, l) in t.heads.iter().zip(&t.layouts) {
+                let (chunks, pack) = match *l {
+                    Layout::Chunks { first, count } => {
+                        let range = first as usize..(first + count) as usize;
+                        (t.chunks[range].to_vec(), None)
+                    }
+                    Layout::Packed {
+                        pack,
+                        offset,
+                        bytes_digest,
+                    } => {
+                        let p = t.packs[pack as usize];
+                        m.packs.insert(p.digest, p.len);
+                        let at = PackRef {
+                            digest: p.digest,
+                            offset,
+                            bytes_digest,
+                        };
+                        (Vec::new(), Some(at))
+                    }
+                };
+                let entry = Entry {
+                    kind: h.kind,
+                    dtype: h.dtype.clone(),
+                    shape: h.shape.clone(),
+                    nbytes: h.nbytes,
+                    chunks,
+                    pack,
+                    meta: h.meta.clone(),
+                };
+                if m.entries.insert(h.key.clone(), entry).is_some() {
+                    return Err(CkptError::arg(
+                        format!("entry {:?}", h.key),
+                        format!("is saved twice (rank {rank} saves it again)"),
+                    ));
+                }
+            }
+        }
+        if !m.packs.is_empty() {
+            m.version = VERSION;
+        }
+        m.check()
+            .map_err(|detail| CkptError::arg("checkpoint", detail))?;
+        Ok(m)
     }
 
     pub fn path_in(dir: &Path) -> PathBuf {
@@ -116,6 +199,22 @@ impl Manifest {
     /// about sizes would make a load write past its buffers.
     pub fn check(&self) -> Result<(), String> {
         for (key, e) in &self.entries {
+            if let Some(p) = e.pack {
+                let Some(len) = self.packs.get(&p.digest) else {
+                    return Err(format!("entry {key:?}: pack {} is not listed", p.digest));
+                };
+                let fits = p
+                    .offset
+                    .checked_add(e.nbytes)
+                    .is_some_and(|end| end <= *len);
+                if !fits || !e.chunks.is_empty() {
+                    return Err(format!(
+                        "entry {key:?}: {} bytes at {} do not fit its {len}-byte pack",
+                        e.nbytes, p.offset
+                    ));
+                }
+                continue;
+            }
             let sum: u64 = e.chunks.iter().map(|c| c.len).sum();
             if sum != e.nbytes {
                 return Err(format!(
@@ -135,12 +234,28 @@ impl Manifest {
         Ok(sluice_engine::atomic_write(&path, &bytes)?)
     }
 
-    /// Every distinct chunk the checkpoint references, with its length.
+    /// Every distinct chunk the checkpoint references (packs included), with its length.
     pub fn unique_chunks(&self) -> BTreeMap<Digest, u64> {
         self.entries
             .values()
             .flat_map(|e| e.chunks.iter().map(|c| (c.digest, c.len)))
+            .chain(self.packs.iter().map(|(d, n)| (*d, *n)))
             .collect()
+    }
+
+    /// Each distinct chunk with its length and the first entry that uses it (for messages).
+    pub fn chunk_owners(&self) -> BTreeMap<Digest, (u64, &str)> {
+        let mut out = BTreeMap::new();
+        for (key, e) in &self.entries {
+            for c in &e.chunks {
+                out.entry(c.digest).or_insert((c.len, key.as_str()));
+            }
+            if let Some(p) = e.pack {
+                let len = self.packs.get(&p.digest).copied().unwrap_or(0);
+                out.entry(p.digest).or_insert((len, key.as_str()));
+            }
+        }
+        out
     }
 
     /// Bytes of every entry, duplicates counted.

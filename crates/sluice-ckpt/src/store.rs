@@ -5,25 +5,35 @@
 //! <root>/lock                  shared by saves and loads, exclusive for gc
 //! <root>/chunks/ab/abcd...     content-addressed chunks
 //! <root>/<name>/manifest.json  one checkpoint per directory, visible once its manifest is
+//! <root>/.pending/...          grouped saves' commit files (crate::commit)
 //! ```
 //!
 //! Saves take the lock shared, garbage collection exclusive: gc must never remove a chunk
-//! that a save in flight found already stored and is about to reference.
+//! that a save in flight found already stored and is about to reference. Readers lock a
+//! file they can only read, so a store on a read-only mount (or another user's) loads.
+//!
+//! A store writes only where it owns the directory, and removes only what it wrote: it is
+//! created in a new or empty directory (or one that is already a store), a checkpoint is
+//! saved where there is none or the store's own, and `gc` removes a checkpoint's manifest
+//! and then its directory only if nothing else is in it.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+mod maintenance;
+
+pub use maintenance::{diff, CheckpointInfo, DiffReport, GcReport, VerifyReport};
+
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
+use sluice_engine::{FileLock, LockError, LockMode, LockOpen};
 
 use crate::chunk_store::ChunkStore;
 use crate::chunking::{chunk, parallel_map, ChunkRef, Digest};
 use crate::error::CkptError;
-use crate::manifest::{Entry, EntryKind, Manifest};
-
-const MARKER: &str = "sluice-ckpt.json";
+use crate::manifest::{Entry, EntryKind, Manifest, MANIFEST_FILE};
+use crate::path::{check_name, check_store_path, CHUNKS_DIR, LOCK_FILE, MARKER_FILE, PENDING_DIR};
+use crate::steps::{Step, StoreSteps};
 
 /// One item to save: a tensor's bytes with its dtype and shape, or opaque bytes.
 pub struct SaveItem<'a> {
@@ -48,131 +58,102 @@ pub struct SaveReport {
     pub written_chunks: usize,
 }
 
-/// A checkpoint in the store, as `ls` shows it.
-#[derive(Debug, Clone, Serialize)]
-pub struct CheckpointInfo {
-    pub name: String,
-    pub created_unix: u64,
-    pub entries: usize,
-    pub logical_bytes: u64,
-    pub unique_bytes: u64,
-    /// Of its unique bytes, those another retained checkpoint references too.
-    pub shared_bytes: u64,
-}
-
-/// What `gc` did.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct GcReport {
-    pub checkpoints_removed: Vec<String>,
+/// What a failed save's clean-up did.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Cleanup {
     pub chunks_removed: usize,
     pub bytes_freed: u64,
-    pub temporaries_removed: usize,
-}
-
-/// What `verify` found.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct VerifyReport {
-    pub chunks: usize,
-    pub bytes: u64,
-    /// (chunk, entry, why) for each bad chunk.
-    pub problems: Vec<(String, String, String)>,
-}
-
-/// Changed, added and removed entries between two checkpoints.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct DiffReport {
-    /// (entry, bytes of its chunks that differ).
-    pub changed: Vec<(String, u64)>,
-    pub added: Vec<String>,
-    pub removed: Vec<String>,
-    pub changed_bytes: u64,
+    /// Chunks left because other saves or loads had the store open (`gc` frees them).
+    pub chunks_left: usize,
 }
 
 /// An open store of checkpoints.
 pub struct CkptStore {
     root: PathBuf,
     chunks: ChunkStore,
-    _lock: std::fs::File,
+    /// `None` where the lock file cannot be opened at all (a read-only store without one).
+    lock: Mutex<Option<FileLock>>,
+}
+
+/// How a store is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Access {
+    /// Created if absent; lock shared (saves).
+    Create,
+    /// Must exist; lock shared, read-only (loads, listings).
+    Read,
+    /// Must exist; lock exclusive (gc).
+    Exclusive,
 }
 
 impl CkptStore {
-    /// Opens (or creates) the store at `root`, lock shared (saves).
+    /// Opens (or creates) the store at `root`, lock shared (saves). A directory that is
+    /// neither a store nor empty is refused ([`CkptError::ForeignDirectory`]).
     pub fn open(root: &Path) -> Result<CkptStore, CkptError> {
-        CkptStore::open_locked(root, libc::LOCK_SH, true)
+        CkptStore::open_as(root, Access::Create, crate::steps::real())
     }
 
-    /// Opens the existing store at `root`, lock shared (loads, listings): a path that is
-    /// no store is [`CkptError::NoStore`], and nothing is created there.
+    /// [`CkptStore::open`] with its file-system steps going through `steps` (tests).
+    pub fn open_with_steps(
+        root: &Path,
+        steps: Arc<dyn StoreSteps>,
+    ) -> Result<CkptStore, CkptError> {
+        CkptStore::open_as(root, Access::Create, steps)
+    }
+
+    /// Opens the existing store at `root` for reading (loads, listings), lock shared: a
+    /// path that is no store is [`CkptError::NoStore`], nothing is created, and no write
+    /// access is needed.
     pub fn open_existing(root: &Path) -> Result<CkptStore, CkptError> {
-        CkptStore::open_locked(root, libc::LOCK_SH, false)
+        CkptStore::open_as(root, Access::Read, crate::steps::real())
     }
 
     /// Opens the store with its lock exclusive (garbage collection); a store in use by a
     /// save or load is [`CkptError::Busy`], not waited for.
     pub fn open_exclusive(root: &Path) -> Result<CkptStore, CkptError> {
-        CkptStore::open_locked(root, libc::LOCK_EX | libc::LOCK_NB, false)
+        CkptStore::open_as(root, Access::Exclusive, crate::steps::real())
     }
 
-    fn open_locked(root: &Path, how: libc::c_int, create: bool) -> Result<CkptStore, CkptError> {
+    fn open_as(
+        root: &Path,
+        access: Access,
+        steps: Arc<dyn StoreSteps>,
+    ) -> Result<CkptStore, CkptError> {
+        check_store_path(root)?;
         if root.exists() && !root.is_dir() {
             return Err(CkptError::arg(
                 root.display().to_string(),
                 "is not a directory",
             ));
         }
-        if !create && !root.join(MARKER).is_file() {
-            return Err(CkptError::NoStore {
-                path: root.to_path_buf(),
-            });
-        }
-        std::fs::create_dir_all(root.join("chunks")).map_err(CkptError::io(root))?;
-        let marker = root.join(MARKER);
-        // A FIFO or a device in place of the marker or the lock would block the open:
-        // both are opened non-blocking and refused unless they are regular files.
+        let marker = root.join(MARKER_FILE);
+        // A FIFO or a device in place of the marker would block the open: it is opened
+        // non-blocking and refused unless it is a regular file.
         let read = sluice_engine::open_regular(&marker, 0).and_then(|mut f| {
             let mut b = Vec::new();
             std::io::Read::read_to_end(&mut f, &mut b).map(|_| b)
         });
         match read {
             Ok(b) => check_marker(&marker, &b)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && access == Access::Create => {
+                create(root, &*steps)?
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let body = serde_json::json!({"format": "sluice-ckpt-store", "version": 1});
-                sluice_engine::atomic_write(&marker, body.to_string().as_bytes())?;
+                return Err(CkptError::NoStore {
+                    path: root.to_path_buf(),
+                })
             }
             Err(e) => return Err(CkptError::io(&marker)(e)),
         }
-        let lock_path = root.join("lock");
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(&lock_path)
-            .and_then(|f| {
-                if f.metadata()?.is_file() {
-                    Ok(f)
-                } else {
-                    Err(std::io::Error::new(
-                        std::io::ErrorKind::InvalidInput,
-                        "not a regular file",
-                    ))
-                }
-            })
-            .map_err(CkptError::io(&lock_path))?;
-        // SAFETY: flock on a descriptor we own; it is released when the file closes.
-        if unsafe { libc::flock(lock.as_raw_fd(), how) } != 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::WouldBlock {
-                return Err(CkptError::Busy {
-                    path: root.to_path_buf(),
-                });
-            }
-            return Err(CkptError::io(&lock_path)(e));
+        if access == Access::Create {
+            let chunks = root.join(CHUNKS_DIR);
+            std::fs::create_dir_all(&chunks).map_err(CkptError::io(&chunks))?;
         }
+        let lock = take_lock(root, access)?;
         Ok(CkptStore {
             root: root.to_path_buf(),
-            chunks: ChunkStore::new(&root.join("chunks")),
-            _lock: lock,
+            chunks: ChunkStore::with_steps(&root.join(CHUNKS_DIR), steps),
+            lock: Mutex::new(lock),
         })
     }
 
@@ -184,21 +165,46 @@ impl CkptStore {
         &self.chunks
     }
 
-    /// The directory of checkpoint `name` (a plain name: no separators, not `chunks`).
+    fn steps(&self) -> &dyn StoreSteps {
+        &**self.chunks.steps()
+    }
+
+    /// The directory of checkpoint `name` (a plain name: see [`crate::path::check_name`]).
     pub fn checkpoint_dir(&self, name: &str) -> Result<PathBuf, CkptError> {
-        let bad = name.is_empty()
-            || name.contains('/')
-            || name.starts_with('.')
-            || name == "chunks"
-            || name == "lock"
-            || name == MARKER;
-        if bad {
-            return Err(CkptError::arg(
-                format!("checkpoint name {name:?}"),
-                "must be a plain name (no '/', not starting with '.', not chunks or lock)",
-            ));
-        }
+        check_name(name)?;
         Ok(self.root.join(name))
+    }
+
+    /// Checks that checkpoint `name` can be saved: its directory is absent, empty, or holds
+    /// only this store's manifest (a checkpoint saved again). Anything else (a torch DCP
+    /// directory, another store) is [`CkptError::ForeignDirectory`], before any chunk is
+    /// written.
+    pub fn prepare(&self, name: &str) -> Result<PathBuf, CkptError> {
+        let dir = self.checkpoint_dir(name)?;
+        match std::fs::symlink_metadata(&dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(dir),
+            Err(e) => return Err(CkptError::io(&dir)(e)),
+            Ok(m) if !m.is_dir() => {
+                return Err(CkptError::ForeignDirectory {
+                    path: dir,
+                    role: "is no checkpoint directory of this store: it",
+                    found: vec![kind_of(&m).into()],
+                })
+            }
+            Ok(_) => {}
+        }
+        let found: Vec<String> = names_in(&dir)?
+            .into_iter()
+            .filter(|n| n != MANIFEST_FILE)
+            .collect();
+        if !found.is_empty() {
+            return Err(CkptError::ForeignDirectory {
+                path: dir,
+                role: "is no checkpoint of this store and",
+                found,
+            });
+        }
+        Ok(dir)
     }
 
     /// Saves `items` as checkpoint `name` in one process: chunks and hashes them on
@@ -211,7 +217,7 @@ impl CkptStore {
         chunk_bytes: u64,
         threads: usize,
     ) -> Result<SaveReport, CkptError> {
-        let dir = self.checkpoint_dir(name)?;
+        self.prepare(name)?;
         if chunk_bytes == 0 {
             return Err(CkptError::arg("chunk_bytes", "must be at least 1"));
         }
@@ -246,32 +252,47 @@ impl CkptStore {
         report.written_chunks = written.len();
         report.written_bytes = written.iter().map(|(_, n)| n).sum();
         let digests: Vec<Digest> = written.iter().map(|(d, _)| *d).collect();
-        self.chunks.sync(&digests)?;
-        manifest.write(&dir)?;
+        let published = self
+            .chunks
+            .sync(&digests)
+            .and_then(|()| self.publish(name, &manifest));
+        if let Err(e) = published {
+            self.remove_created(&digests);
+            return Err(e);
+        }
         Ok(report)
     }
 
     /// Publishes `manifest` as checkpoint `name`, after checking that the store holds every
     /// chunk it references (a manifest naming a chunk nobody wrote is refused, never
-    /// published). The caller has made those chunks durable.
+    /// published). The caller has made those chunks durable. A publish that fails after
+    /// the manifest was renamed into place (its directory did not sync) takes it back: a
+    /// failed save is never visible.
     pub fn publish(&self, name: &str, manifest: &Manifest) -> Result<(), CkptError> {
-        let dir = self.checkpoint_dir(name)?;
+        let dir = self.prepare(name)?;
+        let path = Manifest::path_in(&dir);
         manifest.check().map_err(|detail| CkptError::BadManifest {
-            path: Manifest::path_in(&dir),
+            path: path.clone(),
             detail,
         })?;
-        for (key, e) in &manifest.entries {
-            for c in &e.chunks {
-                if !self.chunks.contains(c) {
-                    return Err(CkptError::MissingChunk {
-                        digest: c.digest.hex(),
-                        entry: key.clone(),
-                        path: self.chunks.path_of(&c.digest),
-                    });
-                }
+        for (d, (len, entry)) in manifest.chunk_owners() {
+            if !self.chunks.contains(&ChunkRef { digest: d, len }) {
+                return Err(CkptError::MissingChunk {
+                    digest: d,
+                    entry: entry.to_string(),
+                    path: self.chunks.path_of(&d),
+                });
             }
         }
-        manifest.write(&dir)
+        std::fs::create_dir_all(&dir).map_err(CkptError::io(&dir))?;
+        let bytes = serde_json::to_vec_pretty(manifest).expect("a manifest always serializes");
+        if let Err(e) = crate::steps::atomic_write(self.steps(), &path, &bytes) {
+            if std::fs::read(&path).is_ok_and(|on_disk| on_disk == bytes) {
+                let _ = std::fs::remove_file(&path);
+            }
+            return Err(e.into());
+        }
+        Ok(())
     }
 
     /// Writes every chunk the store lacks, on `threads` threads; returns those written.
@@ -282,12 +303,86 @@ impl CkptStore {
     ) -> Result<Vec<(Digest, u64)>, CkptError> {
         let results = parallel_map(chunks, threads, |(c, b)| self.chunks.write(c, b));
         let mut written = Vec::new();
+        let mut first_err = None;
         for ((c, _), r) in chunks.iter().zip(results) {
-            if r? {
-                written.push((c.digest, c.len));
+            match r {
+                Ok(true) => written.push((c.digest, c.len)),
+                Ok(false) => {}
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
             }
         }
+        if let Some(e) = first_err {
+            let created: Vec<Digest> = written.iter().map(|(d, _)| *d).collect();
+            self.remove_created(&created);
+            return Err(e);
+        }
         Ok(written)
+    }
+
+    /// A failed save's clean-up: removes the chunks it created that no published
+    /// checkpoint references, so a full disk is not kept full until `gc`. Only while no
+    /// other save or load has the store open (the lock is taken exclusive for it, without
+    /// waiting): another save may have found one of these chunks stored and count on it.
+    /// Otherwise the chunks stay for `gc`, and the log says so.
+    pub fn remove_created(&self, created: &[Digest]) -> Cleanup {
+        let mut report = Cleanup::default();
+        if created.is_empty() {
+            return report;
+        }
+        let mut guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let alone = match guard.as_mut() {
+            Some(l) => l.try_change(LockMode::Exclusive).unwrap_or(false),
+            None => false,
+        };
+        let live = match alone {
+            true => self.live_chunks(),
+            false => Err(CkptError::Busy {
+                path: self.root.clone(),
+            }),
+        };
+        if let Ok(live) = live {
+            for d in created {
+                if live.contains(d) {
+                    continue;
+                }
+                let len = std::fs::metadata(self.chunks.path_of(d)).map_or(0, |m| m.len());
+                if self.chunks.remove(d).is_ok() {
+                    report.chunks_removed += 1;
+                    report.bytes_freed += len;
+                }
+            }
+        }
+        report.chunks_left = created.len() - report.chunks_removed;
+        if let Some(l) = guard.as_mut() {
+            // Back to shared: after the upgrade, and after one that failed too (flock(2)
+            // may drop the shared lock before it refuses the exclusive one).
+            if !l.try_change(LockMode::Shared).unwrap_or(false) {
+                tracing::debug!(
+                    "{}: could not take the lock back shared",
+                    self.root.display()
+                );
+            }
+        }
+        if report.chunks_left > 0 && !alone {
+            tracing::warn!(
+                "{}: a failed save left {} chunks (other saves or loads have the store open); \
+                 `sluice ckpt gc` frees them",
+                self.root.display(),
+                report.chunks_left
+            );
+        }
+        report
+    }
+
+    /// Every chunk some published checkpoint references.
+    fn live_chunks(&self) -> Result<BTreeSet<Digest>, CkptError> {
+        Ok(self
+            .list()?
+            .iter()
+            .flat_map(|(_, m)| m.unique_chunks().into_keys())
+            .collect())
     }
 
     /// Reads entry `key` of `manifest` into `out` (exactly its size), chunk by chunk on
@@ -313,6 +408,18 @@ impl CkptStore {
                 ),
             ));
         }
+        if let Some(p) = e.pack {
+            let len = manifest.packs.get(&p.digest).copied().unwrap_or(0);
+            let mut pack = vec![0u8; len as usize];
+            let c = ChunkRef {
+                digest: p.digest,
+                len,
+            };
+            self.chunks.read_into(&c, key, &mut pack)?;
+            let at = p.offset as usize;
+            out.copy_from_slice(&pack[at..at + out.len()]);
+            return Ok(());
+        }
         let mut pieces: Vec<(ChunkRef, &str, &mut [u8])> = Vec::with_capacity(e.chunks.len());
         let mut rest = out;
         for c in &e.chunks {
@@ -330,8 +437,8 @@ impl CkptStore {
         pieces: Vec<(ChunkRef, &str, &mut [u8])>,
         threads: usize,
     ) -> Result<(), CkptError> {
-        let cells: Vec<std::sync::Mutex<(ChunkRef, &str, &mut [u8])>> =
-            pieces.into_iter().map(std::sync::Mutex::new).collect();
+        let cells: Vec<Mutex<(ChunkRef, &str, &mut [u8])>> =
+            pieces.into_iter().map(Mutex::new).collect();
         let results = parallel_map(&cells, threads, |cell| {
             let mut g = cell.lock().unwrap_or_else(|p| p.into_inner());
             let (c, key, buf) = &mut *g;
@@ -343,17 +450,16 @@ impl CkptStore {
     /// The checkpoints in the store, oldest first (by when each was published).
     pub fn list(&self) -> Result<Vec<(String, Manifest)>, CkptError> {
         let mut out = Vec::new();
-        for e in std::fs::read_dir(&self.root).map_err(CkptError::io(&self.root))? {
-            let e = e.map_err(CkptError::io(&self.root))?;
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name == "chunks" || !e.path().is_dir() {
+        for name in names_in(&self.root)? {
+            let path = self.root.join(&name);
+            if check_name(&name).is_err() || !path.is_dir() {
                 continue;
             }
-            match Manifest::read(&e.path()) {
+            match Manifest::read(&path) {
                 Ok(m) => {
                     // Ordered by when the manifest was published (nanoseconds), not by the
                     // whole seconds it records: two saves in one second still sort right.
-                    let published = std::fs::metadata(Manifest::path_in(&e.path()))
+                    let published = std::fs::metadata(Manifest::path_in(&path))
                         .and_then(|m| m.modified())
                         .unwrap_or(std::time::UNIX_EPOCH);
                     out.push((published, name, m));
@@ -369,13 +475,11 @@ impl CkptStore {
     /// The most recently published checkpoint, if any (its manifest alone is read).
     pub fn newest(&self) -> Result<Option<(String, Manifest)>, CkptError> {
         let mut best: Option<(std::time::SystemTime, String)> = None;
-        for e in std::fs::read_dir(&self.root).map_err(CkptError::io(&self.root))? {
-            let e = e.map_err(CkptError::io(&self.root))?;
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name == "chunks" || name.starts_with('.') {
+        for name in names_in(&self.root)? {
+            if check_name(&name).is_err() {
                 continue;
             }
-            let Ok(meta) = std::fs::metadata(Manifest::path_in(&e.path())) else {
+            let Ok(meta) = std::fs::metadata(Manifest::path_in(&self.root.join(&name))) else {
                 continue;
             };
             let at = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
@@ -392,112 +496,107 @@ impl CkptStore {
         }
     }
 
-    /// `ls`: each checkpoint with its sizes.
-    pub fn infos(&self) -> Result<Vec<CheckpointInfo>, CkptError> {
-        let all = self.list()?;
-        let mut refs: BTreeMap<Digest, usize> = BTreeMap::new();
-        for (_, m) in &all {
-            for d in m.unique_chunks().keys() {
-                *refs.entry(*d).or_default() += 1;
-            }
+    /// Removes checkpoint `name`'s manifest, then its directory if nothing else is in it;
+    /// `false` if files Sluice did not write were left there.
+    fn remove_checkpoint(&self, name: &str) -> Result<bool, CkptError> {
+        let dir = self.root.join(name);
+        // The manifest goes first: a checkpoint half removed is no checkpoint at all.
+        let m = Manifest::path_in(&dir);
+        self.steps()
+            .before(Step::Remove, &m)
+            .and_then(|()| std::fs::remove_file(&m))
+            .map_err(CkptError::io(&m))?;
+        match std::fs::remove_dir(&dir) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => Ok(false),
+            Err(e) => Err(CkptError::io(&dir)(e)),
         }
-        Ok(all
-            .into_iter()
-            .map(|(name, m)| {
-                let unique = m.unique_chunks();
-                CheckpointInfo {
-                    created_unix: m.created_unix,
-                    entries: m.entries.len(),
-                    logical_bytes: m.logical_bytes(),
-                    unique_bytes: unique.values().sum(),
-                    shared_bytes: unique
-                        .iter()
-                        .filter(|(d, _)| refs[*d] > 1)
-                        .map(|(_, n)| n)
-                        .sum(),
-                    name,
-                }
-            })
-            .collect())
     }
+}
 
-    /// Keeps the `keep` newest checkpoints, removes the others and every chunk no kept
-    /// checkpoint references (and temporaries a crashed save left). Needs the lock
-    /// exclusive ([`CkptStore::open_exclusive`]).
-    pub fn gc(&self, keep: usize) -> Result<GcReport, CkptError> {
-        let all = self.list()?;
-        let cut = all.len().saturating_sub(keep);
-        let mut report = GcReport::default();
-        for (name, _) in &all[..cut] {
-            let dir = self.root.join(name);
-            // The manifest goes first: a checkpoint half removed is no checkpoint at all.
-            let m = Manifest::path_in(&dir);
-            std::fs::remove_file(&m).map_err(CkptError::io(&m))?;
-            std::fs::remove_dir_all(&dir).map_err(CkptError::io(&dir))?;
-            report.checkpoints_removed.push(name.clone());
-        }
-        let live: BTreeSet<Digest> = all[cut..]
-            .iter()
-            .flat_map(|(_, m)| m.unique_chunks().into_keys())
-            .collect();
-        for (d, len) in self.chunks.list()? {
-            if !live.contains(&d) {
-                self.chunks.remove(&d)?;
-                report.chunks_removed += 1;
-                report.bytes_freed += len;
+/// Makes `root` a store: it must be new, empty, or hold only what a store being created
+/// by another rank at the same moment writes (its lock, chunks, marker temporaries).
+fn create(root: &Path, steps: &dyn StoreSteps) -> Result<(), CkptError> {
+    let ours = |n: &str| {
+        [LOCK_FILE, CHUNKS_DIR, PENDING_DIR].contains(&n)
+            || n.starts_with(&format!(".{MARKER_FILE}.tmp"))
+    };
+    match names_in(root) {
+        Ok(found) => {
+            let foreign: Vec<String> = found.into_iter().filter(|n| !ours(n)).collect();
+            if !foreign.is_empty() {
+                return Err(CkptError::ForeignDirectory {
+                    path: root.to_path_buf(),
+                    role: "is not a checkpoint store and",
+                    found: foreign,
+                });
             }
         }
-        report.temporaries_removed = self.chunks.remove_temporaries();
-        // Markers of grouped saves that never published (the lock is exclusive: none runs).
-        let pending = self.root.join(".pending");
-        if pending.exists() {
-            std::fs::remove_dir_all(&pending).map_err(CkptError::io(&pending))?;
+        Err(CkptError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(root).map_err(CkptError::io(root))?
         }
-        Ok(report)
+        Err(e) => return Err(e),
     }
+    let body = serde_json::json!({"format": "sluice-ckpt-store", "version": 1});
+    let marker = root.join(MARKER_FILE);
+    Ok(crate::steps::atomic_write(
+        steps,
+        &marker,
+        body.to_string().as_bytes(),
+    )?)
+}
 
-    /// Re-hashes every chunk of checkpoint `name`.
-    pub fn verify(&self, name: &str, threads: usize) -> Result<VerifyReport, CkptError> {
-        self.verify_with(name, threads, &|_, _| {})
+/// The store's lock, as `access` needs it. A reader that cannot open the lock file at all
+/// (a read-only store created without one, no read permission) reads without it.
+fn take_lock(root: &Path, access: Access) -> Result<Option<FileLock>, CkptError> {
+    let path = root.join(LOCK_FILE);
+    let (mode, open) = match access {
+        Access::Create => (LockMode::Shared, LockOpen::Create),
+        Access::Read => (LockMode::Shared, LockOpen::ReadOnly),
+        Access::Exclusive => (LockMode::Exclusive, LockOpen::Create),
+    };
+    match FileLock::acquire(&path, mode, open) {
+        Ok(l) => Ok(Some(l)),
+        Err(LockError::Busy { .. }) => Err(CkptError::Busy {
+            path: root.to_path_buf(),
+        }),
+        Err(LockError::Io { source, .. })
+            if access == Access::Read
+                && matches!(
+                    source.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
+                ) =>
+        {
+            tracing::debug!(
+                "{}: reading without the store's lock: {source}",
+                path.display()
+            );
+            Ok(None)
+        }
+        Err(LockError::Io { path, source }) => Err(CkptError::io(path)(source)),
     }
+}
 
-    /// [`CkptStore::verify`], calling `progress(bytes done, bytes in all)` as chunks finish.
-    pub fn verify_with(
-        &self,
-        name: &str,
-        threads: usize,
-        progress: &(dyn Fn(u64, u64) + Sync),
-    ) -> Result<VerifyReport, CkptError> {
-        let m = Manifest::read(&self.checkpoint_dir(name)?)?;
-        let mut owner: BTreeMap<Digest, (u64, String)> = BTreeMap::new();
-        for (key, e) in &m.entries {
-            for c in &e.chunks {
-                owner.entry(c.digest).or_insert((c.len, key.clone()));
-            }
-        }
-        let chunks: Vec<(Digest, u64, String)> =
-            owner.into_iter().map(|(d, (n, k))| (d, n, k)).collect();
-        let total: u64 = chunks.iter().map(|c| c.1).sum();
-        let done = AtomicU64::new(0);
-        let results = parallel_map(&chunks, threads, |(d, n, key)| {
-            let mut buf = vec![0u8; *n as usize];
-            let c = ChunkRef {
-                digest: *d,
-                len: *n,
-            };
-            let r = self.chunks.read_into(&c, key, &mut buf);
-            progress(done.fetch_add(*n, Ordering::Relaxed) + n, total);
-            r
-        });
-        let mut report = VerifyReport::default();
-        for ((d, n, key), r) in chunks.into_iter().zip(results) {
-            report.chunks += 1;
-            report.bytes += n;
-            if let Err(e) = r {
-                report.problems.push((d.hex(), key, e.to_string()));
-            }
-        }
-        Ok(report)
+/// The names in a directory, sorted.
+fn names_in(dir: &Path) -> Result<Vec<String>, CkptError> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(CkptError::io(dir))? {
+        let e = e.map_err(CkptError::io(dir))?;
+        out.push(e.file_name().to_string_lossy().into_owned());
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn kind_of(m: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = m.file_type();
+    match () {
+        _ if t.is_file() => "a file",
+        _ if t.is_symlink() => "a symbolic link",
+        _ if t.is_fifo() => "a FIFO",
+        _ if t.is_socket() => "a socket",
+        _ => "a device",
     }
 }
 
@@ -531,36 +630,7 @@ fn entry_of(it: &SaveItem<'_>, chunks: Vec<ChunkRef>) -> Entry {
         shape: it.shape.clone(),
         nbytes: it.bytes.len() as u64,
         chunks,
+        pack: None,
         meta: it.meta.clone(),
     }
-}
-
-/// What changed from checkpoint `a` to `b`: entries whose chunks differ, with the bytes of
-/// the chunks that are new in `b`, and entries added or removed.
-pub fn diff(a: &Manifest, b: &Manifest) -> DiffReport {
-    let mut out = DiffReport::default();
-    for (key, eb) in &b.entries {
-        match a.entries.get(key) {
-            None => out.added.push(key.clone()),
-            Some(ea) if ea.chunks != eb.chunks => {
-                let old: BTreeSet<Digest> = ea.chunks.iter().map(|c| c.digest).collect();
-                let bytes: u64 = eb
-                    .chunks
-                    .iter()
-                    .filter(|c| !old.contains(&c.digest))
-                    .map(|c| c.len)
-                    .sum();
-                out.changed_bytes += bytes;
-                out.changed.push((key.clone(), bytes));
-            }
-            Some(_) => {}
-        }
-    }
-    out.removed = a
-        .entries
-        .keys()
-        .filter(|k| !b.entries.contains_key(*k))
-        .cloned()
-        .collect();
-    out
 }

@@ -85,10 +85,7 @@ impl StagingPool {
                     Ok(b) => break b,
                     Err(e) => {
                         st.allocated -= 1;
-                        return Some(Err(CkptError::Io {
-                            path: "staging buffer".into(),
-                            source: e,
-                        }));
+                        return Some(Err(CkptError::io("staging buffer")(e)));
                     }
                 }
             }
@@ -127,7 +124,7 @@ pub struct WriteTask {
 }
 
 /// What a finished job did.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct JobReport {
     pub chunks_written: usize,
     pub bytes_written: u64,
@@ -151,6 +148,15 @@ struct Shared {
     stop: AtomicBool,
     first_error: Mutex<Option<CkptError>>,
     pool: Arc<StagingPool>,
+    /// Where pushed chunks go: the writers' queue while pushes are expected.
+    pushes: Mutex<Option<mpsc::Sender<(ChunkRef, AlignedBuf)>>>,
+    /// Set once the front end pushed its last chunk (or at once when none are expected).
+    pushes_done: Mutex<bool>,
+    pushes_ended: Condvar,
+    /// Digests of pushed chunks, for the final sync.
+    pushed: Mutex<Vec<Digest>>,
+    /// Chunks this job created (not those it found stored): what a failed save removes.
+    created: Mutex<Vec<Digest>>,
 }
 
 impl Shared {
@@ -162,14 +168,19 @@ impl Shared {
         drop(first);
         self.stop.store(true, Ordering::Relaxed);
         self.pool.wake_all();
+        self.end_pushes();
     }
 
     fn error(&self) -> Option<CkptError> {
         self.first_error
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map(CkptError::duplicate)
+            .clone()
+    }
+
+    fn end_pushes(&self) {
+        *self.pushes_done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.pushes_ended.notify_all();
     }
 
     fn set<T>(&self, slot: &Mutex<Outcome<T>>, v: Result<T, CkptError>) {
@@ -199,6 +210,24 @@ impl WriteJob {
         writers: usize,
         keep: Box<dyn Send>,
     ) -> Result<WriteJob, CkptError> {
+        // SAFETY: the caller's contract.
+        unsafe { WriteJob::start_with_pushes(chunks, tasks, pool, writers, keep, false) }
+    }
+
+    /// [`WriteJob::start`], with more chunks to come through [`WriteJob::push`] when
+    /// `pushes` (bytes that pass through a window, such as a device tensor's): the job is
+    /// staged once its tasks are and [`WriteJob::end_pushes`] was called.
+    ///
+    /// # Safety
+    /// As for [`WriteJob::start`].
+    pub unsafe fn start_with_pushes(
+        chunks: ChunkStore,
+        tasks: Vec<WriteTask>,
+        pool: Arc<StagingPool>,
+        writers: usize,
+        keep: Box<dyn Send>,
+        pushes: bool,
+    ) -> Result<WriteJob, CkptError> {
         if let Some(t) = tasks
             .iter()
             .find(|t| t.chunk.len as usize > pool.chunk_bytes)
@@ -219,15 +248,17 @@ impl WriteJob {
             stop: AtomicBool::new(false),
             first_error: Mutex::new(None),
             pool,
+            pushes: Mutex::new(None),
+            pushes_done: Mutex::new(!pushes),
+            pushes_ended: Condvar::new(),
+            pushed: Mutex::new(Vec::new()),
+            created: Mutex::new(Vec::new()),
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("sluice-ckpt-save".into())
             .spawn(move || run(&s, &chunks, tasks, writers.max(1), keep))
-            .map_err(|e| CkptError::Io {
-                path: "sluice-ckpt-save thread".into(),
-                source: e,
-            })?;
+            .map_err(CkptError::io("sluice-ckpt-save thread"))?;
         Ok(WriteJob {
             shared,
             thread: Some(thread),
@@ -255,7 +286,7 @@ impl WriteJob {
             if let Some(r) = &*slot.lock().unwrap_or_else(|p| p.into_inner()) {
                 return Some(match r {
                     Ok(v) => Ok(v.clone()),
-                    Err(e) => Err(e.duplicate()),
+                    Err(e) => Err(e.clone()),
                 });
             }
             let step = match deadline {
@@ -274,6 +305,66 @@ impl WriteJob {
     /// Asks the job to stop; waits for staged and durable then report it.
     pub fn cancel(&self, why: &str) {
         self.shared.fail(CkptError::Cancelled(why.to_string()));
+    }
+
+    /// Stages `chunks` — (chunk, address of its bytes) — and queues them for writing;
+    /// returns once they are copied out (the caller may reuse the memory), waiting while
+    /// the pool's budget is spent.
+    ///
+    /// # Safety
+    /// Each address must point at the chunk's bytes, readable until this call returns.
+    pub unsafe fn push(&self, chunks: &[(ChunkRef, usize)]) -> Result<(), CkptError> {
+        let s = &self.shared;
+        for (c, src) in chunks {
+            if c.len as usize > s.pool.chunk_bytes {
+                return Err(CkptError::arg(
+                    format!("chunk {}", c.digest),
+                    format!("{} bytes exceed the pool's {}", c.len, s.pool.chunk_bytes),
+                ));
+            }
+            let tx = s.pushes.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let Some(tx) = tx else {
+                return Err(s
+                    .error()
+                    .unwrap_or_else(|| CkptError::arg("push", "the job takes no more chunks")));
+            };
+            // SAFETY: the caller's contract.
+            let bytes = unsafe { std::slice::from_raw_parts(*src as *const u8, c.len as usize) };
+            match s.pool.stage(bytes, &s.stop) {
+                Some(Ok(buf)) => {
+                    s.pushed
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(c.digest);
+                    if tx.send((*c, buf)).is_err() {
+                        break;
+                    }
+                }
+                Some(Err(e)) => {
+                    s.fail(e.clone());
+                    return Err(e);
+                }
+                None => break,
+            }
+        }
+        match s.error() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// No more pushes: the job becomes staged once its own tasks are.
+    pub fn end_pushes(&self) {
+        self.shared.end_pushes();
+    }
+
+    /// The chunks this job created (not the ones it found stored).
+    pub fn created(&self) -> Vec<Digest> {
+        self.shared
+            .created
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 
@@ -305,6 +396,7 @@ fn run(
     let t0 = Instant::now();
     let (tx, rx) = mpsc::channel::<(ChunkRef, AlignedBuf)>();
     let rx = Mutex::new(rx);
+    *s.pushes.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx.clone());
     let written = AtomicU64::new(0);
     let written_chunks = AtomicU64::new(0);
     let present = AtomicU64::new(0);
@@ -321,6 +413,10 @@ fn run(
                         Ok(true) => {
                             written.fetch_add(c.len, Ordering::Relaxed);
                             written_chunks.fetch_add(1, Ordering::Relaxed);
+                            s.created
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push(c.digest);
                         }
                         Ok(false) => {
                             present.fetch_add(1, Ordering::Relaxed);
@@ -354,6 +450,13 @@ fn run(
             }
         }
         drop(keep); // the live state is no longer read
+                    // Pushed chunks (streamed through a window) stage on the pushing thread.
+        let mut done = s.pushes_done.lock().unwrap_or_else(|p| p.into_inner());
+        while !*done {
+            done = s.pushes_ended.wait(done).unwrap_or_else(|p| p.into_inner());
+        }
+        drop(done);
+        s.pushes.lock().unwrap_or_else(|p| p.into_inner()).take();
         staged_s = t0.elapsed().as_secs_f64();
         let staged = match s.error() {
             Some(e) => Err(e),
@@ -365,7 +468,8 @@ fn run(
     let result = match s.error() {
         Some(e) => Err(e),
         None => {
-            let digests: Vec<Digest> = tasks.iter().map(|t| t.chunk.digest).collect();
+            let mut digests: Vec<Digest> = tasks.iter().map(|t| t.chunk.digest).collect();
+            digests.extend(s.pushed.lock().unwrap_or_else(|p| p.into_inner()).iter());
             chunks.sync(&digests).map(|()| {
                 let bytes = written.load(Ordering::Relaxed);
                 let busy = busy_ns.load(Ordering::Relaxed) as f64 / 1e9 / writers as f64;
@@ -382,7 +486,7 @@ fn run(
         }
     };
     if let Err(e) = &result {
-        s.fail(e.duplicate());
+        s.fail(e.clone());
     }
     s.set(&s.durable, result);
 }

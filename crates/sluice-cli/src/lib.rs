@@ -808,7 +808,11 @@ pub fn ckpt_exit_code(err: &commands::ckpt::CkptCliError) -> i32 {
     use commands::ckpt::CkptCliError;
     use sluice_ckpt::CkptError;
     match err {
-        CkptCliError::Ckpt(CkptError::InvalidArgument { .. }) => 2,
+        CkptCliError::Ckpt(
+            CkptError::InvalidArgument { .. }
+            | CkptError::ObjectUrl { .. }
+            | CkptError::ForeignDirectory { .. },
+        ) => 2,
         CkptCliError::Ckpt(CkptError::BadManifest { .. } | CkptError::NewerFormat { .. }) => {
             EXIT_INVALID
         }

@@ -11,7 +11,8 @@
 //!   POPULATE_READ), eviction (DONTNEED, PAGEOUT), DIO alignment (statx).
 //! - [`cgroup`]: memory cgroups, the limit that applies and a watermark.
 //! - [`numa`]: accelerator → NUMA node, binding threads to nodes.
-//! - [`atomic_write`]: replace a file, whole or not at all.
+//! - [`atomic_write`]: replace a file, whole or not at all; [`FileLock`]: the
+//!   `flock` every store directory is locked with.
 //! - [`Mapping`]: the one owner of every memory mapping; [`SharedMemory`]:
 //!   sealed memfds shared with another process over a Unix socket.
 //!
@@ -26,6 +27,7 @@ pub mod cgroup;
 mod engine_choice;
 mod error;
 mod faulty_engine;
+mod file_lock;
 mod file_mapping;
 mod io_engine;
 mod mapping;
@@ -39,6 +41,7 @@ mod shared_memory;
 mod source_file;
 mod sync_engine;
 mod thread_engine;
+mod unique_id;
 mod uring_engine;
 
 pub use aligned_buf::{page_size, populate_write, AlignedBuf};
@@ -49,6 +52,7 @@ pub use buffer_pool::{BufferPool, BufferPoolConfig, PoolStats, PooledBuf, Reserv
 pub use engine_choice::{select_engine, EngineChoice, EngineError};
 pub use error::{OpenError, PoolError};
 pub use faulty_engine::{Fault, FaultyEngine};
+pub use file_lock::{FileLock, LockError, LockMode, LockOpen};
 pub use file_mapping::FileMapping;
 pub use io_engine::{
     EngineKind, IoEngine, LentMemory, Next, OpSource, ReadOp, ReadTarget, Sink, WritableRanges,
@@ -64,4 +68,5 @@ pub use shared_memory::{recv_with_fd, send_with_fd, SharedMemory};
 pub use source_file::{DirectMode, RangeRead, SourceFile};
 pub use sync_engine::SyncEngine;
 pub use thread_engine::{drive, ThreadEngine};
+pub use unique_id::unique_hex;
 pub use uring_engine::{probe_io_uring, UringEngine};

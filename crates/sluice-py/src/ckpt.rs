@@ -1,26 +1,27 @@
-//! `sluice.ckpt` natives: hash state into chunks, plan a grouped write, stage and write a
-//! rank's share in the background, publish a manifest, load, list, verify and collect
-//! garbage. `sluice/ckpt.py` resolves tensors to (address, length) of contiguous host
-//! memory and keeps it alive for each call (for a write job, the job holds it until
-//! staged); the GIL is released for all hashing and I/O.
+//! `sluice.ckpt` natives: conversions between Python and `sluice-ckpt`, nothing more.
+//!
+//! `sluice/ckpt/` flattens state and resolves tensors to (address, length) of host memory
+//! it keeps alive for each call, and runs the group's collectives; everything else (path
+//! checks, hashing and packing, the write plan, the save job and its commit, the read
+//! plan, the store) is `sluice-ckpt`'s. The GIL is released for all hashing, I/O and
+//! waiting.
 
-use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use pyo3::prelude::*;
-
 use pyo3::types::PyBytes;
 use sluice_ckpt::{
-    chunk, ChunkRef, CkptError, CkptStore, Digest, Entry, EntryKind, Manifest, PlanInput,
-    StagingPool, WriteJob, WritePlanner, WriteTask,
+    decode_needs, encode_needs, ChunkRef, CkptPath, CkptStore, Digest, EntryHead, Fetch, Manifest,
+    ReadPlan, Replica, SaveJob, SaveOptions, SavePlan, Saver, Share, ShareTable, Source,
 };
 
+use crate::convert::to_py;
 use crate::errors::{ckpt_to_py, config_error};
 
-/// One process's planner: its cache spans the saves of a training run.
-static PLANNER: LazyLock<Mutex<WritePlanner>> = LazyLock::new(|| Mutex::new(WritePlanner::new()));
+/// This process's planner cache and measured bandwidth, shared by its saves.
+static SAVER: LazyLock<Saver> = LazyLock::new(Saver::new);
 
 fn threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
@@ -36,33 +37,25 @@ fn digest(d: &[u8]) -> PyResult<Digest> {
     Ok(Digest(bytes))
 }
 
-/// The bytes at `addr..addr + len` (an empty slice for `len == 0`, whatever `addr`: an
-/// empty tensor's data pointer may be null).
-///
-/// # Safety
-/// For `len > 0`, the range must be readable host memory that outlives the slice.
-unsafe fn region<'a>(addr: usize, len: usize) -> &'a [u8] {
-    if len == 0 {
-        return &[];
-    }
-    // SAFETY: the caller's contract.
-    unsafe { std::slice::from_raw_parts(addr as *const u8, len) }
+fn tables(raw: &[Vec<u8>]) -> PyResult<Vec<ShareTable>> {
+    raw.iter()
+        .enumerate()
+        .map(|(r, b)| ShareTable::decode(b, r).map_err(ckpt_to_py))
+        .collect()
 }
 
-/// [`region`], writable.
-///
-/// # Safety
-/// For `len > 0`, the range must be writable host memory no one else touches meanwhile.
-unsafe fn region_mut<'a>(addr: usize, len: usize) -> &'a mut [u8] {
-    if len == 0 {
-        return &mut [];
-    }
-    // SAFETY: the caller's contract.
-    unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) }
+/// `STORE/NAME` checked: (store, name). Refuses object URLs, `..`, paths that name no
+/// checkpoint and names the store uses itself.
+#[pyfunction]
+pub fn ckpt_path(path: &str) -> PyResult<(PathBuf, String)> {
+    let p = CkptPath::parse(path).map_err(ckpt_to_py)?;
+    Ok((p.root, p.name))
 }
 
-fn to_json<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_string(v).expect("reports always serialize")
+/// Checks a store path (no object URL, no `..`).
+#[pyfunction]
+pub fn ckpt_check_store(path: PathBuf) -> PyResult<()> {
+    sluice_ckpt::check_store_path(&path).map_err(ckpt_to_py)
 }
 
 /// `value` (an int, or a string such as "4MiB") as bytes; `name` for the error.
@@ -71,146 +64,148 @@ pub fn ckpt_size(name: &str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
     crate::config::byte_size(name, value)
 }
 
-/// Chunks and hashes each (address, length) region. Returns the chunks in a compact
-/// table: their digests (32 bytes each), their lengths (u64 little-endian each), and how
-/// many chunks each region has.
+/// Entries below this many bytes share packs (for chunks of `chunk_bytes`).
 #[pyfunction]
-pub fn ckpt_hash<'py>(
-    py: Python<'py>,
-    regions: Vec<(usize, usize)>,
-    chunk_bytes: usize,
-) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Vec<usize>)> {
-    if chunk_bytes == 0 {
-        return Err(config_error("sluice.ckpt: chunk_bytes must be at least 1"));
-    }
-    let (digests, lens, counts) = py.detach(|| {
-        let mut digests = Vec::new();
-        let mut lens = Vec::new();
-        let mut counts = Vec::with_capacity(regions.len());
-        for &(addr, len) in &regions {
-            // SAFETY: sluice/ckpt.py passes contiguous host memory it keeps alive and
-            // unchanged for this call.
-            let bytes = unsafe { region(addr, len) };
-            let chunks = chunk(bytes, chunk_bytes, threads());
-            counts.push(chunks.len());
-            for c in chunks {
-                digests.extend_from_slice(&c.digest.0);
-                lens.extend_from_slice(&c.len.to_le_bytes());
-            }
-        }
-        (digests, lens, counts)
-    });
-    Ok((PyBytes::new(py, &digests), PyBytes::new(py, &lens), counts))
+pub fn ckpt_pack_below(chunk_bytes: u64) -> u64 {
+    sluice_ckpt::pack_below(chunk_bytes)
 }
 
-/// A chunk table (digests, lengths) as chunk references.
-fn table(digests: &[u8], lens: &[u8]) -> PyResult<Vec<ChunkRef>> {
-    if digests.len() % 32 != 0 || lens.len() % 8 != 0 || digests.len() / 32 != lens.len() / 8 {
-        return Err(config_error(format!(
-            "sluice.ckpt: a chunk table of {} digest bytes and {} length bytes",
-            digests.len(),
-            lens.len()
-        )));
-    }
-    Ok(digests
-        .chunks_exact(32)
-        .zip(lens.chunks_exact(8))
-        .map(|(d, n)| ChunkRef {
-            digest: Digest(d.try_into().expect("32 bytes")),
-            len: u64::from_le_bytes(n.try_into().expect("8 bytes")),
+/// This process's write bandwidth for the next plan (bytes/s).
+#[pyfunction]
+pub fn ckpt_bandwidth() -> f64 {
+    SAVER.bandwidth()
+}
+
+/// A rank's state, hashed: the entries (a JSON list of heads) and where each one's bytes
+/// are (an address of host memory, or -1 for bytes streamed through windows later).
+#[pyclass(name = "CkptShare", module = "sluice._sluice")]
+pub struct PyShare {
+    share: Option<Share>,
+    /// Once a save holds the share (it owns the packs' bytes until staged).
+    shared: Option<Arc<Share>>,
+}
+
+#[pymethods]
+impl PyShare {
+    #[new]
+    fn new(py: Python<'_>, heads: &str, sources: Vec<i64>, chunk_bytes: u64) -> PyResult<Self> {
+        let heads: Vec<EntryHead> = serde_json::from_str(heads)
+            .map_err(|e| config_error(format!("sluice.ckpt: entries: {e}")))?;
+        let sources: Vec<Source> = sources
+            .iter()
+            .map(|&a| match a {
+                a if a < 0 => Source::Streamed,
+                a => Source::Host(a as usize),
+            })
+            .collect();
+        // SAFETY: sluice/ckpt passes addresses of contiguous host memory it keeps alive
+        // and unchanged until the save is staged (the `keep` handed to the save job).
+        let share = py
+            .detach(|| unsafe { Share::hash(heads, sources, chunk_bytes, threads()) })
+            .map_err(ckpt_to_py)?;
+        Ok(PyShare {
+            share: Some(share),
+            shared: None,
         })
-        .collect())
+    }
+
+    /// Hashes `len` bytes at `addr`: streamed entry `entry`'s bytes from `offset`.
+    fn hash_window(
+        &mut self,
+        py: Python<'_>,
+        entry: usize,
+        offset: u64,
+        addr: usize,
+        len: usize,
+    ) -> PyResult<()> {
+        let share = self
+            .share
+            .as_mut()
+            .ok_or_else(|| config_error("sluice.ckpt: share in use"))?;
+        // SAFETY: sluice/ckpt passes a window of `len` bytes it holds for this call.
+        let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+        py.detach(|| share.hash_window(entry, offset, bytes, threads()))
+            .map_err(ckpt_to_py)
+    }
+
+    /// The table the other ranks see, as bytes.
+    fn table<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let share = self.get()?;
+        let t = share.table().map_err(ckpt_to_py)?;
+        Ok(PyBytes::new(py, &t.encode()))
+    }
 }
 
-/// A write plan for a grouped save. `ranks[r]` is rank r's chunk table (digests,
-/// lengths), `bandwidth[r]` its write bytes/s, `stored` the digests (32 bytes each) the
-/// store already holds. Returns per rank the indices (u32 little-endian) into its own
-/// table of the chunks it writes, the planned finish time, and whether the quotas came
-/// from the plan cache.
+impl PyShare {
+    fn get(&self) -> PyResult<&Share> {
+        match (&self.share, &self.shared) {
+            (Some(s), _) => Ok(s),
+            (None, Some(s)) => Ok(s),
+            _ => Err(config_error("sluice.ckpt: the share was closed")),
+        }
+    }
+
+    /// The share, from now on shared with a save job.
+    fn arc(&mut self) -> PyResult<Arc<Share>> {
+        if let Some(s) = self.share.take() {
+            self.shared = Some(Arc::new(s));
+        }
+        self.shared
+            .clone()
+            .ok_or_else(|| config_error("sluice.ckpt: the share was closed"))
+    }
+}
+
+/// Keeps only the entries named in `keep` of an encoded table (DCP publishes the items it
+/// planned, not everything a rank staged).
+#[pyfunction]
+pub fn ckpt_table_keep<'py>(
+    py: Python<'py>,
+    table: Vec<u8>,
+    rank: usize,
+    keep: std::collections::HashSet<String>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let t = ShareTable::decode(&table, rank).map_err(ckpt_to_py)?;
+    Ok(PyBytes::new(py, &t.retain(|k| keep.contains(k)).encode()))
+}
+
+/// (entries, logical bytes, content-unique bytes) of every rank's table.
+#[pyfunction]
+pub fn ckpt_totals(tables_raw: Vec<Vec<u8>>) -> PyResult<(usize, u64, u64)> {
+    Ok(sluice_ckpt::totals(&tables(&tables_raw)?))
+}
+
+/// Rank 0's plan for a save: who writes what, and the save's token (as bytes, to
+/// broadcast).
 #[pyfunction]
 pub fn ckpt_plan<'py>(
     py: Python<'py>,
-    ranks: Vec<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)>,
+    store: &PyCkptStore,
+    tables_raw: Vec<Vec<u8>>,
     bandwidth: Vec<f64>,
-    stored: Bound<'py, PyBytes>,
-) -> PyResult<(Vec<Bound<'py, PyBytes>>, f64, bool)> {
-    let held: Vec<Vec<ChunkRef>> = ranks
-        .iter()
-        .map(|(d, n)| table(d.as_bytes(), n.as_bytes()))
-        .collect::<PyResult<_>>()?;
-    let stored = stored.as_bytes();
-    if stored.len() % 32 != 0 {
-        return Err(config_error(
-            "sluice.ckpt: stored digests are 32 bytes each",
-        ));
-    }
-    let stored: HashSet<Digest> = stored
-        .chunks_exact(32)
-        .map(|d| Digest(d.try_into().expect("32 bytes")))
-        .collect();
-    let (indices, makespan, cached) = py
-        .detach(|| -> Result<_, CkptError> {
-            let plan = PLANNER
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .plan(&PlanInput {
-                    ranks: &held,
-                    bandwidth: &bandwidth,
-                    stored: &stored,
-                })?;
-            // Each assigned chunk as its first index in the rank's own table.
-            let indices: Vec<Vec<u8>> = plan
-                .assignments
-                .iter()
-                .zip(&held)
-                .map(|(mine, table)| {
-                    let mut want: HashSet<Digest> = mine.iter().map(|c| c.digest).collect();
-                    let mut out = Vec::with_capacity(4 * mine.len());
-                    for (i, c) in table.iter().enumerate() {
-                        if want.remove(&c.digest) {
-                            out.extend_from_slice(&(i as u32).to_le_bytes());
-                        }
-                    }
-                    out
-                })
-                .collect();
-            Ok((indices, plan.makespan_s, plan.cached))
-        })
+) -> PyResult<Bound<'py, PyBytes>> {
+    let store = store.get()?;
+    let tables = tables(&tables_raw)?;
+    let plan = py
+        .detach(|| SAVER.plan(&store, &tables, &bandwidth))
         .map_err(ckpt_to_py)?;
-    let out = indices.iter().map(|v| PyBytes::new(py, v)).collect();
-    Ok((out, makespan, cached))
+    Ok(PyBytes::new(py, &plan.encode()))
 }
 
-/// A rank's entries (JSON), chunk digests, chunk lengths and chunks per entry.
-type RankTable<'py> = (String, Bound<'py, PyBytes>, Bound<'py, PyBytes>, Vec<usize>);
+/// A streamed chunk as Python sees it: (digest, length, entry, offset).
+type StreamedRow = (Vec<u8>, u64, usize, u64);
 
-/// An entry as sluice/ckpt.py describes it, without its chunks.
-#[derive(serde::Deserialize)]
-struct EntryHead {
-    key: String,
-    kind: EntryKind,
-    #[serde(default)]
-    dtype: Option<String>,
-    #[serde(default)]
-    shape: Option<Vec<u64>>,
-    nbytes: u64,
-    #[serde(default)]
-    meta: serde_json::Value,
+/// A rank's save in flight.
+#[pyclass(name = "CkptSave", module = "sluice._sluice")]
+pub struct PySave {
+    job: Option<Arc<SaveJob>>,
 }
 
-/// A rank's share of a save, staging and writing in the background.
-#[pyclass(name = "CkptJob", module = "sluice._sluice")]
-pub struct PyCkptJob {
-    job: Option<WriteJob>,
-    /// The store's shared lock, held while the job writes.
-    store: Option<Arc<CkptStore>>,
-}
-
-impl PyCkptJob {
-    fn job(&self) -> PyResult<&WriteJob> {
+impl PySave {
+    fn job(&self) -> PyResult<Arc<SaveJob>> {
         self.job
-            .as_ref()
-            .ok_or_else(|| config_error("sluice.ckpt: the save job was closed"))
+            .clone()
+            .ok_or_else(|| config_error("sluice.ckpt: the save was closed"))
     }
 }
 
@@ -219,7 +214,43 @@ fn timeout(t: Option<f64>) -> Option<Duration> {
 }
 
 #[pymethods]
-impl PyCkptJob {
+impl PySave {
+    /// The chunks of streamed entries this rank writes: (digest, length, entry, offset).
+    fn streamed(&self) -> PyResult<Vec<StreamedRow>> {
+        Ok(self
+            .job()?
+            .streamed()
+            .iter()
+            .map(|t| (t.chunk.digest.0.to_vec(), t.chunk.len, t.entry, t.offset))
+            .collect())
+    }
+
+    /// Stages chunks (digest, length, address) streamed through a window; returns once
+    /// the window may be reused.
+    fn push(&self, py: Python<'_>, chunks: Vec<(Vec<u8>, u64, usize)>) -> PyResult<()> {
+        let job = self.job()?;
+        let chunks = chunks
+            .iter()
+            .map(|(d, n, a)| {
+                Ok((
+                    ChunkRef {
+                        digest: digest(d)?,
+                        len: *n,
+                    },
+                    *a,
+                ))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        // SAFETY: sluice/ckpt passes a window holding these chunks for this call.
+        py.detach(|| unsafe { job.push(&chunks) })
+            .map_err(ckpt_to_py)
+    }
+
+    fn end_pushes(&self) -> PyResult<()> {
+        self.job()?.end_pushes();
+        Ok(())
+    }
+
     /// Seconds staging took once staged; None if `timeout` passed first.
     #[pyo3(signature = (timeout=None))]
     fn wait_staged(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<f64>> {
@@ -230,40 +261,116 @@ impl PyCkptJob {
         }
     }
 
-    /// The job's report (JSON) once durable; None if `timeout` passed first.
-    #[pyo3(signature = (timeout=None))]
-    fn wait_durable(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<String>> {
-        let job = self.job()?;
-        match py.detach(|| job.wait_durable(self::timeout(timeout))) {
-            None => Ok(None),
-            Some(r) => r.map(|rep| Some(to_json(&rep))).map_err(ckpt_to_py),
-        }
+    /// (address, length) of each chunk of this rank's share: what it sends to the next
+    /// rank when replicated.
+    fn replica_sends(&self) -> PyResult<Vec<(usize, u64)>> {
+        Ok(self.job()?.replica_sends())
     }
 
-    /// Stops the job (its waits then raise); returns at once.
+    /// Lengths of the previous rank's chunks, in the order they are received.
+    fn replica_lengths(&self) -> PyResult<Vec<u64>> {
+        let chunks = self.job()?.replica_chunks().map_err(ckpt_to_py)?;
+        Ok(chunks.iter().map(|c| c.len).collect())
+    }
+
+    /// Waits until durable and commits; the save's summary. `replica`: (address, length)
+    /// of the previous rank's share held here (replicated saves).
+    #[pyo3(signature = (replica=None))]
+    fn finish<'py>(
+        &self,
+        py: Python<'py>,
+        replica: Option<(usize, u64)>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let job = self.job()?;
+        let replica = replica.map(|(addr, len)| Replica { addr, len });
+        let summary = py
+            .detach(|| job.finish(&SAVER, replica))
+            .map_err(ckpt_to_py)?;
+        to_py(py, &summary)
+    }
+
+    /// Stops the save (its waits then raise); returns at once.
     fn cancel(&self, why: &str) -> PyResult<()> {
         self.job()?.cancel(why);
         Ok(())
     }
 
-    /// Cancels if unfinished and waits for the job's threads (the GIL released); lets go
-    /// of the store.
+    /// Cancels if unfinished and waits for the job's threads (the GIL released).
     fn close(&mut self, py: Python<'_>) {
         if let Some(job) = self.job.take() {
             py.detach(move || drop(job));
         }
-        self.store = None;
     }
 }
 
-impl Drop for PyCkptJob {
+impl Drop for PySave {
     fn drop(&mut self) {
         if let Some(job) = self.job.take() {
-            // Dropping joins the job's thread, which may be writing: do it without the GIL
-            // where this thread holds it (a job's threads never take the GIL, so holding it
-            // cannot deadlock them; releasing it lets the rest of Python run meanwhile).
+            // Dropping joins the job's threads, which never take the GIL: release it
+            // meanwhile where this thread holds it.
             Python::attach(|py| py.detach(move || drop(job)));
         }
+    }
+}
+
+/// A load's reads on one rank.
+#[pyclass(name = "CkptFetch", module = "sluice._sluice")]
+pub struct PyFetch {
+    fetch: Mutex<Fetch>,
+    store: Arc<CkptStore>,
+    plan: Mutex<Option<(ReadPlan, Vec<Vec<ChunkRef>>)>>,
+}
+
+#[pymethods]
+impl PyFetch {
+    /// The chunks this rank needs, as bytes (40 a chunk) for the other ranks.
+    fn needs<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        let f = self.fetch.lock().unwrap_or_else(|p| p.into_inner());
+        PyBytes::new(py, &encode_needs(&f.needs()))
+    }
+
+    /// Plans the group's reads from every rank's needs and reads (and verifies) this
+    /// rank's part.
+    fn read(&self, py: Python<'_>, all_needs: Vec<Vec<u8>>, rank: usize) -> PyResult<()> {
+        let needs = all_needs
+            .iter()
+            .enumerate()
+            .map(|(r, b)| decode_needs(b, r))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(ckpt_to_py)?;
+        let plan = ReadPlan::new(&needs);
+        py.detach(|| {
+            let mut f = self.fetch.lock().unwrap_or_else(|p| p.into_inner());
+            f.read(&self.store, &plan, rank, threads())
+        })
+        .map_err(ckpt_to_py)?;
+        *self.plan.lock().unwrap_or_else(|p| p.into_inner()) = Some((plan, needs));
+        Ok(())
+    }
+
+    /// This rank's sends and receives: (send, peer, address, length), in one order all
+    /// ranks derive alike.
+    fn transfers(&self, rank: usize) -> PyResult<Vec<(bool, usize, usize, u64)>> {
+        let plan = self.plan.lock().unwrap_or_else(|p| p.into_inner());
+        let (plan, needs) = plan
+            .as_ref()
+            .ok_or_else(|| config_error("sluice.ckpt: transfers() before read()"))?;
+        let mut f = self.fetch.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(f.transfers(plan, needs, rank)
+            .into_iter()
+            .map(|t| (t.send, t.peer, t.addr, t.len))
+            .collect())
+    }
+
+    /// Copies every chunk to its other places; what this rank read and received.
+    fn finish<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let report = py.detach(|| {
+            self.fetch
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .finish()
+        });
+        to_py(py, &report)
     }
 }
 
@@ -286,7 +393,7 @@ impl PyCkptStore {
 }
 
 /// Opens the checkpoint store at `root`; `create`: make it if absent (a save), else a
-/// path that is no store is an error and nothing is created (loads, listings).
+/// path that is no store is an error, nothing is created and only read access is needed.
 #[pyfunction]
 #[pyo3(signature = (root, create=false))]
 pub fn ckpt_open(py: Python<'_>, root: PathBuf, create: bool) -> PyResult<PyCkptStore> {
@@ -308,182 +415,161 @@ impl PyCkptStore {
         Ok(self.get()?.root().to_path_buf())
     }
 
-    /// The digests (32 bytes each) of the chunks the newest checkpoint references: chunks
-    /// the store holds for sure (published, and kept from gc while this object lives).
-    fn known<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let store = self.get()?;
-        let out = py
-            .detach(|| -> Result<Vec<u8>, CkptError> {
-                let mut out = Vec::new();
-                if let Some((_, m)) = store.newest()? {
-                    for d in m.unique_chunks().keys() {
-                        out.extend_from_slice(&d.0);
-                    }
-                }
-                Ok(out)
-            })
-            .map_err(ckpt_to_py)?;
-        Ok(PyBytes::new(py, &out))
-    }
-
-    /// Starts writing `tasks` (digest: 32 bytes, length, source address), staged through a
-    /// pool of `staging_bytes`. `keep` keeps the sources alive; the job drops it once
-    /// staged.
-    fn write(
+    /// Starts this rank's share of a save: `share` hashed here, every rank's `tables`,
+    /// rank 0's `plan`. `keep` keeps the share's sources alive until staged.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (share, tables, plan, name, rank, world, chunk_bytes, staging_bytes,
+                        timeout_s, replicate, extra, keep, publish=true))]
+    fn start_save(
         &self,
         py: Python<'_>,
-        tasks: Vec<(Vec<u8>, u64, usize)>,
+        share: &mut PyShare,
+        tables: Vec<Vec<u8>>,
+        plan: Vec<u8>,
+        name: String,
+        rank: usize,
+        world: usize,
         chunk_bytes: u64,
         staging_bytes: u64,
+        timeout_s: f64,
+        replicate: bool,
+        extra: &str,
         keep: Py<PyAny>,
-    ) -> PyResult<PyCkptJob> {
+        publish: bool,
+    ) -> PyResult<PySave> {
         let store = self.get()?;
-        let tasks: Vec<WriteTask> = tasks
-            .iter()
-            .map(|(h, n, src)| {
-                Ok(WriteTask {
-                    chunk: ChunkRef {
-                        digest: digest(h)?,
-                        len: *n,
-                    },
-                    src: *src,
-                })
-            })
-            .collect::<PyResult<_>>()?;
+        let tables = self::tables(&tables)?;
+        let plan = SavePlan::decode(&plan).map_err(ckpt_to_py)?;
+        let extra = serde_json::from_str(extra)
+            .map_err(|e| config_error(format!("sluice.ckpt: manifest extra: {e}")))?;
+        if !(timeout_s.is_finite() && timeout_s > 0.0) {
+            return Err(config_error(format!(
+                "timeout: must be a positive number of seconds, got {timeout_s}"
+            )));
+        }
+        let opts = SaveOptions {
+            name,
+            rank,
+            world,
+            chunk_bytes,
+            staging_bytes,
+            timeout: Duration::from_secs_f64(timeout_s),
+            replicate,
+            extra,
+            publish,
+        };
+        let share = share.arc()?;
+        // SAFETY: sluice/ckpt keeps the sources alive in `keep`, which the job holds until
+        // staged, and leaves the state unchanged until then (the API's contract).
         let job = py
-            .detach(|| -> Result<WriteJob, CkptError> {
-                let pool = StagingPool::new(staging_bytes, chunk_bytes)?;
-                // SAFETY: sluice/ckpt.py passes addresses inside host memory that `keep`
-                // references; the job holds `keep` until it has copied every source, and
-                // the caller leaves the state unchanged until staged (the API's contract).
-                unsafe { WriteJob::start(store.chunks().clone(), tasks, pool, 2, Box::new(keep)) }
-            })
+            .detach(|| unsafe { SaveJob::start(store, share, tables, plan, opts, Box::new(keep)) })
             .map_err(ckpt_to_py)?;
-        Ok(PyCkptJob {
-            job: Some(job),
-            store: Some(store),
+        Ok(PySave {
+            job: Some(Arc::new(job)),
         })
     }
 
-    /// Publishes checkpoint `name` from the ranks' tables, once the store holds every
-    /// chunk. `ranks[r]` is (entries as a JSON list of {key, kind, dtype, shape, nbytes,
-    /// meta}, digests, lengths, chunks per entry); `extra` (JSON) is kept as the
-    /// manifest's `extra`.
+    /// Publishes checkpoint `name` from the ranks' tables (its chunks durable already):
+    /// DCP's coordinator, once every rank's writes are done.
     fn publish(
         &self,
         py: Python<'_>,
         name: String,
-        world_size: u32,
+        tables: Vec<Vec<u8>>,
+        world: u32,
         chunk_bytes: u64,
-        ranks: Vec<RankTable<'_>>,
         extra: &str,
     ) -> PyResult<()> {
         let store = self.get()?;
-        let mut m = Manifest::new(chunk_bytes, world_size);
-        m.extra = serde_json::from_str(extra)
+        let tables = self::tables(&tables)?;
+        let extra: serde_json::Value = serde_json::from_str(extra)
             .map_err(|e| config_error(format!("sluice.ckpt: manifest extra: {e}")))?;
-        for (r, (entries, digests, lens, counts)) in ranks.iter().enumerate() {
-            let heads: Vec<EntryHead> = serde_json::from_str(entries)
-                .map_err(|e| config_error(format!("sluice.ckpt: rank {r}'s entries: {e}")))?;
-            let chunks = table(digests.as_bytes(), lens.as_bytes())?;
-            if heads.len() != counts.len() || counts.iter().sum::<usize>() != chunks.len() {
-                return Err(config_error(format!(
-                    "sluice.ckpt: rank {r}: {} entries, {} counts, {} chunks do not match",
-                    heads.len(),
-                    counts.len(),
-                    chunks.len()
-                )));
-            }
-            let mut at = 0;
-            for (h, n) in heads.into_iter().zip(counts) {
-                let entry = Entry {
-                    kind: h.kind,
-                    dtype: h.dtype,
-                    shape: h.shape,
-                    nbytes: h.nbytes,
-                    chunks: chunks[at..at + n].to_vec(),
-                    meta: h.meta,
-                };
-                at += n;
-                if m.entries.insert(h.key.clone(), entry).is_some() {
-                    return Err(config_error(format!(
-                        "sluice.ckpt: entry {:?} saved twice",
-                        h.key
-                    )));
-                }
-            }
-        }
-        py.detach(|| store.publish(&name, &m)).map_err(ckpt_to_py)
-    }
-
-    /// The manifest of checkpoint `name`, as JSON.
-    fn manifest(&self, py: Python<'_>, name: String) -> PyResult<String> {
-        let store = self.get()?;
-        let m = py
-            .detach(|| Manifest::read(&store.checkpoint_dir(&name)?))
-            .map_err(ckpt_to_py)?;
-        Ok(to_json(&m))
-    }
-
-    /// Reads chunks (digest, length, destination address, entry named in errors) into
-    /// host memory, each verified against its digest.
-    fn read_chunks(
-        &self,
-        py: Python<'_>,
-        items: Vec<(Vec<u8>, u64, usize, String)>,
-    ) -> PyResult<()> {
-        let store = self.get()?;
-        let refs = items
-            .iter()
-            .map(|(d, n, _, _)| {
-                Ok(ChunkRef {
-                    digest: digest(d)?,
-                    len: *n,
-                })
-            })
-            .collect::<PyResult<Vec<_>>>()?;
         py.detach(|| {
-            let pieces = refs
-                .iter()
-                .zip(&items)
-                .map(|(c, (_, n, addr, key))| {
-                    // SAFETY: sluice/ckpt.py passes writable host memory of `n` bytes it
-                    // keeps alive for this call; no two destinations overlap.
-                    (*c, key.as_str(), unsafe { region_mut(*addr, *n as usize) })
-                })
-                .collect();
-            store.read_chunks(pieces, threads())
+            let mut m = Manifest::from_tables(&tables, world, chunk_bytes)?;
+            m.extra = extra;
+            store.publish(&name, &m)
         })
         .map_err(ckpt_to_py)
     }
 
-    /// The store's checkpoints (`ls`), as JSON.
-    fn ls(&self, py: Python<'_>) -> PyResult<String> {
+    /// Writes every chunk of `share` (host entries only) the store lacks, durably: an
+    /// entry one process adds to a save (DCP's metadata).
+    fn write_share(&self, py: Python<'_>, share: &PyShare, staging_bytes: u64) -> PyResult<()> {
         let store = self.get()?;
-        let infos = py.detach(|| store.infos()).map_err(ckpt_to_py)?;
-        Ok(to_json(&infos))
+        let share = share.get()?;
+        // SAFETY: sluice/ckpt keeps the share's sources alive for this call.
+        py.detach(|| unsafe { sluice_ckpt::write_share(&store, share, staging_bytes) })
+            .map(|_| ())
+            .map_err(ckpt_to_py)
     }
 
-    /// Re-hashes every chunk of checkpoint `name`; the report as JSON.
-    fn verify(&self, py: Python<'_>, name: String) -> PyResult<String> {
+    /// Checks that checkpoint `name` may be saved here (no foreign files where it goes).
+    fn prepare(&self, py: Python<'_>, name: String) -> PyResult<()> {
+        let store = self.get()?;
+        py.detach(|| store.prepare(&name).map(|_| ()))
+            .map_err(ckpt_to_py)
+    }
+
+    /// The manifest of checkpoint `name`.
+    fn manifest<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyAny>> {
+        let store = self.get()?;
+        let m = py
+            .detach(|| Manifest::read(&store.checkpoint_dir(&name)?))
+            .map_err(ckpt_to_py)?;
+        to_py(py, &m)
+    }
+
+    /// A load's reads of checkpoint `name` into `dests`: (entry, address, bytes).
+    fn fetch(
+        &self,
+        py: Python<'_>,
+        name: String,
+        dests: Vec<(String, usize, u64)>,
+    ) -> PyResult<PyFetch> {
+        let store = self.get()?;
+        let where_ = store.root().join(&name).display().to_string();
+        let fetch = py
+            .detach(|| {
+                let m = Manifest::read(&store.checkpoint_dir(&name)?)?;
+                // SAFETY: sluice/ckpt passes writable host buffers of these sizes, distinct,
+                // that it keeps alive and untouched until the fetch is finished.
+                unsafe { Fetch::new(&m, &dests, &where_) }
+            })
+            .map_err(ckpt_to_py)?;
+        Ok(PyFetch {
+            fetch: Mutex::new(fetch),
+            store,
+            plan: Mutex::new(None),
+        })
+    }
+
+    /// The store's checkpoints (`ls`).
+    fn ls<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let store = self.get()?;
+        let infos = py.detach(|| store.infos()).map_err(ckpt_to_py)?;
+        to_py(py, &infos)
+    }
+
+    /// Re-hashes every chunk of checkpoint `name`.
+    fn verify<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyAny>> {
         let store = self.get()?;
         let r = py
             .detach(|| store.verify(&name, threads()))
             .map_err(ckpt_to_py)?;
-        Ok(to_json(&r))
+        to_py(py, &r)
     }
 
-    /// Releases the store's lock (once the last job using it is closed too).
+    /// Releases the store's lock (once the last save using it is closed too).
     fn close(&self) {
         self.store.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 }
 
-/// Keeps the `keep` newest checkpoints; the report as JSON.
+/// Keeps the `keep` newest checkpoints; the report.
 #[pyfunction]
-pub fn ckpt_gc(py: Python<'_>, root: PathBuf, keep: usize) -> PyResult<String> {
+pub fn ckpt_gc<'py>(py: Python<'py>, root: PathBuf, keep: usize) -> PyResult<Bound<'py, PyAny>> {
     let r = py
         .detach(|| CkptStore::open_exclusive(&root)?.gc(keep))
         .map_err(ckpt_to_py)?;
-    Ok(to_json(&r))
+    to_py(py, &r)
 }

@@ -61,9 +61,14 @@ pub fn kv_to_py(err: sluice_kv::KvError) -> PyErr {
 pub fn ckpt_to_py(err: sluice_ckpt::CkptError) -> PyErr {
     use sluice_ckpt::CkptError;
     let class = match &err {
-        CkptError::InvalidArgument { .. } | CkptError::Unplannable(_) => "ConfigError",
+        CkptError::InvalidArgument { .. }
+        | CkptError::Unplannable(_)
+        | CkptError::ObjectUrl { .. }
+        | CkptError::ForeignDirectory { .. } => "ConfigError",
         CkptError::Busy { .. } => "StoreLockedError",
-        CkptError::Cancelled(_) => "SluiceError",
+        CkptError::Cancelled(_) | CkptError::RankFailed { .. } | CkptError::TimedOut { .. } => {
+            "SluiceError"
+        }
         CkptError::BadManifest { .. } | CkptError::NewerFormat { .. } => "StoreFormatError",
         CkptError::NoCheckpoint { .. }
         | CkptError::MissingChunk { .. }
@@ -72,7 +77,20 @@ pub fn ckpt_to_py(err: sluice_ckpt::CkptError) -> PyErr {
         CkptError::Io { source, .. } => io_class(source),
     };
     let message = err.to_string();
-    Python::attach(|py| raise(py, class, message))
+    let errno = err.errno();
+    Python::attach(|py| {
+        let e = raise(py, class, message);
+        if let Some(code) = errno {
+            // An OSError's errno (ENOSPC for a full disk) for callers that test it.
+            let v = e.value(py);
+            let _ = v.setattr("errno", code);
+            let _ = v.setattr(
+                "strerror",
+                std::io::Error::from_raw_os_error(code).to_string(),
+            );
+        }
+        e
+    })
 }
 
 /// The exception class of a failed file operation.

@@ -108,7 +108,9 @@ pub fn run_grid(
     }
     .min(jobs.len().max(1));
     let next = AtomicUsize::new(0);
-    let done = AtomicUsize::new(0);
+    // Counted and reported under one lock, so reports never go backwards (two workers
+    // finishing together could report 6 of 6, then 5 of 6).
+    let done = Mutex::new(0usize);
     let cancelled = AtomicBool::new(false);
     let results: Mutex<Vec<Option<Result<GridRow, SimError>>>> =
         Mutex::new((0..jobs.len()).map(|_| None).collect());
@@ -132,7 +134,9 @@ pub fn run_grid(
                 results
                     .lock()
                     .expect("no worker panics while holding the lock")[i] = Some(row);
-                if !progress(done.fetch_add(1, Ordering::Relaxed) + 1, jobs.len()) {
+                let mut n = done.lock().unwrap_or_else(|p| p.into_inner());
+                *n += 1;
+                if !progress(*n, jobs.len()) {
                     cancelled.store(true, Ordering::Relaxed);
                 }
             });
@@ -288,6 +292,26 @@ mod tests {
         .unwrap_err();
         assert!(matches!(err, SimError::Cancelled));
         assert_eq!(calls.into_inner(), 1, "one worker stops after one replay");
+    }
+
+    #[test]
+    fn progress_never_goes_backwards_with_many_workers() {
+        let mut c = config(4);
+        c.fractions = (1..=12).map(|i| i as f64 / 20.0).collect();
+        let seen = Mutex::new(Vec::new());
+        run_grid(&mut [zipfish_trace()], &c, &|done, total| {
+            if done == 1 {
+                // A slow first report (Python's callback takes the GIL): another worker
+                // that finishes meanwhile must not report 2 before this reports 1.
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            seen.lock().unwrap().push((done, total));
+            true
+        })
+        .unwrap();
+        let seen = seen.into_inner().unwrap();
+        let total = seen[0].1;
+        assert_eq!(seen, (1..=total).map(|d| (d, total)).collect::<Vec<_>>());
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use sluice_ckpt::{diff, CkptError, CkptStore, Manifest};
+use sluice_ckpt::{diff, CkptError, CkptPath, CkptStore, Manifest};
 
 use crate::{CkptDiffArgs, CkptGcArgs, CkptLsArgs, CkptPathArgs};
 
@@ -25,21 +25,11 @@ fn threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
-/// A checkpoint path `<store>/<name>` as its store and name.
+/// A checkpoint path `<store>/<name>` as its store and name (checked as every front
+/// checks it: `sluice_ckpt::CkptPath`).
 fn split(path: &Path) -> Result<(PathBuf, String), CkptError> {
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .map(str::to_string);
-    let store = path.parent().filter(|p| !p.as_os_str().is_empty());
-    match (store, name) {
-        (Some(s), Some(n)) => Ok((s.to_path_buf(), n)),
-        (None, Some(n)) => Ok((PathBuf::from("."), n)),
-        _ => Err(CkptError::InvalidArgument {
-            what: path.display().to_string(),
-            detail: "is not a checkpoint path (STORE/NAME)".into(),
-        }),
-    }
+    let p = CkptPath::parse_path(path)?;
+    Ok((p.root, p.name))
 }
 
 use super::human_bytes as human;

@@ -19,13 +19,15 @@ is itself an entry (``.dcp/metadata``) of the checkpoint, which is published las
 plan with the other ranks and starts copying this rank's share into a byte-budgeted
 staging pool; ``staging_completion`` resolves once that share is copied out (or, when it is
 larger than the pool, written), not after a full copy of the state.
+
+This module uses ``sluice.ckpt``'s internal API (``saving.stage``, ``loading.
+grouped_read``, ``state``), the same the plain save and load run on.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import logging
 import os
 import pickle
 import threading
@@ -47,11 +49,11 @@ from torch.distributed.checkpoint.storage import StorageReader as _DcpReader
 from torch.distributed.checkpoint.storage import StorageWriter as _DcpWriter
 from torch.distributed.checkpoint.storage import WriteResult
 
-from . import _sluice
-from . import ckpt as _ck
-from .errors import ConfigError, SluiceError, StoreFormatError, TensorNotFoundError
-
-log = logging.getLogger("sluice.ckpt")
+from .. import _sluice
+from ..errors import ConfigError, SluiceError, StoreFormatError, TensorNotFoundError
+from . import saving, state
+from .group import Group
+from .loading import grouped_read
 
 #: The entry that holds DCP's pickled global metadata.
 METADATA_KEY = ".dcp/metadata"
@@ -66,51 +68,32 @@ def entry_key(index: MetadataIndex) -> str:
     return f"{index.fqn}@{','.join(str(int(o)) for o in off)}"
 
 
-def _leaf(key: str, data: Any) -> _ck._Leaf:
-    """An entry's bytes: a tensor's host memory, or a BYTE_IO item's serialized bytes."""
+def _leaf(key: str, data: Any, chunk: int) -> state.Leaf:
+    """An entry's bytes: a tensor's memory (device tensors streamed, small ones packed), or
+    a BYTE_IO item's serialized bytes."""
     if isinstance(data, torch.Tensor):
-        owner, addr, n = _ck._host_bytes(key, data, stream=True)
-        leaf = _ck._Leaf(key, (key,), "tensor", owner, addr, n, _ck._dtype_name(data))
-        leaf.shape = list(data.shape)
-        leaf.meta = {"framework": "torch"}
-        return leaf
-    import numpy as np
-
+        return state.tensor_leaf(key, data, _sluice.ckpt_pack_below(chunk))
     raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
-    blob = np.frombuffer(raw, np.uint8)
-    addr = blob.__array_interface__["data"][0] if blob.nbytes else 0
-    return _ck._Leaf(key, (key,), "bytes", blob, addr, blob.nbytes, meta={"codec": "torch.save"})
-
-
-def _filter_table(
-    table: tuple[str, bytes, bytes, list[int]], keep: set[str]
-) -> tuple[str, bytes, bytes, list[int]]:
-    """A rank's chunk table cut down to the entries named in ``keep``."""
-    heads_json, digests, lens, counts = table
-    heads = json.loads(heads_json)
-    out_heads, out_d, out_l, out_c = [], [], [], []
-    at = 0
-    for h, n in zip(heads, counts):
-        if h["key"] in keep:
-            out_heads.append(h)
-            out_d.append(digests[32 * at : 32 * (at + n)])
-            out_l.append(lens[8 * at : 8 * (at + n)])
-            out_c.append(n)
-        at += n
-    return json.dumps(out_heads), b"".join(out_d), b"".join(out_l), out_c
+    return state.bytes_leaf(key, raw, {"codec": "torch.save"})
 
 
 class _Save:
     """One save between ``stage`` (or ``write_data``) and ``finish``."""
 
-    def __init__(self, staged: _ck._Staged, leaves: list[_ck._Leaf], world: int) -> None:
+    def __init__(self, staged: saving.Staged, leaves: list[state.Leaf], world: int) -> None:
         self.staged = staged
         self.sizes = {lf.key: lf.nbytes for lf in leaves}
         self.world = world
 
     def close(self) -> None:
-        self.staged.job.close()
-        self.staged.store.close()
+        if self.staged.pushes is not None:
+            self.staged.pushes.join()
+        self.staged.close()
+
+
+def _split(path: str) -> tuple[Path, str]:
+    root, name = _sluice.ckpt_path(path)
+    return Path(root), name
 
 
 class _Located:
@@ -119,18 +102,19 @@ class _Located:
 
     _call = "dcp.save"  # the DCP call that can give the path, for the message
 
-    def _set_path(self, path: Optional[_ck.PathLike]) -> None:
-        self.path: Optional[Path] = None
+    def _set_path(self, path: Any) -> None:
+        # Kept as given: a Path would fold an object URL's "s3://" into "s3:/".
+        self.path: Optional[str] = None
         if path is not None:
             self.reset(path)
 
     @property
     def checkpoint_id(self) -> Optional[str]:
-        return None if self.path is None else str(self.path)
+        return self.path
 
-    def reset(self, checkpoint_id: Optional[_ck.PathLike] = None) -> None:
+    def reset(self, checkpoint_id: Any = None) -> None:
         if checkpoint_id is not None:
-            self.path = Path(os.fspath(checkpoint_id))
+            self.path = os.fspath(checkpoint_id)
 
     def _where(self) -> tuple[Path, str]:
         if self.path is None:
@@ -139,7 +123,7 @@ class _Located:
                 f"sluice.ckpt.{cls}: no checkpoint path; give {cls}(STORE/NAME) "
                 f"or {self._call}(..., checkpoint_id=STORE/NAME)"
             )
-        return _ck._split(self.path)
+        return _split(self.path)
 
 
 class StorageWriter(_Located, _DcpWriter, AsyncStager):
@@ -154,20 +138,15 @@ class StorageWriter(_Located, _DcpWriter, AsyncStager):
 
     def __init__(
         self,
-        path: Optional[_ck.PathLike] = None,
+        path: Any = None,
         *,
         group: Any = None,
-        chunk_bytes: _ck.ByteSize = _ck.DEFAULT_CHUNK_BYTES,
-        staging_bytes: _ck.ByteSize = _ck.DEFAULT_STAGING_BYTES,
+        chunk_bytes: saving.ByteSize = saving.DEFAULT_CHUNK_BYTES,
+        staging_bytes: saving.ByteSize = saving.DEFAULT_STAGING_BYTES,
         bandwidth: Optional[float] = None,
     ) -> None:
         super().__init__()
-        self.chunk = _ck._size(chunk_bytes, "chunk_bytes")
-        self.staging = _ck._size(staging_bytes, "staging_bytes")
-        if self.staging < self.chunk:
-            raise ConfigError(f"staging_bytes ({self.staging}) must hold one chunk ({self.chunk})")
-        if bandwidth is not None and not bandwidth > 0:
-            raise ConfigError(f"bandwidth: must be positive bytes/s, got {bandwidth!r}")
+        self.chunk, self.staging = saving.check_sizes(chunk_bytes, staging_bytes, bandwidth)
         self.bandwidth = bandwidth
         self.group = group
         self._set_path(path)
@@ -176,15 +155,8 @@ class StorageWriter(_Located, _DcpWriter, AsyncStager):
         self._save: Optional[_Save] = None
         self._lock = threading.Lock()
 
-    # -- where -------------------------------------------------------------------------
-
-    def _where(self) -> tuple[Path, str]:
-        root, name = super()._where()
-        _ck._check_name(root, name)
-        return root, name
-
     @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: _ck.PathLike) -> bool:
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
         p = Path(os.fspath(checkpoint_id))
         return (p.parent / "sluice-ckpt.json").is_file()
 
@@ -193,15 +165,30 @@ class StorageWriter(_Located, _DcpWriter, AsyncStager):
 
     def __getstate__(self) -> dict[str, Any]:
         # A process-based async_save pickles the writer: the staged save stays here.
-        state = self.__dict__.copy()
-        state["_staged_elsewhere"] = self._staged is not None
-        state["_staged"] = state["_save"] = None
-        state["_lock"] = None
-        return state
+        out = self.__dict__.copy()
+        out["_staged_elsewhere"] = self._staged is not None
+        out["_staged"] = out["_save"] = None
+        out["_lock"] = None
+        return out
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+    def __setstate__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)
         self._lock = threading.Lock()
+
+    def _stage(self, leaves: list[state.Leaf], grp: Group) -> _Save:
+        root, name = self._where()
+        staged = saving.stage(
+            leaves,
+            root,
+            name,
+            grp,
+            self.chunk,
+            self.staging,
+            self.bandwidth,
+            extra={"format": "torch.distributed.checkpoint"},
+            publish=False,
+        )
+        return _Save(staged, leaves, grp.world)
 
     # -- async_save's stager ------------------------------------------------------------
 
@@ -211,23 +198,20 @@ class StorageWriter(_Located, _DcpWriter, AsyncStager):
         once that share no longer needs the live tensors."""
         from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-        root, name = self._where()
-        rank, world, group = _ck._group_info(self.group)
+        self._where()
+        grp = Group.of(self.group)
         planner = DefaultSavePlanner()
-        planner.set_up_planner(state_dict, storage_meta=None, is_coordinator=rank == 0)
+        planner.set_up_planner(state_dict, storage_meta=None, is_coordinator=grp.rank == 0)
         items = planner.create_local_plan().items
-        if world > 1:
+        if grp.world > 1:
             # DCP's own dedup, as its coordinator will run it on the same plans: each
             # replicated item is hashed and staged by the one rank DCP will give it to.
             from torch.distributed.checkpoint._dedup_save_plans import dedup_save_plans
 
-            plans = _ck._all_gather(SavePlan(items), group, world)
-            items = dedup_save_plans(plans, planner.dedup_save_to_lowest_rank)[rank].items
-        leaves = [_leaf(entry_key(it.index), planner.resolve_data(it)) for it in items]
-        staged = _ck._stage(
-            leaves, root, name, group, rank, world, self.chunk, self.staging, self.bandwidth
-        )
-        save = _Save(staged, leaves, world)
+            plans = grp.all_gather(SavePlan(items))
+            items = dedup_save_plans(plans, planner.dedup_save_to_lowest_rank)[grp.rank].items
+        leaves = [_leaf(entry_key(it.index), planner.resolve_data(it), self.chunk) for it in items]
+        save = self._stage(leaves, grp)
         with self._lock:
             if self._staged is not None:
                 self._staged.close()
@@ -236,7 +220,7 @@ class StorageWriter(_Located, _DcpWriter, AsyncStager):
 
         def wait() -> None:
             try:
-                staged.job.wait_staged()
+                save.staged.job.wait_staged()
                 out.set_result(state_dict)
             except BaseException as e:
                 out.set_exception(e)
@@ -260,7 +244,7 @@ class StorageWriter(_Located, _DcpWriter, AsyncStager):
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.is_coordinator = is_coordinator
-        if kwargs.get("use_collectives", True) is False and _ck._group_info(self.group)[1] > 1:
+        if kwargs.get("use_collectives", True) is False and Group.of(self.group).world > 1:
             raise ConfigError(
                 "sluice.ckpt.StorageWriter: dcp.save(use_collectives=False) is not supported; "
                 "the ranks pool their chunk tables to deduplicate and plan the writes"
@@ -290,12 +274,10 @@ class StorageWriter(_Located, _DcpWriter, AsyncStager):
             )
         if save is None:
             # dcp.save: this rank's items, hashed and planned with the other ranks here.
-            rank, world, group = _ck._group_info(self.group)
-            leaves = [_leaf(k, planner.resolve_data(it)) for k, it in zip(keys, plan.items)]
-            staged = _ck._stage(
-                leaves, root, name, group, rank, world, self.chunk, self.staging, self.bandwidth
-            )
-            save = _Save(staged, leaves, world)
+            leaves = [
+                _leaf(k, planner.resolve_data(it), self.chunk) for k, it in zip(keys, plan.items)
+            ]
+            save = self._stage(leaves, Group.of(self.group))
         else:
             # async_save: staged before DCP planned; every item DCP gave this rank must be
             # one staged (the live tensors may have changed since, so nothing is re-read).
@@ -307,10 +289,7 @@ class StorageWriter(_Located, _DcpWriter, AsyncStager):
                     "(async_save with a custom planner is not supported)"
                 )
         try:
-            report = json.loads(save.staged.job.wait_durable())
-            if report["write_bytes_per_s"] > 0:
-                _ck._measured_bandwidth = report["write_bytes_per_s"]
-            save.staged.job.close()
+            save.staged.job.finish()  # durable: the chunks are written and synced
         except BaseException:
             save.close()
             raise
@@ -340,29 +319,18 @@ class StorageWriter(_Located, _DcpWriter, AsyncStager):
                     f"{len(tables)} pooled chunk tables"
                 )
             kept = [
-                _filter_table(t, {r.storage_data for r in rs}) for t, rs in zip(tables, results)
+                _sluice.ckpt_table_keep(t, r, {x.storage_data for x in rs})
+                for r, (t, rs) in enumerate(zip(tables, results))
             ]
-            meta_leaf = _leaf(METADATA_KEY, io.BytesIO(pickle.dumps(metadata)))
-            meta_leaf.meta = {"codec": "pickle", "dcp": "metadata"}
-            store = save.staged.store
-            digests, lens, counts = _sluice.ckpt_hash(
-                [(meta_leaf.addr, meta_leaf.nbytes)], self.chunk
+            meta = state.bytes_leaf(
+                METADATA_KEY, pickle.dumps(metadata), {"codec": "pickle", "dcp": "metadata"}
             )
-            import numpy as np
-
-            length = np.frombuffer(lens, "<u8")
-            tasks = [
-                (digests[32 * i : 32 * i + 32], int(length[i]), meta_leaf.addr + i * self.chunk)
-                for i in range(len(length))
-            ]
-            job = store.write(tasks, self.chunk, self.staging, [meta_leaf.owner])
-            try:
-                job.wait_durable()
-            finally:
-                job.close()
-            kept.append((_ck._heads([meta_leaf]), digests, lens, counts))
-            extra = {"save_id": save.staged.token, "format": "torch.distributed.checkpoint"}
-            store.publish(name, save.world, self.chunk, kept, json.dumps(extra))
+            share = _sluice.CkptShare(state.heads_json([meta]), [meta.addr], self.chunk)
+            store = save.staged.store
+            store.write_share(share, self.staging)
+            kept.append(share.table())
+            extra = {"format": "torch.distributed.checkpoint", "save_id": os.urandom(8).hex()}
+            store.publish(name, kept, save.world, self.chunk, json.dumps(extra))
         finally:
             save.close()
 
@@ -372,7 +340,7 @@ class StorageReader(_Located, _DcpReader):
     against its digest as it is read. Loads into any world size or sharding DCP's planner
     can map (resharding)."""
 
-    def __init__(self, path: Optional[_ck.PathLike] = None, *, group: Any = None) -> None:
+    def __init__(self, path: Any = None, *, group: Any = None) -> None:
         super().__init__()
         self.group = group
         self._manifest: Optional[dict[str, Any]] = None
@@ -380,36 +348,39 @@ class StorageReader(_Located, _DcpReader):
 
     _call = "dcp.load"
 
-    def reset(self, checkpoint_id: Optional[_ck.PathLike] = None) -> None:
+    def reset(self, checkpoint_id: Any = None) -> None:
         super().reset(checkpoint_id)
         self._manifest = None
 
     @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: _ck.PathLike) -> bool:
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
         p = Path(os.fspath(checkpoint_id))
         return (p / "manifest.json").is_file() and (p.parent / "sluice-ckpt.json").is_file()
 
     def _entries(self) -> dict[str, Any]:
         if self._manifest is None:
             root, name = self._where()
-            self._manifest = _ck._read(root, lambda s: s.manifest(name))
+            store = _sluice.ckpt_open(str(root))
+            try:
+                self._manifest = store.manifest(name)
+            finally:
+                store.close()
         return self._manifest["entries"]
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        import numpy as np
+
         root, name = self._where()
-        entries = self._entries()
-        e = entries.get(METADATA_KEY)
+        e = self._entries().get(METADATA_KEY)
         if e is None:
             raise StoreFormatError(
                 f"{root / name}: not saved through DCP (no {METADATA_KEY!r} entry); "
                 "load it with sluice.ckpt.load"
             )
-        import numpy as np
-
         buf = np.empty(e["nbytes"], np.uint8)
         store = _sluice.ckpt_open(str(root))
         try:  # one process alone: the grouped read without a group
-            _ck._grouped_read(store, root / name, entries, [(METADATA_KEY, buf)], None, 0, 1)
+            grouped_read(store, name, root / name, [(METADATA_KEY, buf)], Group(0, 1, None))
         finally:
             store.close()
         try:
@@ -439,12 +410,11 @@ class StorageReader(_Located, _DcpReader):
         memory; others go through a host buffer of the entry."""
         root, name = self._where()
         where = root / name
-        rank, world, group = _ck._group_info(self.group)
+        grp = Group.of(self.group)
         dests: list[tuple[str, Any]] = []
         work: list[tuple[Any, Any, Any]] = []  # (item, buffer read into, direct target)
         failed: Optional[BaseException] = None
         store: Any = None
-        entries: dict[str, Any] = {}
         try:
             entries = self._entries()
             storage = self._metadata.storage_data or {}
@@ -471,7 +441,7 @@ class StorageReader(_Located, _DcpReader):
         except BaseException as e:  # raised by every rank together, in the grouped read
             failed = e
         try:
-            _ck._grouped_read(store, where, entries, dests, group, rank, world, failed)
+            grouped_read(store, name, where, dests, grp, failed)
         finally:
             if store is not None:
                 store.close()
@@ -521,12 +491,12 @@ def _check_rank(group: Any, kwargs: dict[str, Any], cls: str, call: str) -> None
     pool their tables over ``group``, so DCP must run over the same ranks (a process
     group given to DCP and not to the writer, or ``no_dist=True`` in a group)."""
     dcp_rank = kwargs.get("rank")
-    rank, world, _ = _ck._group_info(group)
-    if dcp_rank is not None and dcp_rank != rank:
+    grp = Group.of(group)
+    if dcp_rank is not None and dcp_rank != grp.rank:
         raise ConfigError(
             f"sluice.ckpt.{cls}: {call} runs this process as rank {dcp_rank}, its group "
-            f"as rank {rank} of {world}; give {cls}(..., group=) the process group given "
-            f"to {call} (no_dist=True is not supported in a group)"
+            f"as rank {grp.rank} of {grp.world}; give {cls}(..., group=) the process group "
+            f"given to {call} (no_dist=True is not supported in a group)"
         )
 
 

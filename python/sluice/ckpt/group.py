@@ -1,0 +1,119 @@
+"""The process group a save or load runs over: ranks, collectives, point-to-point transfers.
+
+``sluice.ckpt`` runs torch.distributed's collectives in the foreground of a save or load
+(pooling chunk tables, broadcasting rank 0's plan, a start barrier) and point-to-point
+transfers for grouped reads and replicas. Whatever a rank fails at before a collective,
+it still joins it, carrying its error, so every rank raises together and none waits on a
+rank that has given up.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+from ..errors import ConfigError, SluiceError
+
+_side_groups: dict[tuple[int, ...], Any] = {}
+#: Background transfers on a side group are posted one batch at a time.
+side_lock = threading.Lock()
+
+
+class Group:
+    """A save's or load's ranks: torch.distributed's ``group`` (the world by default), or
+    this process alone when torch.distributed is not initialized."""
+
+    def __init__(self, rank: int, world: int, pg: Any) -> None:
+        self.rank, self.world, self.pg = rank, world, pg
+
+    @staticmethod
+    def of(group: Any) -> Group:
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            if group is not None:
+                raise ConfigError("group= given but torch.distributed is unavailable") from None
+            return Group(0, 1, None)
+        if not (dist.is_available() and dist.is_initialized()):
+            if group is not None:
+                raise ConfigError("group= given but torch.distributed is not initialized")
+            return Group(0, 1, None)
+        return Group(dist.get_rank(group), dist.get_world_size(group), group)
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        if self.world == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj, group=self.pg)
+        return out
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        if self.world == 1:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=self.global_rank(0), group=self.pg)
+        return box[0]
+
+    def global_rank(self, r: int, pg: Any = None) -> int:
+        import torch.distributed as dist
+
+        pg = pg if pg is not None else self.pg
+        return dist.get_global_rank(pg, r) if pg is not None else r
+
+    def agree(self, where: Path, error: Optional[BaseException]) -> None:
+        """Every rank raises if any failed: its own error, or one naming the first rank
+        that failed."""
+        raise_first(where, error, self.all_gather(failure(error)))
+
+    def side(self, timeout_s: float) -> Any:
+        """A gloo group of this group's ranks for Sluice's background transfers, so that
+        they never interleave with training's collectives on ``pg`` (collective on first
+        use, then cached)."""
+        import torch.distributed as dist
+
+        ranks = tuple(dist.get_process_group_ranks(self.pg or dist.group.WORLD))
+        side = _side_groups.get(ranks)
+        if side is None:
+            side = dist.new_group(
+                list(ranks),
+                timeout=datetime.timedelta(seconds=timeout_s),
+                backend="gloo",
+                use_local_synchronization=True,
+            )
+            _side_groups[ranks] = side
+        return side
+
+    def transfer(self, ops: list[tuple[bool, int, Any]], pg: Any = None) -> None:
+        """Runs point-to-point transfers (send?, peer rank in this group, tensor) as one
+        batch, and waits for them."""
+        if not ops:
+            return
+        import torch.distributed as dist
+
+        pg = pg if pg is not None else self.pg
+        p2p = [
+            dist.P2POp(dist.isend if send else dist.irecv, t, self.global_rank(peer, pg), pg)
+            for send, peer, t in ops
+        ]
+        for w in dist.batch_isend_irecv(p2p):
+            w.wait()
+
+
+def failure(e: Optional[BaseException]) -> Optional[str]:
+    return None if e is None else f"{type(e).__name__}: {e}"
+
+
+def raise_first(where: Path, mine: Optional[BaseException], all_: list[Optional[str]]) -> None:
+    """Raises this rank's own error, or one naming the first rank that failed."""
+    if mine is not None:
+        raise mine
+    for r, f in enumerate(all_):
+        if f:
+            raise SluiceError(f"{where}: rank {r} failed: {f}")

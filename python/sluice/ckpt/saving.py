@@ -1,0 +1,377 @@
+"""Saves: a rank's share is staged in the foreground (collective over the group), then
+written and committed in the background by the native save job.
+
+The internal API the DCP writer uses too: :func:`stage` (hash, pool tables, plan, start
+the job), :class:`Staged` (the job in flight) and :func:`check_sizes`.
+
+Durability at exit: a save's background thread is not a daemon, and the interpreter waits
+for it before it exits (saying so on stderr), so a script's last ``save`` is durable when
+the script ends normally. A save that fails with no one waiting for it says so on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from .. import _sluice
+from ..errors import ConfigError, SluiceError
+from .group import Group, failure, raise_first, side_lock
+from .state import Leaf, at, heads_json
+
+log = logging.getLogger("sluice.ckpt")
+
+ByteSize = Union[int, str]
+
+DEFAULT_CHUNK_BYTES = 4 << 20
+#: The staging pool's default budget: below one full copy of a large state (a save whose
+#: share is larger streams through it at the disk's pace).
+DEFAULT_STAGING_BYTES = 1 << 30
+#: How long a grouped save's ranks wait for each other's shares before giving up (a rank
+#: whose process is gone is noticed at once, not at this timeout).
+DEFAULT_TIMEOUT_S = 1800.0
+
+
+def size(value: ByteSize, what: str) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: expected a byte size, got {value!r}")
+    n = int(_sluice.ckpt_size(what, value))
+    if n <= 0:
+        raise ConfigError(f"{what}: must be positive, got {value!r}")
+    return n
+
+
+def check_sizes(
+    chunk_bytes: ByteSize, staging_bytes: ByteSize, bandwidth: Optional[float]
+) -> tuple[int, int]:
+    """(chunk, staging) bytes, checked; ``bandwidth`` too."""
+    chunk = size(chunk_bytes, "chunk_bytes")
+    staging = size(staging_bytes, "staging_bytes")
+    if staging < chunk:
+        raise ConfigError(f"staging_bytes ({staging}) must hold one chunk ({chunk})")
+    if bandwidth is not None and (isinstance(bandwidth, bool) or not bandwidth > 0):
+        raise ConfigError(f"bandwidth: must be positive bytes/s, got {bandwidth!r}")
+    return chunk, staging
+
+
+class Window:
+    """A host buffer (pinned where CUDA is) that device tensors come through, whole chunks
+    at a time."""
+
+    def __init__(self, nbytes: int) -> None:
+        import torch
+
+        pin = torch.cuda.is_available()
+        self.buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+        self.addr = int(self.buf.data_ptr())
+        self.size = nbytes
+
+    @staticmethod
+    def for_leaves(leaves: list[Leaf], chunk: int, staging: int) -> Optional[Window]:
+        """A quarter of the budget (whole chunks), no larger than the largest device
+        tensor; None when no leaf is streamed."""
+        biggest = max((lf.nbytes for lf in leaves if lf.addr < 0), default=0)
+        if not biggest:
+            return None
+        want = max(chunk, (staging // 4) // chunk * chunk)
+        return Window(min(want, -(-biggest // chunk) * chunk))
+
+    def copy_in(self, t: Any, offset: int, n: int, into: int = 0) -> None:
+        """Copies ``n`` bytes of tensor ``t`` from ``offset`` to ``into`` in the window."""
+        import torch
+
+        flat = t.reshape(-1).view(torch.uint8)
+        self.buf[into : into + n].copy_(flat[offset : offset + n])
+
+
+def hash_streamed(share: Any, leaves: list[Leaf], window: Optional[Window]) -> None:
+    """Hashes the device leaves' bytes a window at a time."""
+    if window is None:
+        return
+    for i, lf in enumerate(leaves):
+        if lf.addr >= 0:
+            continue
+        for off in range(0, lf.nbytes, window.size):
+            m = min(window.size, lf.nbytes - off)
+            window.copy_in(lf.owner, off, m)
+            share.hash_window(i, off, window.addr, m)
+
+
+class Staged:
+    """One rank's save after the foreground: the store (its lock held shared), the native
+    save job, and every rank's chunk table."""
+
+    def __init__(self, store: Any, job: Any, tables: list[bytes], where: Path) -> None:
+        self.store, self.job, self.tables, self.where = store, job, tables, where
+        self.pushes: Optional[threading.Thread] = None
+
+    def close(self) -> None:
+        """Cancels what is unfinished, waits for the job's threads, lets go of the store."""
+        self.job.close()
+        self.store.close()
+
+
+def stage(
+    leaves: list[Leaf],
+    root: Path,
+    name: str,
+    group: Group,
+    chunk: int,
+    staging: int,
+    bandwidth: Optional[float],
+    timeout: float = DEFAULT_TIMEOUT_S,
+    replicate: bool = False,
+    extra: Optional[dict[str, Any]] = None,
+    publish: bool = True,
+) -> Staged:
+    """Hashes this rank's leaves, pools the tables over the group, lets rank 0 plan who
+    writes which chunk the store lacks, and starts this rank's share (collective: a rank
+    that fails at any step still joins the next collective with its error, and all
+    raise). ``publish=False`` stops the job at durable: DCP's coordinator publishes."""
+    where = root / name
+    store: Any = None
+    share: Any = None
+    table: Optional[bytes] = None
+    error: Optional[BaseException] = None
+    window = Window.for_leaves(leaves, chunk, staging)
+    try:
+        store = _sluice.ckpt_open(str(root), create=True)
+        store.prepare(name)
+        share = _sluice.CkptShare(heads_json(leaves), [lf.addr for lf in leaves], chunk)
+        hash_streamed(share, leaves, window)
+        table = share.table()
+    except BaseException as e:
+        error = e
+    bw = bandwidth or _sluice.ckpt_bandwidth()
+    gathered = group.all_gather((table, bw, failure(error)))
+    try:
+        raise_first(where, error, [g[2] for g in gathered])
+        tables = [g[0] for g in gathered]
+        plan: Any = None
+        if group.rank == 0:
+            try:
+                plan = ("ok", _sluice.ckpt_plan(store, tables, [g[1] for g in gathered]))
+            except Exception as e:
+                if group.world == 1:
+                    raise
+                plan = ("error", failure(e))
+        plan = group.broadcast(plan)
+        if plan[0] == "error":
+            raise SluiceError(f"{where}: rank 0 could not plan the save: {plan[1]}")
+        # The pool holds what the window does not (device tensors come through both).
+        pool = max(chunk, staging - (window.size if window else 0))
+        job: Any = None
+        try:
+            job = store.start_save(
+                share,
+                tables,
+                plan[1],
+                name,
+                group.rank,
+                group.world,
+                chunk,
+                pool,
+                timeout,
+                replicate,
+                json.dumps(extra or {}),
+                [lf.owner for lf in leaves],
+                publish,
+            )
+        except BaseException as e:
+            error = e
+        try:  # the start barrier: every rank's commit files exist once it passes
+            group.agree(where, error)
+        except BaseException:
+            if job is not None:
+                job.cancel("another rank failed to start")
+                job.close()
+            raise
+    except BaseException:
+        if store is not None:
+            store.close()
+        raise
+    staged = Staged(store, job, tables, where)
+    if window is not None and job.streamed():
+        staged.pushes = threading.Thread(
+            target=_push, args=(job, leaves, window), name="sluice-ckpt-push", daemon=True
+        )
+        staged.pushes.start()
+    return staged
+
+
+def _push(job: Any, leaves: list[Leaf], window: Window) -> None:
+    """Copies this rank's streamed chunks into the window, a window at a time, and pushes
+    them into the job (which stages them before the window is reused)."""
+    try:
+        pending: list[tuple[bytes, int, int]] = []
+        used = 0
+        for digest, n, entry, offset in job.streamed():
+            if used + n > window.size:
+                job.push(pending)
+                pending, used = [], 0
+            window.copy_in(leaves[entry].owner, offset, n, used)
+            pending.append((digest, n, window.addr + used))
+            used += n
+        if pending:
+            job.push(pending)
+    except BaseException as e:
+        job.cancel(f"streaming device tensors failed: {e}")
+    finally:
+        job.end_pushes()
+
+
+class Replica:
+    """``replicate=True``: this rank sends its share to the next rank and receives the
+    previous rank's share into host memory, on a side gloo group, in the background. The
+    native save job writes that share if the previous rank dies before its own is
+    durable."""
+
+    def __init__(self, group: Group, job: Any, timeout: float) -> None:
+        import torch
+
+        self.group = group
+        self.sends = job.replica_sends()
+        self.lengths = job.replica_lengths()
+        self.buf = torch.empty(sum(self.lengths), dtype=torch.uint8)
+        self.side = group.side(timeout)
+        self.error: Optional[BaseException] = None
+        self.thread = threading.Thread(target=self._exchange, name="sluice-ckpt-replica")
+        self.thread.daemon = True
+        self.thread.start()
+
+    def _exchange(self) -> None:
+        g = self.group
+        succ, pred = (g.rank + 1) % g.world, (g.rank - 1) % g.world
+        try:
+            ops = [(True, succ, at(addr, n)) for addr, n in self.sends if n]
+            off = 0
+            for n in self.lengths:
+                if n:
+                    ops.append((False, pred, self.buf[off : off + n]))
+                off += n
+            with side_lock:
+                g.transfer(ops, pg=self.side)
+        except BaseException as e:
+            self.error = e
+
+    def wait_sent(self, where: Path) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise SluiceError(f"{where}: replicating the staged share failed: {self.error}")
+
+    def held(self) -> tuple[int, int]:
+        n = int(self.buf.numel())
+        return (int(self.buf.data_ptr()) if n else 0), n
+
+
+class SaveHandle:
+    """A save in flight. ``staged`` resolves (to the seconds staging took) once every byte
+    this rank writes is copied out of the live state; ``durable`` (to the save's report)
+    once the checkpoint is published and synced. Either raises if the save failed.
+
+    The interpreter waits for a save in flight before it exits: a script's last save is
+    durable when the script ends."""
+
+    def __init__(self, path: Path, name: str) -> None:
+        self.path = path
+        self.name = name
+        self.staged: Future[float] = Future()
+        self.durable: Future[dict[str, Any]] = Future()
+        self._staged: Optional[Staged] = None
+
+    def result(self, timeout: Optional[float] = None) -> dict[str, Any]:
+        """Waits until durable; the save's report."""
+        return self.durable.result(timeout)
+
+    def cancel(self) -> None:
+        """Stops the save: the checkpoint is not published, earlier ones are untouched."""
+        if self._staged is not None:
+            self._staged.job.cancel("cancelled by the caller")
+
+    def __repr__(self) -> str:
+        state = "durable" if self.durable.done() else "staged" if self.staged.done() else "staging"
+        return f"<sluice.ckpt.SaveHandle {self.path}/{self.name} {state}>"
+
+
+_in_flight: set[SaveHandle] = set()
+_in_flight_lock = threading.Lock()
+
+
+def run(handle: SaveHandle, staged: Staged, replica: Optional[Replica]) -> threading.Thread:
+    """Finishes a staged save in a background thread that the interpreter waits for at
+    exit; resolves ``handle``'s futures."""
+    handle._staged = staged
+    with _in_flight_lock:
+        _in_flight.add(handle)
+    t = threading.Thread(
+        target=_finish, args=(handle, staged, replica), name=f"sluice-ckpt-save-{handle.name}"
+    )
+    t.daemon = False  # a script's last save must be durable before the interpreter exits
+    t.start()
+    return t
+
+
+def _finish(handle: SaveHandle, staged: Staged, replica: Optional[Replica]) -> None:
+    try:
+        took = staged.job.wait_staged()
+        if replica is not None:
+            replica.wait_sent(staged.where)
+        handle.staged.set_result(took)
+    except BaseException as e:
+        staged.job.cancel(str(e))
+        handle.staged.set_exception(e)
+    try:
+        summary = staged.job.finish(replica.held() if replica is not None else None)
+        outcome: tuple[Any, Optional[BaseException]] = (summary, None)
+    except BaseException as e:
+        outcome = (None, e)
+    # The store's lock goes before the futures resolve: a caller that waits for durable
+    # and then collects garbage must find the store free.
+    if staged.pushes is not None:
+        staged.pushes.join()
+    staged.close()
+    summary, err = outcome
+    with _in_flight_lock:
+        _in_flight.discard(handle)
+    if err is None:
+        handle.durable.set_result(summary)
+        return
+    log.warning("the save of %s failed; the checkpoint was not published: %s", staged.where, err)
+    if not handle.staged.done():
+        handle.staged.set_exception(err)
+    handle.durable.set_exception(err)
+
+
+def _wait_at_exit() -> None:
+    """Runs as the interpreter shuts down, before it joins the saves' threads: says which
+    saves it waits for, and what failed."""
+    with _in_flight_lock:
+        pending = [h for h in _in_flight if not h.durable.done()]
+    for h in pending:
+        sys.stderr.write(
+            f"sluice.ckpt: waiting for the save of {h.path / h.name} to be durable before exit\n"
+        )
+        try:
+            h.durable.result()
+        except KeyboardInterrupt:
+            sys.stderr.write(
+                f"sluice.ckpt: interrupted; {h.path / h.name} was not published "
+                "(earlier checkpoints are untouched)\n"
+            )
+            raise
+        except BaseException as e:  # nobody is left to look at the future: say it here
+            sys.stderr.write(
+                f"sluice.ckpt: the save of {h.path / h.name} failed; the checkpoint was not "
+                f"published: {e}\n"
+            )
+
+
+# Runs before the interpreter joins non-daemon threads (as concurrent.futures does).
+_register = getattr(threading, "_register_atexit", None)
+if _register is not None:
+    _register(_wait_at_exit)
