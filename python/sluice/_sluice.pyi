@@ -159,9 +159,9 @@ def sim_run(
     model: str | None,
     block_tokens: int,
     progress: Callable[[int, int], None] | None = None,
-) -> str:
+) -> list[dict[str, Any]]:
     """Runs the study (``sluice_sim::study::run``, as ``sluice sim run`` does) with the GIL
-    released; returns the rows as a JSON array."""
+    released; returns the rows."""
 
 def cli_main(argv: list[str]) -> int:
     """Runs the ``sluice`` command line (``argv[0]`` is the program name) and returns
@@ -176,8 +176,8 @@ def cli_main(argv: list[str]) -> int:
 def warm_run_dir() -> str:
     """Where running ``sluice warm`` runtimes publish their status and trigger pipes."""
 
-def warm_status() -> str:
-    """The live runtimes' status as a JSON array (GIL released)."""
+def warm_status() -> list[dict[str, Any]]:
+    """The live runtimes' status, one dict per runtime (GIL released)."""
 
 def warm_trigger(
     path: str,

@@ -69,7 +69,7 @@ def run(
     if isinstance(traces, (str, os.PathLike)):
         traces = [traces]
     specs = policies if isinstance(policies, str) else ",".join(policies)
-    raw = _sluice.sim_run(
+    return _sluice.sim_run(
         [os.fspath(t) for t in traces],
         specs,
         [float(f) for f in fractions],
@@ -81,7 +81,6 @@ def run(
         int(block_tokens),
         progress,
     )
-    return json.loads(raw)
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:

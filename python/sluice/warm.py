@@ -254,11 +254,10 @@ def status() -> list[dict[str, Any]]:
     """The live ``sluice warm`` runtimes' status (what ``sluice warm status --json``
     prints): pid, mode, policy, model directory, bytes prefetched and evicted, reader
     position. Status files of runtimes that died are removed."""
-    import json
 
     from sluice import _sluice
 
-    return json.loads(_sluice.warm_status())
+    return _sluice.warm_status()
 
 
 def running() -> list[int]:

@@ -542,7 +542,7 @@ def test_stream_takes_its_memory_limit_from_the_environment(
     assert {name for name, _ in sluice.stream(path, memory_limit="64MiB")} == set(tensors)
 
     monkeypatch.setenv("SLUICE_MEMORY_LIMIT", "0")
-    with pytest.raises(sluice.ConfigError, match="memory_limit must be positive"):
+    with pytest.raises(sluice.ConfigError, match="memory_limit: must be positive"):
         next(iter(sluice.stream(path)))
 
 

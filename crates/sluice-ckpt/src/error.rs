@@ -153,6 +153,32 @@ impl CkptError {
     }
 }
 
+impl sluice_engine::Classify for CkptError {
+    fn class(&self) -> sluice_engine::ErrorClass {
+        use sluice_engine::ErrorClass;
+        match self {
+            CkptError::Io { source, .. } => ErrorClass::of_io(source),
+            CkptError::CorruptChunk { .. } => ErrorClass::Corrupt,
+            CkptError::MissingChunk { .. }
+            | CkptError::NoCheckpoint { .. }
+            | CkptError::NoStore { .. } => ErrorClass::NotFound,
+            CkptError::BadManifest { .. } | CkptError::NewerFormat { .. } => ErrorClass::BadStore,
+            CkptError::InvalidArgument { .. }
+            | CkptError::ObjectUrl { .. }
+            | CkptError::ForeignDirectory { .. }
+            | CkptError::Unplannable(_) => ErrorClass::Config,
+            CkptError::Busy { .. } => ErrorClass::Locked,
+            CkptError::Cancelled(_) | CkptError::RankFailed { .. } | CkptError::TimedOut { .. } => {
+                ErrorClass::Failed
+            }
+        }
+    }
+
+    fn errno(&self) -> Option<i32> {
+        CkptError::errno(self)
+    }
+}
+
 impl From<sluice_engine::OsError> for CkptError {
     fn from(e: sluice_engine::OsError) -> CkptError {
         match e {

@@ -1,6 +1,7 @@
-//! The `sluice` command line: argument types and dispatch. Each command
-//! lives in `commands/` and returns a `LoadError` on failure, which
-//! [`exit_code`] maps to the process's exit status in one place.
+//! The `sluice` command line: argument types and dispatch. Each command lives in
+//! `commands/` and returns its plane's error on failure; every error type knows its
+//! `sluice_engine::ErrorClass`, and [`exit_code`] turns that into the process's exit
+//! status in one place (the Python exceptions come from the same classes).
 
 #[macro_use]
 mod output;
@@ -12,15 +13,9 @@ pub use logging::{init_logging, log_filter};
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use sluice_engine::{Classify, ConfigError};
+pub use sluice_engine::{EXIT_FAILED, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_USAGE};
 use sluice_load::{LoadConfig, LoadError};
-use sluice_sim::SimError;
-
-/// Exit status for an invalid checkpoint or trace (bad header, index, layout, record).
-pub const EXIT_INVALID: i32 = 3;
-/// Exit status for a missing file or a permission problem.
-pub const EXIT_NOT_FOUND: i32 = 4;
-/// Exit status for other I/O or load failures.
-pub const EXIT_FAILED: i32 = 1;
 
 /// `sluice warm run` / `record` pass the service's status through, so their
 /// own failures use the codes `env(1)`, `timeout(1)` and `docker run` keep
@@ -708,32 +703,23 @@ where
 /// Runs the command and returns the process exit status.
 pub fn run(cli: Cli) -> i32 {
     match cli.command {
-        Command::Load(args) => report(commands::load::run(&args), exit_code),
-        Command::Inspect(args) => report(commands::inspect::run(&args), exit_code),
-        Command::Sim(SimCommand::Run(args)) => report(commands::sim::run(&args), sim_exit_code),
-        Command::Sim(SimCommand::GenKv(args)) => {
-            report(commands::gen_kv::run(&args), sim_exit_code)
-        }
-        Command::Sim(SimCommand::Models(args)) => {
-            report(commands::sim::models(&args), sim_exit_code)
-        }
-        Command::Kv(KvCommand::Bench(args)) => report(commands::kv::bench(&args), kv_exit_code),
-        Command::Kv(KvCommand::Stats(args)) => report(commands::kv::stats(&args), kv_exit_code),
-        Command::Kv(KvCommand::Fsck(args)) => report(commands::kv::fsck(&args), kv_exit_code),
-        Command::Kv(KvCommand::Serve(args)) => {
-            report(commands::kv_serve::serve(&args), kv_exit_code)
-        }
-        Command::Ckpt(c) => {
-            let outcome = match c {
-                CkptCommand::Ls(a) => commands::ckpt::ls(&a),
-                CkptCommand::Inspect(a) => commands::ckpt::inspect(&a),
-                CkptCommand::Verify(a) => commands::ckpt::verify(&a),
-                CkptCommand::Diff(a) => commands::ckpt::diff_cmd(&a),
-                CkptCommand::Gc(a) => commands::ckpt::gc(&a),
-            };
-            report(outcome, ckpt_exit_code)
-        }
-        Command::Mount(args) => report(commands::mount::run(&args), commands::mount::exit_code),
+        Command::Load(args) => report(commands::load::run(&args)),
+        Command::Inspect(args) => report(commands::inspect::run(&args)),
+        Command::Sim(SimCommand::Run(args)) => report(commands::sim::run(&args)),
+        Command::Sim(SimCommand::GenKv(args)) => report(commands::gen_kv::run(&args)),
+        Command::Sim(SimCommand::Models(args)) => report(commands::sim::models(&args)),
+        Command::Kv(KvCommand::Bench(args)) => report(commands::kv::bench(&args)),
+        Command::Kv(KvCommand::Stats(args)) => report(commands::kv::stats(&args)),
+        Command::Kv(KvCommand::Fsck(args)) => report(commands::kv::fsck(&args)),
+        Command::Kv(KvCommand::Serve(args)) => report(commands::kv_serve::serve(&args)),
+        Command::Ckpt(c) => report(match c {
+            CkptCommand::Ls(a) => commands::ckpt::ls(&a),
+            CkptCommand::Inspect(a) => commands::ckpt::inspect(&a),
+            CkptCommand::Verify(a) => commands::ckpt::verify(&a),
+            CkptCommand::Diff(a) => commands::ckpt::diff_cmd(&a),
+            CkptCommand::Gc(a) => commands::ckpt::gc(&a),
+        }),
+        Command::Mount(args) => report(commands::mount::run(&args)),
         Command::Warm(command) => {
             let launcher = matches!(command, WarmCommand::Run(_) | WarmCommand::Record(_));
             match commands::warm::run(command) {
@@ -742,7 +728,7 @@ pub fn run(cli: Cli) -> i32 {
                     errln!("sluice: error: {err}");
                     match launcher {
                         true => launcher_exit_code(&err),
-                        false => warm_exit_code(&err),
+                        false => exit_code(&err),
                     }
                 }
             }
@@ -750,80 +736,21 @@ pub fn run(cli: Cli) -> i32 {
     }
 }
 
-fn report<E: std::fmt::Display>(outcome: Result<(), E>, code: impl Fn(&E) -> i32) -> i32 {
+fn report<E: Classify>(outcome: Result<(), E>) -> i32 {
     match outcome {
         Ok(()) => 0,
         Err(err) => {
             errln!("sluice: error: {err}");
-            code(&err)
+            exit_code(&err)
         }
     }
 }
 
-/// Exit status of a failed file operation: a path that is not a regular file
-/// is bad input; a missing or forbidden one is "not found"; the rest failed.
-fn io_exit_code(err: &std::io::Error) -> i32 {
-    if sluice_engine::is_not_regular(err) {
-        return EXIT_INVALID;
-    }
-    match err.kind() {
-        std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => EXIT_NOT_FOUND,
-        _ => EXIT_FAILED,
-    }
-}
-
-/// Exit status of a failed `sluice sim` command.
-pub fn sim_exit_code(err: &SimError) -> i32 {
-    match err {
-        SimError::Io { source, .. } => io_exit_code(source),
-        SimError::BadField { .. } | SimError::BadTrace { .. } | SimError::CsvHeader { .. } => {
-            EXIT_INVALID
-        }
-        SimError::Policy(_) | SimError::Config(_) => 2,
-        SimError::Cancelled => EXIT_FAILED,
-    }
-}
-
-/// Exit status of a failed `sluice kv` command: 2 for a bad flag or argument, 3 for a
-/// directory or trace that is not what it should be, 4 for a missing path, 1 otherwise
-/// (fsck's bad blocks, wrong bytes, I/O).
-pub fn kv_exit_code(err: &commands::kv::KvCliError) -> i32 {
-    use commands::kv::KvCliError;
-    use sluice_kv::KvError;
-    match err {
-        KvCliError::Usage(_) => 2,
-        KvCliError::Sim(e) => sim_exit_code(e),
-        KvCliError::Io { source, .. } => io_exit_code(source),
-        KvCliError::Kv(KvError::Config { .. } | KvError::InvalidArgument { .. }) => 2,
-        KvCliError::Kv(KvError::Incompatible { .. } | KvError::Format { .. }) => EXIT_INVALID,
-        KvCliError::Kv(KvError::Io { source, .. }) => io_exit_code(source),
-        KvCliError::Kv(_) | KvCliError::WrongBytes(_) | KvCliError::Damaged(_) => EXIT_FAILED,
-    }
-}
-
-/// Exit status of a failed `sluice ckpt` command: 2 for a bad argument, 3 for a manifest or
-/// store that is not what it should be, 4 for a missing checkpoint or chunk, 1 otherwise
-/// (damaged chunks, I/O).
-pub fn ckpt_exit_code(err: &commands::ckpt::CkptCliError) -> i32 {
-    use commands::ckpt::CkptCliError;
-    use sluice_ckpt::CkptError;
-    match err {
-        CkptCliError::Ckpt(
-            CkptError::InvalidArgument { .. }
-            | CkptError::ObjectUrl { .. }
-            | CkptError::ForeignDirectory { .. },
-        ) => 2,
-        CkptCliError::Ckpt(CkptError::BadManifest { .. } | CkptError::NewerFormat { .. }) => {
-            EXIT_INVALID
-        }
-        CkptCliError::Ckpt(
-            CkptError::NoCheckpoint { .. }
-            | CkptError::MissingChunk { .. }
-            | CkptError::NoStore { .. },
-        ) => EXIT_NOT_FOUND,
-        CkptCliError::Ckpt(CkptError::Io { source, .. }) => io_exit_code(source),
-        CkptCliError::Ckpt(_) | CkptCliError::Damaged(_) => EXIT_FAILED,
-    }
+/// The one place an error becomes an exit status: its class's (`sluice_engine::ErrorClass`,
+/// the table the Python exceptions come from too). 2 a bad flag, option or argument; 3 input
+/// that is not what it should be; 4 a missing path, object, store or checkpoint; 1 the rest.
+pub fn exit_code(err: &impl Classify) -> i32 {
+    err.class().exit_code()
 }
 
 /// Whether a command line (program name first) is `sluice warm run` or
@@ -852,70 +779,28 @@ pub fn launcher_exit_code(err: &sluice_warm::WarmError) -> i32 {
     }
 }
 
-/// Exit status of a failed `sluice warm status`, `trigger` or `daemon`
-/// (`run` and `record` use [`launcher_exit_code`]).
-pub fn warm_exit_code(err: &sluice_warm::WarmError) -> i32 {
-    use sluice_warm::template::TemplateError;
-    use sluice_warm::WarmError;
-    match err {
-        WarmError::Io { source, .. } | WarmError::Template(TemplateError::Io { source, .. }) => {
-            io_exit_code(source)
-        }
-        // The pid's pipe is not there: nothing of that name runs.
-        WarmError::RuntimeGone { .. } => EXIT_NOT_FOUND,
-        WarmError::Template(_) | WarmError::NoModelFiles { .. } | WarmError::BadTrigger { .. } => {
-            EXIT_INVALID
-        }
-        WarmError::BadOption(_)
-        | WarmError::InvalidArgument(_)
-        | WarmError::NoCommand
-        | WarmError::NoRuntime
-        | WarmError::SeveralRuntimes { .. }
-        | WarmError::Python(_) => 2,
-        WarmError::Unsupported { .. } | WarmError::Policy { .. } | WarmError::Launch { .. } => {
-            EXIT_FAILED
-        }
-    }
-}
-
-/// The one place an error becomes an exit status.
-pub fn exit_code(err: &LoadError) -> i32 {
-    if err.is_not_found() || err.is_permission_denied() {
-        return EXIT_NOT_FOUND;
-    }
-    if err.is_not_regular() {
-        return EXIT_INVALID;
-    }
-    match err {
-        LoadError::Format(_) | LoadError::NoShards { .. } | LoadError::UnknownTensor { .. } => {
-            EXIT_INVALID
-        }
-        // A limit below the largest tensor is refused before any read: a bad option.
-        LoadError::Config(_) | LoadError::TensorExceedsMemoryLimit { .. } => 2,
-        LoadError::Remote(e) if e.is_config() => 2,
-        _ => EXIT_FAILED,
-    }
-}
-
 /// Flags into a `LoadConfig` (after `SLUICE_*` environment overrides).
 pub fn load_config(args: &LoadArgs) -> Result<LoadConfig, LoadError> {
-    let mut cfg = LoadConfig::default()
-        .with_env_overrides()
-        .map_err(|e| LoadError::Config(e.to_string()))?;
-    cfg.direct = args.direct.parse().map_err(LoadError::Config)?;
-    cfg.engine = args.engine.parse().map_err(LoadError::Config)?;
+    let flag = |name: &str, value: &str| {
+        let what = format!("--{name} {value}");
+        move |problem: String| LoadError::Config(ConfigError::new(what, problem))
+    };
+    let mut cfg = LoadConfig::default().with_env_overrides()?;
+    cfg.direct = args.direct.parse().map_err(flag("direct", &args.direct))?;
+    cfg.engine = args.engine.parse().map_err(flag("engine", &args.engine))?;
     if let Some(c) = args.concurrency {
         cfg.concurrency = c;
     }
     if let Some(c) = &args.chunk_bytes {
-        let bytes = sluice_load::parse_bytes(c).map_err(LoadError::Config)?;
-        cfg.chunk_bytes = usize::try_from(bytes).map_err(|e| LoadError::Config(e.to_string()))?;
+        let bytes = sluice_load::parse_bytes(c).map_err(flag("chunk-bytes", c))?;
+        cfg.chunk_bytes =
+            usize::try_from(bytes).map_err(|e| flag("chunk-bytes", c)(e.to_string()))?;
     }
     if let Some(m) = &args.memory_limit {
-        cfg.memory_limit = Some(sluice_load::parse_bytes(m).map_err(LoadError::Config)?);
+        cfg.memory_limit = Some(sluice_load::parse_bytes(m).map_err(flag("memory-limit", m))?);
     }
     cfg.drop_cache |= args.drop_cache;
     cfg.allow_partial |= args.allow_partial;
-    cfg.validate().map_err(LoadError::Config)?;
+    cfg.validate()?;
     Ok(cfg)
 }

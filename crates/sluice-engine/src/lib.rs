@@ -26,6 +26,7 @@ mod buffer_pool;
 pub mod cgroup;
 mod engine_choice;
 mod error;
+mod error_class;
 mod faulty_engine;
 mod file_lock;
 mod file_mapping;
@@ -51,6 +52,9 @@ pub use atomic_write::{
 pub use buffer_pool::{BufferPool, BufferPoolConfig, PoolStats, PooledBuf, Reservation};
 pub use engine_choice::{select_engine, EngineChoice, EngineError};
 pub use error::{OpenError, PoolError};
+pub use error_class::{
+    Classify, ConfigError, ErrorClass, EXIT_FAILED, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_USAGE,
+};
 pub use faulty_engine::{Fault, FaultyEngine};
 pub use file_lock::{FileLock, LockError, LockMode, LockOpen};
 pub use file_mapping::FileMapping;

@@ -76,3 +76,23 @@ impl KvError {
         }
     }
 }
+
+impl sluice_engine::Classify for KvError {
+    fn class(&self) -> sluice_engine::ErrorClass {
+        use sluice_engine::ErrorClass;
+        match self {
+            KvError::Config { .. } | KvError::InvalidArgument { .. } => ErrorClass::Config,
+            KvError::Incompatible { .. } | KvError::Format { .. } => ErrorClass::BadStore,
+            KvError::Locked { .. } => ErrorClass::Locked,
+            KvError::Io { source, .. } => ErrorClass::of_io(source),
+            KvError::Closed | KvError::UnknownJob(_) => ErrorClass::Failed,
+        }
+    }
+
+    fn errno(&self) -> Option<i32> {
+        match self {
+            KvError::Io { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+}

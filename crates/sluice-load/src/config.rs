@@ -1,6 +1,6 @@
 //! Load configuration: every knob, its default and why.
 
-use sluice_engine::{DirectMode, EngineChoice};
+use sluice_engine::{ConfigError, DirectMode, EngineChoice};
 use sluice_formats::parse_bytes;
 
 const MIB: usize = 1 << 20;
@@ -75,15 +75,6 @@ impl Default for LoadConfig {
     }
 }
 
-/// An environment override that does not parse.
-#[derive(Debug, thiserror::Error)]
-#[error("environment variable {name}={value:?} is invalid: {reason}")]
-pub struct ConfigError {
-    pub name: &'static str,
-    pub value: String,
-    pub reason: String,
-}
-
 impl LoadConfig {
     /// Applies `SLUICE_*` environment overrides, logging each one. This is
     /// the only place the environment is read.
@@ -106,13 +97,12 @@ impl LoadConfig {
             }
         }
         if let Some(v) = read_var(&get, "SLUICE_CHUNK_BYTES", parse_bytes)? {
-            self.chunk_bytes = usize::try_from(v)
-                .map_err(|e| e.to_string())
-                .map_err(|reason| ConfigError {
-                    name: "SLUICE_CHUNK_BYTES",
-                    value: v.to_string(),
-                    reason,
-                })?;
+            self.chunk_bytes = usize::try_from(v).map_err(|e| {
+                ConfigError::new(
+                    format!("environment variable SLUICE_CHUNK_BYTES={v}"),
+                    e.to_string(),
+                )
+            })?;
         }
         if let Some(v) = read_var(&get, "SLUICE_MEMORY_LIMIT", parse_bytes)? {
             self.memory_limit = Some(v);
@@ -130,21 +120,21 @@ impl LoadConfig {
     }
 
     /// Rejects values no load can run with.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.concurrency == 0 || self.concurrency > 4096 {
-            return Err(format!(
-                "concurrency must be 1..=4096, not {}",
-                self.concurrency
+            return Err(ConfigError::new(
+                "concurrency",
+                format!("must be 1..=4096, not {}", self.concurrency),
             ));
         }
         if self.chunk_bytes < 4096 || self.chunk_bytes > 1 << 30 {
-            return Err(format!(
-                "chunk_bytes must be 4 KiB..=1 GiB, not {}",
-                self.chunk_bytes
+            return Err(ConfigError::new(
+                "chunk_bytes",
+                format!("must be 4 KiB..=1 GiB, not {}", self.chunk_bytes),
             ));
         }
         if self.memory_limit == Some(0) {
-            return Err("memory_limit must be positive".into());
+            return Err(ConfigError::new("memory_limit", "must be positive"));
         }
         Ok(())
     }
@@ -158,10 +148,11 @@ fn read_var<T>(
     let Some(value) = get(name) else {
         return Ok(None);
     };
-    let parsed = parse(value.trim()).map_err(|reason| ConfigError {
-        name,
-        value: value.clone(),
-        reason,
+    let parsed = parse(value.trim()).map_err(|reason| {
+        ConfigError::new(
+            format!("environment variable {name}={value:?}"),
+            format!("invalid: {reason}"),
+        )
     })?;
     tracing::info!(%name, %value, "config override from environment");
     Ok(Some(parsed))

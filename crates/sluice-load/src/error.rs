@@ -3,7 +3,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use sluice_engine::{EngineError, OpenError, PoolError};
+use sluice_engine::{Classify, ConfigError, EngineError, ErrorClass, OpenError, PoolError};
 use sluice_formats::FormatError;
 
 #[derive(Debug, thiserror::Error)]
@@ -80,7 +80,10 @@ pub enum LoadError {
     #[error("buffer pool: {0}")]
     Pool(#[from] PoolError),
     #[error("invalid load configuration: {0}")]
-    Config(String),
+    Config(#[from] ConfigError),
+    /// A thread the load needs could not be started.
+    #[error("cannot start the load thread: {0}")]
+    Thread(io::Error),
     #[error("the load was cancelled")]
     Cancelled,
 }
@@ -117,41 +120,52 @@ impl LoadError {
         }
     }
 
-    /// True when the error is a missing file or directory.
+    /// True when the error is a missing file, directory, shard or object.
     pub fn is_not_found(&self) -> bool {
-        match self {
-            LoadError::Io { source, .. } => source.kind() == io::ErrorKind::NotFound,
-            LoadError::Open(OpenError::Io { source, .. }) => {
-                source.kind() == io::ErrorKind::NotFound
-            }
-            LoadError::ShardFileMissing { .. } | LoadError::ShardsMissing { .. } => true,
-            LoadError::Remote(sluice_remote::RemoteError::NotFound { .. }) => true,
-            _ => false,
-        }
+        self.class() == ErrorClass::NotFound
     }
+}
 
-    /// True when a path named a FIFO, a directory, a device or a socket
-    /// where a file was expected (refused before reading, never waited on).
-    pub fn is_not_regular(&self) -> bool {
-        match self {
-            LoadError::Io { source, .. } | LoadError::Open(OpenError::Io { source, .. }) => {
-                sluice_engine::is_not_regular(source)
-            }
-            _ => false,
-        }
+impl LoadError {
+    /// A config error: `what` is the option or value, `problem` what is wrong with it.
+    pub fn config(what: impl Into<String>, problem: impl Into<String>) -> LoadError {
+        LoadError::Config(ConfigError::new(what, problem))
     }
+}
 
-    /// True when the error is a permission problem.
-    pub fn is_permission_denied(&self) -> bool {
+impl Classify for LoadError {
+    fn class(&self) -> ErrorClass {
         match self {
+            LoadError::Format(_) | LoadError::NoShards { .. } => ErrorClass::BadHeader,
+            LoadError::Remote(e) => e.class(),
             LoadError::Io { source, .. } | LoadError::Read { source, .. } => {
-                source.kind() == io::ErrorKind::PermissionDenied
+                ErrorClass::of_io(source)
             }
-            LoadError::Open(OpenError::Io { source, .. }) => {
-                source.kind() == io::ErrorKind::PermissionDenied
+            LoadError::Open(e) => e.class(),
+            LoadError::Engine(e) => e.class(),
+            LoadError::Pool(e) => e.class(),
+            LoadError::ShardFileMissing { .. } | LoadError::ShardsMissing { .. } => {
+                ErrorClass::NotFound
             }
-            LoadError::Remote(e) => e.is_permission_denied(),
-            _ => false,
+            LoadError::UnknownTensor { .. } => ErrorClass::TensorNotFound,
+            LoadError::TensorExceedsMemoryLimit { .. } => ErrorClass::MemoryLimit,
+            LoadError::MemoryLimitExhausted { .. } => ErrorClass::MemoryExhausted,
+            LoadError::Config(_) => ErrorClass::Config,
+            LoadError::Truncated { .. } | LoadError::EngineFailed { .. } | LoadError::Thread(_) => {
+                ErrorClass::Io
+            }
+            LoadError::Cancelled => ErrorClass::Failed,
+        }
+    }
+
+    fn errno(&self) -> Option<i32> {
+        match self {
+            LoadError::Io { source, .. }
+            | LoadError::Read { source, .. }
+            | LoadError::EngineFailed { source, .. }
+            | LoadError::Thread(source) => source.raw_os_error(),
+            LoadError::Open(e) => e.errno(),
+            _ => None,
         }
     }
 }

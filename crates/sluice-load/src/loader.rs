@@ -102,7 +102,7 @@ impl Loader {
     /// index, local or an `s3://`, `gs://` or `az://` URL); reads nothing
     /// but headers.
     pub fn open(path: &Path, config: LoadConfig) -> Result<Loader, LoadError> {
-        config.validate().map_err(LoadError::Config)?;
+        config.validate()?;
         let options = ReadOptions {
             allow_partial: config.allow_partial,
         };
@@ -139,7 +139,7 @@ impl Loader {
         missing: Vec<std::path::PathBuf>,
         config: LoadConfig,
     ) -> Result<Loader, LoadError> {
-        config.validate().map_err(LoadError::Config)?;
+        config.validate()?;
         Ok(Loader {
             checkpoint,
             files,
@@ -193,12 +193,14 @@ impl Loader {
                 continue;
             };
             if dst.len() as u64 != entry.byte_len() {
-                return Err(LoadError::Config(format!(
-                    "tensor {:?}: the destination holds {} bytes, the checkpoint's tensor {}",
-                    entry.name,
-                    dst.len(),
-                    entry.byte_len()
-                )));
+                return Err(LoadError::config(
+                    format!("tensor {:?}", entry.name),
+                    format!(
+                        "the destination holds {} bytes, the checkpoint's tensor {}",
+                        dst.len(),
+                        entry.byte_len()
+                    ),
+                ));
             }
         }
         let limit = self

@@ -180,7 +180,7 @@ impl OpenCheckpoint {
     /// (plus gaps under [`GAP_READ_OVER`]).
     pub fn read_block(&self, name: &str, ranges: &[(u64, u64)]) -> Result<TensorBytes, LoadError> {
         let (shard, tensor) = self.locate(name)?;
-        let bad = |why: String| LoadError::Config(format!("slice of tensor {name:?}: {why}"));
+        let bad = |why: String| LoadError::config(format!("slice of tensor {name:?}"), why);
         if ranges.len() != tensor.shape.len() {
             return Err(bad(format!(
                 "{} ranges for a tensor of {} dimensions",
@@ -301,9 +301,10 @@ impl OpenCheckpoint {
 }
 
 fn too_large(name: &str) -> LoadError {
-    LoadError::Config(format!(
-        "tensor {name:?} is larger than this machine's address space"
-    ))
+    LoadError::config(
+        format!("tensor {name:?}"),
+        "is larger than this machine's address space",
+    )
 }
 
 /// Reads one span (`runs` consecutive in the file, within [`MAX_SPAN`]) into

@@ -92,7 +92,7 @@ impl ReadPlan {
                     continue;
                 }
                 let byte_len = usize::try_from(t.byte_len()).map_err(|_| {
-                    LoadError::Config(format!("tensor {:?} does not fit in memory", t.name))
+                    LoadError::config(format!("tensor {:?}", t.name), "does not fit in memory")
                 })?;
                 let planned = PlannedTensor {
                     name: t.name.clone(),

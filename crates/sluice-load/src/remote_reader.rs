@@ -124,10 +124,13 @@ fn read_indexed(
     let info = store.info(index)?;
     let shown = PathBuf::from(index.to_string());
     if info.size > MAX_INDEX_BYTES {
-        return Err(LoadError::Config(format!(
-            "{index}: an index of {} bytes (at most {MAX_INDEX_BYTES})",
-            info.size
-        )));
+        return Err(LoadError::config(
+            index.to_string(),
+            format!(
+                "an index of {} bytes (at most {MAX_INDEX_BYTES})",
+                info.size
+            ),
+        ));
     }
     let mut json = vec![0u8; info.size as usize];
     store.read_ranges(&info, vec![(0, &mut json)])?;

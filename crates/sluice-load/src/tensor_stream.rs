@@ -196,7 +196,7 @@ impl TensorStream {
         let driver = std::thread::Builder::new()
             .name("sluice-load".into())
             .spawn(move || drive(input, &driver_shared, tx))
-            .map_err(|e| LoadError::Config(format!("cannot start the load thread: {e}")))?;
+            .map_err(LoadError::Thread)?;
         Ok(TensorStream {
             rx: Mutex::new(rx),
             shared,

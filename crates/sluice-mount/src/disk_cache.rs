@@ -279,7 +279,7 @@ impl DiskCache {
         block: u64,
     ) -> Result<DiskCache, MountError> {
         let dir = &opts.dir;
-        let bad = |why: String| MountError::Config(format!("--cache-dir {}: {why}", dir.display()));
+        let bad = |why: String| MountError::config(format!("--cache-dir {}", dir.display()), why);
         if opts.budget == 0 {
             return Err(bad("the cache size must be above 0".into()));
         }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {
     #[error("bad mount option: {0}")]
-    Config(String),
+    Config(#[from] sluice_engine::ConfigError),
     #[error("{root}: cannot list: {source}")]
     Backend {
         root: String,
@@ -30,4 +30,33 @@ pub enum MountError {
     Daemon { code: i32, said: String },
     #[error(transparent)]
     Remote(#[from] sluice_remote::RemoteError),
+}
+
+impl MountError {
+    /// A bad option: `what` names it (with its value), `problem` what is wrong.
+    pub fn config(what: impl Into<String>, problem: impl Into<String>) -> MountError {
+        MountError::Config(sluice_engine::ConfigError::new(what, problem))
+    }
+}
+
+/// Bad options are usage errors, a stale or busy mount point a path that is not what it
+/// must be, a missing source not found; a daemon's failure is what its foreground run
+/// would have been (the status it exited with).
+impl sluice_engine::Classify for MountError {
+    fn class(&self) -> sluice_engine::ErrorClass {
+        use sluice_engine::ErrorClass;
+        match self {
+            MountError::Config(_) => ErrorClass::Config,
+            MountError::Stale { .. } | MountError::MountPoint { .. } => ErrorClass::BadPath,
+            MountError::Backend { source, .. } | MountError::Mount { source, .. } => {
+                ErrorClass::of_io(source)
+            }
+            MountError::Remote(e) => e.class(),
+            MountError::Thread(_) => ErrorClass::Io,
+            MountError::Daemon { code, .. } => ErrorClass::ALL
+                .into_iter()
+                .find(|c| c.exit_code() == *code && *code != sluice_engine::EXIT_FAILED)
+                .unwrap_or(ErrorClass::Failed),
+        }
+    }
 }

@@ -58,34 +58,40 @@ impl Default for MountOptions {
 
 impl MountOptions {
     pub fn validate(&self) -> Result<(), MountError> {
-        let bad = |why: String| Err(MountError::Config(why));
+        let bad = |what: &str, why: String| Err(MountError::config(what, why));
         if !(64 << 10..=256 << 20).contains(&self.block_bytes) {
-            return bad(format!(
-                "block size must be 64 KiB..=256 MiB, not {}",
-                self.block_bytes
-            ));
+            return bad(
+                "block size",
+                format!("must be 64 KiB..=256 MiB, not {}", self.block_bytes),
+            );
         }
         if self.pool_bytes < 4 * self.block_bytes {
-            return bad(format!(
-                "the pool ({} bytes) must hold at least 4 blocks of {} bytes",
-                self.pool_bytes, self.block_bytes
-            ));
+            return bad(
+                "pool",
+                format!(
+                    "{} bytes must hold at least 4 blocks of {} bytes",
+                    self.pool_bytes, self.block_bytes
+                ),
+            );
         }
         if self.prefetch_threads == 0 || self.prefetch_threads > 256 {
-            return bad(format!(
-                "prefetch threads must be 1..=256, not {}",
-                self.prefetch_threads
-            ));
+            return bad(
+                "prefetch threads",
+                format!("must be 1..=256, not {}", self.prefetch_threads),
+            );
         }
         if self.streams.max_cursors == 0 {
-            return bad("streams per file must be at least 1, not 0".into());
+            return bad("streams per file", "must be at least 1, not 0".into());
         }
         if let Some(d) = &self.disk_cache {
             if d.budget < 4 * self.block_bytes {
-                return bad(format!(
-                    "the disk cache ({} bytes) must hold at least 4 blocks of {} bytes",
-                    d.budget, self.block_bytes
-                ));
+                return bad(
+                    "disk cache",
+                    format!(
+                        "{} bytes must hold at least 4 blocks of {} bytes",
+                        d.budget, self.block_bytes
+                    ),
+                );
             }
         }
         Ok(())

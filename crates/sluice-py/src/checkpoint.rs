@@ -26,7 +26,7 @@ pub fn open_checkpoint(
     let options = ReadOptions { allow_partial };
     let inner = py
         .detach(|| OpenCheckpoint::open(&path, options))
-        .map_err(err(py))?;
+        .map_err(err)?;
     Ok(PyCheckpoint { inner })
 }
 
@@ -124,9 +124,7 @@ impl PyCheckpoint {
 
     /// The bytes of tensor `name`, read from the held file (GIL released).
     fn read_tensor(&self, py: Python<'_>, name: &str) -> PyResult<TensorBuffer> {
-        let bytes = py
-            .detach(|| self.inner.read_tensor(name))
-            .map_err(err(py))?;
+        let bytes = py.detach(|| self.inner.read_tensor(name)).map_err(err)?;
         Ok(TensorBuffer { bytes })
     }
 
@@ -140,7 +138,7 @@ impl PyCheckpoint {
     ) -> PyResult<TensorBuffer> {
         let bytes = py
             .detach(|| self.inner.read_block(name, &ranges))
-            .map_err(err(py))?;
+            .map_err(err)?;
         Ok(TensorBuffer { bytes })
     }
 

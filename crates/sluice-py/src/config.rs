@@ -36,7 +36,7 @@ pub fn build(
     if let Some(p) = allow_partial {
         cfg.allow_partial = p;
     }
-    cfg.validate().map_err(config_error)?;
+    cfg.validate().map_err(crate::errors::err)?;
     Ok(cfg)
 }
 
@@ -62,7 +62,7 @@ pub fn check_options(
         chunk_bytes.as_ref(),
         memory_limit.as_ref(),
     )?;
-    cfg.validate().map_err(config_error)
+    cfg.validate().map_err(crate::errors::err)
 }
 
 /// Sets the options the caller gave (`None`: left as they are).

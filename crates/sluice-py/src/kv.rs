@@ -27,7 +27,7 @@ pub struct PyKvStore {
 }
 
 fn kv_to_py(err: KvError) -> PyErr {
-    crate::errors::kv_to_py(err)
+    crate::errors::err(err)
 }
 
 fn parse<T: serde::de::DeserializeOwned>(

@@ -23,6 +23,7 @@ use pyo3::prelude::*;
 fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Logs to stderr, filtered by `SLUICE_LOG` (default: warn), as the CLI does.
     sluice_cli::init_logging(0);
+    errors::init(m.py())?;
     m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<checkpoint::PyCheckpoint>()?;

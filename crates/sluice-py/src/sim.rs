@@ -13,7 +13,7 @@ use sluice_sim::source::TraceOptions;
 use sluice_sim::study::{self, StudyConfig};
 use sluice_sim::SimError;
 
-use crate::errors::sim_to_py;
+use crate::errors::to_py;
 
 /// The defaults of a study (`StudyConfig::default()`, where the CLI's flags
 /// take theirs too), for `sluice.sim.run`'s keyword arguments.
@@ -31,13 +31,13 @@ pub fn sim_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 }
 
 /// Runs the study: every trace through every policy at every fraction;
-/// returns the rows as a JSON array. `policies` is a comma-separated list of
+/// returns the rows (dicts). `policies` is a comma-separated list of
 /// specs. `progress(done, total)` is called after each replay.
 #[pyfunction]
 #[pyo3(signature = (traces, policies, fractions, count_mode, threads, format, csv_columns, model, block_tokens, progress=None))]
 #[allow(clippy::too_many_arguments)]
-pub fn sim_run(
-    py: Python<'_>,
+pub fn sim_run<'py>(
+    py: Python<'py>,
     traces: Vec<PathBuf>,
     policies: &str,
     fractions: Vec<f64>,
@@ -48,9 +48,9 @@ pub fn sim_run(
     model: Option<String>,
     block_tokens: u64,
     progress: Option<Py<PyAny>>,
-) -> PyResult<String> {
+) -> PyResult<Bound<'py, PyAny>> {
     let stopped: Mutex<Option<PyErr>> = Mutex::new(None);
-    let run = || -> Result<String, SimError> {
+    let run = || -> Result<Vec<sluice_sim::GridRow>, SimError> {
         let config = StudyConfig {
             traces,
             trace_options: TraceOptions {
@@ -82,11 +82,13 @@ pub fn sim_run(
                 }
             })
         };
-        let study = study::run(&config, &report)?;
-        serde_json::to_string(&study.rows).map_err(|e| SimError::Config(e.to_string()))
+        Ok(study::run(&config, &report)?.rows)
     };
-    py.detach(run).map_err(|e| match (e, stopped.into_inner()) {
-        (SimError::Cancelled, Ok(Some(py_err))) => py_err,
-        (e, _) => sim_to_py(py, e),
-    })
+    let rows = py
+        .detach(run)
+        .map_err(|e| match (e, stopped.into_inner()) {
+            (SimError::Cancelled, Ok(Some(py_err))) => py_err,
+            (e, _) => to_py(&e),
+        })?;
+    crate::convert::to_py(py, &rows)
 }

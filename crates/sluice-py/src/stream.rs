@@ -34,16 +34,19 @@ type IntoTargets = Vec<(String, usize, usize)>;
 /// Lends each destination to the reads. Memory this process may not write
 /// (a tensor over a read-only mapping) is a `ConfigError` naming the tensor,
 /// before any read; one name twice is a `ValueError`.
-fn lend(py: Python<'_>, targets: IntoTargets) -> PyResult<HashMap<String, Arc<LentMemory>>> {
+fn lend(targets: IntoTargets) -> PyResult<HashMap<String, Arc<LentMemory>>> {
     let mut out = HashMap::with_capacity(targets.len());
     let writable = WritableRanges::of_this_process()
         .map_err(|e| PyOSError::new_err(format!("reading /proc/self/maps: {e}")))?;
     for (name, address, len) in targets {
         if !writable.covers(address, len) {
-            return Err(err(py)(LoadError::Config(format!(
-                "tensor {name:?}: its destination ({len} bytes at {address:#x}) is not \
-                 writable memory (a tensor over a read-only mapping?)"
-            ))));
+            return Err(err(LoadError::config(
+                format!("tensor {name:?}"),
+                format!(
+                    "its destination ({len} bytes at {address:#x}) is not writable memory \
+                     (a tensor over a read-only mapping?)"
+                ),
+            )));
         }
         // SAFETY: `sluice.load_into` passes each destination tensor's data
         // pointer and byte size, and hands the tensors to the stream (`lent`),
@@ -91,7 +94,7 @@ pub fn start_stream(
         allow_partial,
     )?;
     let into = match into {
-        Some(targets) if lent.is_some() => Some(lend(py, targets)?),
+        Some(targets) if lent.is_some() => Some(lend(targets)?),
         Some(_) => {
             return Err(PyValueError::new_err(
                 "an `into` load needs `lent`: the objects owning its memory",
@@ -113,7 +116,7 @@ pub fn start_stream(
             loader.stream_unbounded(names.as_deref())
         }
     });
-    let (inner, stats) = started.map_err(err(py))?;
+    let (inner, stats) = started.map_err(err)?;
     Ok(Stream {
         inner: Some(inner),
         stats,
@@ -146,7 +149,7 @@ impl Stream {
             Some(Ok(w)) => Ok(Some(Window::new(w))),
             Some(Err(e)) => {
                 self.close(py);
-                Err(err(py)(e))
+                Err(err(e))
             }
             None => {
                 if let Some(inner) = &self.inner {

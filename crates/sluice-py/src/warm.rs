@@ -6,7 +6,7 @@ use pyo3::prelude::*;
 use sluice_warm::config::WarmEnv;
 use sluice_warm::trigger::TriggerRequest;
 
-use crate::errors::warm_to_py;
+use crate::errors::to_py;
 
 /// Where running runtimes publish their status and trigger pipes.
 #[pyfunction]
@@ -14,14 +14,14 @@ pub fn warm_run_dir() -> String {
     WarmEnv::from_env().run_dir().display().to_string()
 }
 
-/// The live runtimes' status, as a JSON array (dead ones' files removed).
+/// The live runtimes' status, a list of dicts (dead ones' files removed).
 #[pyfunction]
-pub fn warm_status(py: Python<'_>) -> PyResult<String> {
+pub fn warm_status(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
     let run_dir = WarmEnv::from_env().run_dir();
     let all = py
         .detach(|| sluice_warm::status::list(&run_dir))
-        .map_err(|e| warm_to_py(py, e))?;
-    Ok(serde_json::to_string(&all).expect("statuses serialize: plain fields only"))
+        .map_err(|e| to_py(&e))?;
+    crate::convert::to_py(py, &all)
 }
 
 /// Sends an explicit access to a running runtime.
@@ -44,5 +44,5 @@ pub fn warm_trigger(
     };
     let env = WarmEnv::from_env();
     py.detach(|| sluice_warm::trigger::trigger(&env, &request))
-        .map_err(|e| warm_to_py(py, e))
+        .map_err(|e| to_py(&e))
 }

@@ -33,6 +33,13 @@ pub enum RemoteError {
         #[source]
         source: object_store::Error,
     },
+    /// The store refused the credentials or the access (HTTP 401 or 403).
+    #[error("{url}: access refused: {source}")]
+    Refused {
+        url: String,
+        #[source]
+        source: object_store::Error,
+    },
     #[error("{url}: bytes {}..{} lie beyond the object's {size} bytes", range.start, range.end)]
     OutOfRange {
         url: String,
@@ -63,80 +70,56 @@ impl RemoteError {
         std::io::Error::new(kind, self)
     }
 
-    /// True when the store refused the credentials or the access (HTTP 401/403).
+    /// True when the store refused the credentials or the access (HTTP 401/403), as
+    /// object_store types it (or as a listing's HEAD probe found it: `Refused`).
     pub fn is_permission_denied(&self) -> bool {
         match self {
-            RemoteError::Read { source, .. } | RemoteError::Request { source, .. } => {
-                matches!(
-                    source,
-                    object_store::Error::PermissionDenied { .. }
-                        | object_store::Error::Unauthenticated { .. }
-                ) || refused_status(source)
-            }
+            RemoteError::Refused { .. } => true,
+            RemoteError::Read { source, .. } | RemoteError::Request { source, .. } => matches!(
+                source,
+                object_store::Error::PermissionDenied { .. }
+                    | object_store::Error::Unauthenticated { .. }
+            ),
             _ => false,
         }
     }
 }
 
-/// Whether a store's generic error is an HTTP 401 or 403. object_store types those for
-/// GETs and HEADs, but its Azure and GCS list requests come back `Generic`, with the
-/// status only in the message of an error in the chain (its retry error is not public).
-fn refused_status(e: &object_store::Error) -> bool {
-    if !matches!(e, object_store::Error::Generic { .. }) {
-        return false;
-    }
-    let mut at: Option<&dyn std::error::Error> = Some(e);
-    while let Some(err) = at {
-        let text = err.to_string();
-        if text.contains("403 Forbidden") || text.contains("401 Unauthorized") {
-            return true;
+impl sluice_engine::Classify for RemoteError {
+    fn class(&self) -> sluice_engine::ErrorClass {
+        use sluice_engine::ErrorClass;
+        match self {
+            _ if self.is_config() => ErrorClass::Config,
+            RemoteError::NotFound { .. } => ErrorClass::NotFound,
+            _ if self.is_permission_denied() => ErrorClass::PermissionDenied,
+            _ => ErrorClass::Io,
         }
-        at = err.source();
     }
-    false
-}
-
-/// Whether a store's generic error says the bucket or container does not exist (a list
-/// request, which object_store leaves `Generic`, with the code only in the message).
-pub(crate) fn missing_bucket(e: &object_store::Error) -> bool {
-    if !matches!(e, object_store::Error::Generic { .. }) {
-        return false;
-    }
-    let mut at: Option<&dyn std::error::Error> = Some(e);
-    while let Some(err) = at {
-        let text = err.to_string();
-        if ["NoSuchBucket", "ContainerNotFound", "404 Not Found"]
-            .iter()
-            .any(|code| text.contains(code))
-        {
-            return true;
-        }
-        at = err.source();
-    }
-    false
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn generic(msg: &str) -> RemoteError {
-        RemoteError::Request {
+    #[test]
+    fn refusals_are_permission_denied_by_their_type_not_their_text() {
+        let typed = RemoteError::Request {
+            url: "s3://b/k".into(),
+            source: object_store::Error::PermissionDenied {
+                path: "k".into(),
+                source: "denied".into(),
+            },
+        };
+        assert!(typed.is_permission_denied());
+        assert_eq!(typed.into_io().kind(), std::io::ErrorKind::PermissionDenied);
+        // A generic error that says 403 in its text is not classified by that text.
+        let generic = RemoteError::Request {
             url: "az://c/k".into(),
             source: object_store::Error::Generic {
                 store: "MicrosoftAzure",
-                source: Box::new(std::io::Error::other(msg.to_string())),
+                source: Box::new(std::io::Error::other("status code: 403 Forbidden")),
             },
-        }
-    }
-
-    #[test]
-    fn a_generic_401_or_403_is_permission_denied_and_nothing_else_is() {
-        let denied = "Error performing list request: Server returned non-2xx status code: 403 Forbidden: <Error>";
-        assert!(generic(denied).is_permission_denied());
-        assert!(generic("status code: 401 Unauthorized").is_permission_denied());
-        assert!(!generic("status code: 500 Internal Server Error").is_permission_denied());
-        let e = generic(denied).into_io();
-        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied);
+        };
+        assert!(!generic.is_permission_denied());
     }
 }

@@ -31,12 +31,25 @@ pub enum Fault {
     Changed,
 }
 
+/// How listings fail, as a real store's list requests do: object_store leaves them
+/// `Generic`, while a HEAD's error is typed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ListFault {
+    /// Listings pass through.
+    None,
+    /// Listings fail `Generic`; HEADs find nothing (a missing bucket).
+    MissingBucket,
+    /// Listings fail `Generic`; HEADs are refused (bad credentials).
+    Refused,
+}
+
 /// Wraps a store; each ranged GET takes the next scheduled fault (none once they run
-/// out). HEADs pass through.
+/// out). HEADs pass through, unless listings are set to fail ([`FaultyStore::lists`]).
 pub struct FaultyStore {
     inner: Arc<dyn ObjectStore>,
     faults: Mutex<VecDeque<Fault>>,
     gets: Mutex<usize>,
+    lists: ListFault,
 }
 
 impl FaultyStore {
@@ -45,7 +58,22 @@ impl FaultyStore {
             inner,
             faults: Mutex::new(faults.into()),
             gets: Mutex::new(0),
+            lists: ListFault::None,
         }
+    }
+
+    /// The same store, its listings (and HEADs) failing as `fault` says.
+    pub fn lists(mut self, fault: ListFault) -> FaultyStore {
+        self.lists = fault;
+        self
+    }
+
+    /// A listing's error, if listings fail.
+    fn list_fault(&self) -> Option<object_store::Error> {
+        (self.lists != ListFault::None).then(|| object_store::Error::Generic {
+            store: "faulty",
+            source: injected("list request failed (the status is in no public type)"),
+        })
     }
 
     /// GETs served so far, faulty ones included.
@@ -100,8 +128,18 @@ impl ObjectStore for FaultyStore {
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
         if options.head {
-            // HEADs (`info`) pass untouched and uncounted: the faults are for reads.
-            return self.inner.get_opts(location, options).await;
+            // HEADs (`info`) pass uncounted: the GET faults are for reads.
+            return match self.lists {
+                ListFault::None => self.inner.get_opts(location, options).await,
+                ListFault::MissingBucket => Err(object_store::Error::NotFound {
+                    path: location.to_string(),
+                    source: injected("no such bucket"),
+                }),
+                ListFault::Refused => Err(object_store::Error::PermissionDenied {
+                    path: location.to_string(),
+                    source: injected("403"),
+                }),
+            };
         }
         let fault = self.next_fault();
         match fault {
@@ -143,11 +181,17 @@ impl ObjectStore for FaultyStore {
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
-        self.inner.list(prefix)
+        match self.list_fault() {
+            Some(e) => futures::stream::once(async move { Err(e) }).boxed(),
+            None => self.inner.list(prefix),
+        }
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
+        match self.list_fault() {
+            Some(e) => Err(e),
+            None => self.inner.list_with_delimiter(prefix).await,
+        }
     }
 
     async fn copy(&self, from: &Path, to: &Path) -> Result<()> {

@@ -14,6 +14,6 @@ mod store;
 mod url;
 
 pub use error::RemoteError;
-pub use faulty::{Fault, FaultyStore};
+pub use faulty::{Fault, FaultyStore, ListFault};
 pub use store::{runtime_handle, ObjectInfo, ReadReport, RemoteOptions, RemoteStore};
 pub use url::{ObjectUrl, Scheme};

@@ -258,9 +258,11 @@ impl RemoteStore {
     pub fn list(&self, prefix: &ObjectUrl) -> Result<Vec<ObjectInfo>, RemoteError> {
         let path = self.path(prefix)?;
         let under = (!prefix.key.is_empty()).then_some(&path);
-        let metas = runtime()?
-            .block_on(self.store.list(under).try_collect::<Vec<_>>())
-            .map_err(|e| request_error(prefix, e))?;
+        let listed = runtime()?.block_on(self.store.list(under).try_collect::<Vec<_>>());
+        let metas = match listed {
+            Ok(metas) => metas,
+            Err(e) => return Err(self.list_error(prefix, e)),
+        };
         Ok(self.infos(metas))
     }
 
@@ -270,10 +272,44 @@ impl RemoteStore {
     pub fn list_dir(&self, prefix: &ObjectUrl) -> Result<(Vec<ObjectInfo>, usize), RemoteError> {
         let path = self.path(prefix)?;
         let under = (!prefix.key.is_empty()).then_some(&path);
-        let listed = runtime()?
-            .block_on(self.store.list_with_delimiter(under))
-            .map_err(|e| request_error(prefix, e))?;
+        let listed = match runtime()?.block_on(self.store.list_with_delimiter(under)) {
+            Ok(listed) => listed,
+            Err(e) => return Err(self.list_error(prefix, e)),
+        };
         Ok((self.infos(listed.objects), listed.common_prefixes.len()))
+    }
+
+    /// Why a listing failed. object_store types the errors of GETs and HEADs (not found,
+    /// refused) but leaves a failed list request `Generic`, its HTTP status in no public
+    /// type. So a generic listing failure is classified by a HEAD under the prefix, whose
+    /// error is typed: not found means the bucket (or container) is missing (a prefix with
+    /// nothing under it lists empty, it does not fail), refused means the credentials are.
+    fn list_error(&self, prefix: &ObjectUrl, e: object_store::Error) -> RemoteError {
+        if !matches!(e, object_store::Error::Generic { .. }) {
+            return request_error(prefix, e);
+        }
+        let probe = match prefix.key.is_empty() {
+            true => ObjPath::from(".sluice-probe"),
+            false => ObjPath::from(format!(
+                "{}/.sluice-probe",
+                prefix.key.trim_end_matches('/')
+            )),
+        };
+        let head = runtime().map(|rt| rt.block_on(self.store.head(&probe)));
+        match head {
+            Ok(Err(object_store::Error::NotFound { .. })) => RemoteError::NotFound {
+                url: prefix.to_string(),
+                what: "bucket",
+            },
+            Ok(Err(
+                object_store::Error::PermissionDenied { .. }
+                | object_store::Error::Unauthenticated { .. },
+            )) => RemoteError::Refused {
+                url: prefix.to_string(),
+                source: e,
+            },
+            _ => request_error(prefix, e),
+        }
     }
 
     /// A listing's objects as infos, in key order.
@@ -509,10 +545,6 @@ fn request_error(url: &ObjectUrl, e: object_store::Error) -> RemoteError {
         object_store::Error::NotFound { .. } => RemoteError::NotFound {
             url: url.to_string(),
             what: "object",
-        },
-        e if crate::error::missing_bucket(&e) => RemoteError::NotFound {
-            url: url.to_string(),
-            what: "bucket",
         },
         e => RemoteError::Request {
             url: url.to_string(),

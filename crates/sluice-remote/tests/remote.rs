@@ -162,3 +162,34 @@ fn a_store_configures_from_options_without_touching_the_network() {
     };
     assert!(RemoteStore::open(&u, &o).is_ok());
 }
+
+#[test]
+fn a_failed_listing_is_classified_by_a_typed_head_not_by_its_text() {
+    use sluice_engine::{Classify, ErrorClass};
+    use sluice_remote::ListFault;
+    let mem = Arc::new(InMemory::new());
+    put(&mem, "m/model.safetensors", &bytes(10));
+    let bucket = ObjectUrl::parse("s3://bucket/m").unwrap();
+    for (fault, class) in [
+        (ListFault::MissingBucket, ErrorClass::NotFound),
+        (ListFault::Refused, ErrorClass::PermissionDenied),
+    ] {
+        let faulty = Arc::new(FaultyStore::new(mem.clone(), vec![]).lists(fault));
+        let store = RemoteStore::with_store(&bucket, faulty, &opts(0));
+        for err in [
+            store.list(&url("m")).unwrap_err(),
+            store.list_dir(&url("m")).unwrap_err(),
+        ] {
+            assert_eq!(err.class(), class, "{fault:?}: {err}");
+            assert!(err.to_string().contains("s3://bucket/m"), "{err}");
+        }
+    }
+    let err = RemoteStore::with_store(
+        &bucket,
+        Arc::new(FaultyStore::new(mem.clone(), vec![]).lists(ListFault::MissingBucket)),
+        &opts(0),
+    )
+    .list(&url("m"))
+    .unwrap_err();
+    assert!(err.to_string().contains("no such bucket"), "{err}");
+}

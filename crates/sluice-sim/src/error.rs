@@ -34,9 +34,37 @@ pub enum SimError {
     },
     #[error(transparent)]
     Policy(#[from] sluice_policy::PolicyError),
-    #[error("{0}")]
-    Config(String),
+    #[error(transparent)]
+    Config(#[from] sluice_engine::ConfigError),
     /// The caller's progress callback asked to stop.
     #[error("cancelled")]
     Cancelled,
+}
+
+impl SimError {
+    /// A config error: `what` is the option or value, `problem` what is wrong with it.
+    pub fn config(what: impl Into<String>, problem: impl Into<String>) -> SimError {
+        SimError::Config(sluice_engine::ConfigError::new(what, problem))
+    }
+}
+
+impl sluice_engine::Classify for SimError {
+    fn class(&self) -> sluice_engine::ErrorClass {
+        use sluice_engine::ErrorClass;
+        match self {
+            SimError::Io { source, .. } => ErrorClass::of_io(source),
+            SimError::BadField { .. } | SimError::BadTrace { .. } | SimError::CsvHeader { .. } => {
+                ErrorClass::BadTrace
+            }
+            SimError::Policy(_) | SimError::Config(_) => ErrorClass::Config,
+            SimError::Cancelled => ErrorClass::Failed,
+        }
+    }
+
+    fn errno(&self) -> Option<i32> {
+        match self {
+            SimError::Io { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
 }

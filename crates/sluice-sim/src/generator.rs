@@ -144,7 +144,7 @@ impl Default for KvWorkloadConfig {
 impl KvWorkloadConfig {
     /// Rejects knobs the generator cannot honour, naming the knob.
     pub fn validate(&self) -> Result<(), SimError> {
-        let fail = |m: &str| Err(SimError::Config(format!("gen-kv: {m}")));
+        let fail = |m: &str| Err(SimError::config("gen-kv", m));
         let finite_non_negative = |v: f64| v.is_finite() && v >= 0.0;
         if self.sessions == 0 {
             return fail("sessions must be at least 1");

@@ -63,16 +63,17 @@ impl GridConfig {
     /// fraction is in (0, 1].
     pub fn validate(&self) -> Result<(), SimError> {
         if self.policies.is_empty() {
-            return Err(SimError::Config("no policies given".into()));
+            return Err(SimError::config("policies", "none given"));
         }
         if self.fractions.is_empty() {
-            return Err(SimError::Config("no cache fractions given".into()));
+            return Err(SimError::config("cache fractions", "none given"));
         }
         for &f in &self.fractions {
             if !(f > 0.0 && f <= 1.0) {
-                return Err(SimError::Config(format!(
-                    "cache fraction {f} is outside (0, 1]"
-                )));
+                return Err(SimError::config(
+                    format!("cache fraction {f}"),
+                    "is outside (0, 1]",
+                ));
             }
         }
         Ok(())

@@ -104,11 +104,14 @@ impl KvModel {
             "deepseek-v3" => deepseek_v3(),
             "gpt-oss-120b" => gpt_oss_120b(),
             _ => {
-                return Err(SimError::Config(format!(
-                    "unknown model {name:?}: use one of {} or a spec like \
-                     \"layers=32,kv_heads=8,head_dim=128,dtype_bytes=2\"",
-                    PRESET_NAMES.join(", ")
-                )))
+                return Err(SimError::config(
+                    format!("model {name:?}"),
+                    format!(
+                        "unknown: use one of {} or a spec like \
+                         \"layers=32,kv_heads=8,head_dim=128,dtype_bytes=2\"",
+                        PRESET_NAMES.join(", ")
+                    ),
+                ))
             }
         };
         Ok(model)
@@ -146,10 +149,10 @@ fn checked_bytes_per_token(model: &KvModel) -> Result<u64, SimError> {
         .and_then(|v| v.checked_mul(model.layers))
         .and_then(|v| v.checked_mul(model.dtype_bytes))
         .ok_or_else(|| {
-            SimError::Config(format!(
-                "model {:?}: KV bytes per token overflow 64 bits",
-                model.name
-            ))
+            SimError::config(
+                format!("model {:?}", model.name),
+                "KV bytes per token overflow 64 bits",
+            )
         })
 }
 
@@ -241,7 +244,7 @@ impl SpecFields {
 }
 
 fn spec_error(spec: &str, message: &str) -> SimError {
-    SimError::Config(format!("model spec {spec:?}: {message}"))
+    SimError::config(format!("model spec {spec:?}"), message)
 }
 
 fn unsigned(spec: &str, key: &str, value: &str) -> Result<u64, SimError> {

@@ -64,8 +64,7 @@ pub fn write_results(
     std::fs::create_dir_all(dir).map_err(io_err(dir))?;
     let json_path = dir.join("results.json");
     let body = serde_json::json!({ "meta": meta, "rows": rows });
-    let text = serde_json::to_string_pretty(&body)
-        .map_err(|e| SimError::Config(format!("cannot serialize results: {e}")))?;
+    let text = serde_json::to_string_pretty(&body).expect("JSON values always serialize");
     crate::atomic::write_file(&json_path, |out| out.write_all(text.as_bytes()))?;
     let csv_path = dir.join("results.csv");
     crate::atomic::write_file(&csv_path, |out| out.write_all(to_csv(rows).as_bytes()))?;

@@ -116,11 +116,13 @@ impl SimStats {
 pub fn simulate(trace: &Trace, config: &SimConfig) -> Result<SimStats, SimError> {
     let kind = config.policy.kind();
     if kind.is_oracle() && !trace.has_next_access() {
-        return Err(SimError::Config(format!(
-            "policy {} needs next-access times; trace {} has none (fill them first)",
-            kind.name(),
-            trace.name
-        )));
+        return Err(SimError::config(
+            format!("policy {}", kind.name()),
+            format!(
+                "needs next-access times; trace {} has none (fill them first)",
+                trace.name
+            ),
+        ));
     }
     let mut policy = config.policy.build(config.capacity)?;
     let mut stats = SimStats::default();

@@ -41,9 +41,10 @@ impl std::str::FromStr for TraceFormat {
             "oracle" | "oraclegeneral" | "oracle-general" | "bin" => Ok(TraceFormat::OracleGeneral),
             "csv" => Ok(TraceFormat::Csv),
             "mooncake" | "jsonl" | "kv" => Ok(TraceFormat::Mooncake),
-            other => Err(SimError::Config(format!(
-                "unknown trace format {other:?}: use auto, oracle, csv or mooncake"
-            ))),
+            other => Err(SimError::config(
+                format!("trace format {other:?}"),
+                "unknown: use auto, oracle, csv or mooncake",
+            )),
         }
     }
 }

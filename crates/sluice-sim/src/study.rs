@@ -70,7 +70,7 @@ impl From<StudyError> for SimError {
                 path,
                 message: EMPTY_TRACE.into(),
             },
-            other @ StudyError::NoTraces => SimError::Config(other.to_string()),
+            StudyError::NoTraces => SimError::config("trace", "none given (name a trace file)"),
         }
     }
 }
@@ -289,10 +289,9 @@ mod tests {
     #[test]
     fn a_study_needs_a_trace_a_policy_and_a_fraction() {
         let mut c = config(vec![]);
-        assert_eq!(
-            c.check().unwrap_err().to_string(),
-            StudyError::NoTraces.to_string()
-        );
+        let e = c.check().unwrap_err();
+        assert!(matches!(e, SimError::Config(_)), "{e}");
+        assert!(e.to_string().contains("trace"), "{e}");
         c.traces = vec![PathBuf::from("t.jsonl")];
         c.policies.clear();
         assert!(c.check().is_err());

@@ -71,18 +71,21 @@ fn ratio(n: u64, d: u64) -> f64 {
 /// request per record.
 pub fn simulate_tiers(trace: &Trace, tiers: &[TierSpec]) -> Result<TieredStats, SimError> {
     if tiers.is_empty() {
-        return Err(SimError::Config(
-            "a tiered replay needs at least one tier".into(),
+        return Err(SimError::config(
+            "tiers",
+            "a tiered replay needs at least one",
         ));
     }
     let mut policies = Vec::with_capacity(tiers.len());
     for t in tiers {
         if t.policy.kind().is_oracle() {
-            return Err(SimError::Config(format!(
-                "tier {}: policy {} needs the future; a live store cannot run it",
-                t.name,
-                t.policy.kind().name()
-            )));
+            return Err(SimError::config(
+                format!("tier {}", t.name),
+                format!(
+                    "policy {} needs the future; a live store cannot run it",
+                    t.policy.kind().name()
+                ),
+            ));
         }
         policies.push(t.policy.build(t.capacity_blocks)?);
     }

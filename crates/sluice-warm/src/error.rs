@@ -91,3 +91,55 @@ fn join(pids: &[i32]) -> String {
     let pids: Vec<String> = pids.iter().map(i32::to_string).collect();
     pids.join(", ")
 }
+
+impl sluice_engine::Classify for WarmError {
+    fn class(&self) -> sluice_engine::ErrorClass {
+        use sluice_engine::ErrorClass;
+        match self {
+            WarmError::Io { source, .. } => ErrorClass::of_io(source),
+            WarmError::Template(e) => e.class(),
+            WarmError::NoModelFiles { .. } => ErrorClass::BadHeader,
+            WarmError::BadOption(_)
+            | WarmError::InvalidArgument(_)
+            | WarmError::BadTrigger { .. }
+            | WarmError::NoCommand
+            | WarmError::Python(_) => ErrorClass::Config,
+            WarmError::NoRuntime | WarmError::SeveralRuntimes { .. } => ErrorClass::NoRuntime,
+            WarmError::RuntimeGone { .. } => ErrorClass::RuntimeGone,
+            WarmError::Unsupported { .. } | WarmError::Policy { .. } | WarmError::Launch { .. } => {
+                ErrorClass::Failed
+            }
+        }
+    }
+
+    fn errno(&self) -> Option<i32> {
+        match self {
+            WarmError::Io { source, .. } | WarmError::Launch { source, .. } => {
+                source.raw_os_error()
+            }
+            WarmError::Template(e) => e.errno(),
+            _ => None,
+        }
+    }
+}
+
+impl sluice_engine::Classify for crate::template::TemplateError {
+    fn class(&self) -> sluice_engine::ErrorClass {
+        use crate::template::TemplateError;
+        use sluice_engine::ErrorClass;
+        match self {
+            TemplateError::Io { source, .. } => ErrorClass::of_io(source),
+            TemplateError::ModelPath(_) => ErrorClass::BadPath,
+            // A template that no longer matches its model (a file gone or resized, another
+            // service's) or does not decode: record the service again.
+            _ => ErrorClass::BadStore,
+        }
+    }
+
+    fn errno(&self) -> Option<i32> {
+        match self {
+            crate::template::TemplateError::Io { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+}

@@ -20,6 +20,15 @@ pub enum CkptCliError {
     Damaged(String),
 }
 
+impl sluice_engine::Classify for CkptCliError {
+    fn class(&self) -> sluice_engine::ErrorClass {
+        match self {
+            CkptCliError::Ckpt(e) => e.class(),
+            CkptCliError::Damaged(_) => sluice_engine::ErrorClass::Failed,
+        }
+    }
+}
+
 /// Threads hashing chunks: the machine's cores.
 fn threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())

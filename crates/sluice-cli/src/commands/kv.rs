@@ -49,6 +49,19 @@ pub enum KvCliError {
     Damaged(String),
 }
 
+impl sluice_engine::Classify for KvCliError {
+    fn class(&self) -> sluice_engine::ErrorClass {
+        use sluice_engine::ErrorClass;
+        match self {
+            KvCliError::Kv(e) => e.class(),
+            KvCliError::Sim(e) => e.class(),
+            KvCliError::Usage(_) => ErrorClass::Config,
+            KvCliError::Io { source, .. } => ErrorClass::of_io(source),
+            KvCliError::WrongBytes(_) | KvCliError::Damaged(_) => ErrorClass::Failed,
+        }
+    }
+}
+
 pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> KvCliError + '_ {
     move |source| KvCliError::Io {
         path: path.to_path_buf(),

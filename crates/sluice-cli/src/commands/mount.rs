@@ -25,24 +25,9 @@ extern "C" fn on_signal(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c
 const READY_FD_ENV: &str = "SLUICE_MOUNT_READY_FD";
 const READY: &[u8] = b"ready\n";
 
-/// Exit status of a failed mount: bad options 2, a stale or busy mount point 3, a
-/// missing source 4, the rest 1; a daemon's failure, the status it exited with.
-pub fn exit_code(err: &MountError) -> i32 {
-    match err {
-        MountError::Daemon { code, .. } if (1..=4).contains(code) => *code,
-        MountError::Daemon { .. } => 1,
-        MountError::Config(_) => 2,
-        MountError::Stale { .. } | MountError::MountPoint { .. } => 3,
-        MountError::Backend { source, .. } if source.kind() == std::io::ErrorKind::NotFound => 4,
-        MountError::Remote(sluice_remote::RemoteError::NotFound { .. }) => 4,
-        MountError::Remote(e) if e.is_config() => 2,
-        _ => 1,
-    }
-}
-
 fn options(args: &MountArgs) -> Result<MountOptions, MountError> {
     let size = |flag: &str, v: &str| {
-        sluice_load::parse_bytes(v).map_err(|e| MountError::Config(format!("--{flag}: {e}")))
+        sluice_load::parse_bytes(v).map_err(|e| MountError::config(format!("--{flag}"), e))
     };
     let mut opts = MountOptions {
         pool_bytes: size("pool", &args.pool)?,
@@ -62,8 +47,9 @@ fn options(args: &MountArgs) -> Result<MountOptions, MountError> {
     opts.streams.max_cursors = args.streams;
     opts.validate()?;
     if args.log.is_some() && !args.daemon && ready_fd().is_none() {
-        return Err(MountError::Config(
-            "--log is the log of a --daemon; in the foreground the log goes to stderr".into(),
+        return Err(MountError::config(
+            "--log",
+            "is the log of a --daemon; in the foreground the log goes to stderr",
         ));
     }
     if let Some(dir) = &args.cache_dir {
@@ -75,11 +61,10 @@ fn options(args: &MountArgs) -> Result<MountOptions, MountError> {
             Some(d.starts_with(m))
         };
         if inside(dir) == Some(true) {
-            return Err(MountError::Config(format!(
-                "--cache-dir {} lies under the mount point {}",
-                dir.display(),
-                args.mountpoint.display()
-            )));
+            return Err(MountError::config(
+                format!("--cache-dir {}", dir.display()),
+                format!("lies under the mount point {}", args.mountpoint.display()),
+            ));
         }
     }
     Ok(opts)
@@ -203,7 +188,7 @@ fn serve(args: &MountArgs, opts: MountOptions) -> Result<(), MountError> {
 /// a directory is a bad option.
 fn open_log(path: &std::path::Path) -> Result<std::fs::File, MountError> {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    let bad = |why: String| MountError::Config(format!("--log {}: {why}", path.display()));
+    let bad = |why: String| MountError::config(format!("--log {}", path.display()), why);
     let file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)

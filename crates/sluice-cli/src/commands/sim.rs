@@ -26,7 +26,7 @@ use crate::{SimModelsArgs, SimRunArgs, SimTraceArgs};
 /// `sluice sim models`: each preset's KV bytes per token, with the formula.
 pub fn models(args: &SimModelsArgs) -> Result<(), SimError> {
     if args.block_tokens == 0 {
-        return Err(SimError::Config("--block-tokens must be at least 1".into()));
+        return Err(SimError::config("--block-tokens", "must be at least 1"));
     }
     let mut models = KvModel::presets();
     if let Some(spec) = &args.model {
@@ -72,8 +72,7 @@ pub fn run(args: &SimRunArgs) -> Result<(), SimError> {
     bar.finish_and_clear();
     let (json_path, csv_path) = write_results(&args.out, &study.meta, &study.rows)?;
     if args.json {
-        let rows =
-            serde_json::to_string(&study.rows).map_err(|e| SimError::Config(e.to_string()))?;
+        let rows = serde_json::to_string(&study.rows).expect("rows always serialize");
         outln!("{rows}");
     } else {
         print_table(&study.rows);
@@ -105,7 +104,7 @@ pub fn parse_fractions(list: &str) -> Result<Vec<f64>, SimError> {
         .filter(|s| !s.is_empty())
         .map(|s| {
             s.parse::<f64>()
-                .map_err(|_| SimError::Config(format!("cache fraction {s:?} is not a number")))
+                .map_err(|_| SimError::config(format!("cache fraction {s:?}"), "is not a number"))
         })
         .collect()
 }

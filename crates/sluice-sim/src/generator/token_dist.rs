@@ -46,7 +46,7 @@ impl TokenDist {
     /// `lognormal:median=300,sigma=1.0` with optional `min=` and `max=`.
     pub fn parse(spec: &str) -> Result<TokenDist, SimError> {
         TokenDist::parse_inner(spec)
-            .map_err(|m| SimError::Config(format!("token distribution {spec:?}: {m}")))
+            .map_err(|m| SimError::config(format!("token distribution {spec:?}"), m))
     }
 
     fn parse_inner(spec: &str) -> Result<TokenDist, String> {

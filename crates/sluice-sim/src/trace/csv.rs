@@ -176,7 +176,7 @@ fn split_pairs(spec: &str) -> Result<Vec<(String, String)>, SimError> {
 }
 
 fn spec_error(spec: &str, message: &str) -> SimError {
-    SimError::Config(format!("CSV columns {spec:?}: {message}"))
+    SimError::config(format!("CSV columns {spec:?}"), message)
 }
 
 /// A 1-based column number; `0` or `none` means absent.

@@ -72,7 +72,7 @@ impl MooncakeConfig {
     /// A config error unless blocks hold at least one token.
     pub fn check(&self) -> Result<(), SimError> {
         if self.block_tokens == 0 {
-            return Err(SimError::Config("block_tokens must be at least 1".into()));
+            return Err(SimError::config("block_tokens", "must be at least 1"));
         }
         Ok(())
     }
