@@ -65,8 +65,11 @@ $(STAMP)/docs-deps: $(STAMP)/venv requirements-docs.txt
 docs: $(STAMP)/docs-deps
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir target/site
 
+# Tests that need root are #[ignore]d with the reason; as root (CI is) they run too.
+INCLUDE_ROOT_TESTS := $(shell [ "$$(id -u)" -eq 0 ] && echo -- --include-ignored)
+
 rust-test: $(STAMP)/rust
-	$(CARGO) test --workspace --exclude sluice-py
+	$(CARGO) test --workspace --exclude sluice-py $(INCLUDE_ROOT_TESTS)
 
 # Azurite, Microsoft's Azure Blob emulator, for the az:// tests: from the npm registry into
 # ~/.cache/sluice/azurite once (about 30 s); without npm those tests skip and say why.
@@ -112,7 +115,7 @@ numa-test: $(STAMP)/rust
 	  | python3 -c 'import json, sys; print(" ".join(m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable")))'); \
 	start=$$(date +%s); \
 	for bin in $$bins; do \
-	  rc=0; scripts/numa-vm.sh --timeout 300 $(NUMA_VM_ARGS) "$$bin" > $(NUMA_LOG) 2>&1 || rc=$$?; \
+	  rc=0; scripts/numa-vm.sh --timeout 300 $(NUMA_VM_ARGS) "$$bin" --include-ignored > $(NUMA_LOG) 2>&1 || rc=$$?; \
 	  echo "numa-test: $$(basename $$bin)"; \
 	  grep -E '^numa-vm: (node[0-9]+:|accel:)|^test result' $(NUMA_LOG) || true; \
 	  if ! grep -q '^numa-vm: running' $(NUMA_LOG); then \

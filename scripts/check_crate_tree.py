@@ -12,7 +12,16 @@ normal dependencies between workspace crates from
 ``cargo metadata --format-version 1 --no-deps`` (dev-dependencies are left out: they never
 reach a build users run; build-dependencies count as normal), and fails, naming each one, on
 an edge the document lacks or one it has that Cargo does not, and on a workspace crate missing
-from the edge list or the table. Standard library only; run by ``make lint``.
+from the edge list or the table.
+
+It also checks two rules of the tree's shape (docs/design/structure.md):
+- fault-injecting doubles live behind each crate's ``testing`` feature, which only
+  dev-dependencies enable: a normal dependency that turns it on would ship them in the wheel and
+  the binary;
+- no file under ``crates/*/src`` holds more than ``--max-lines`` lines (800) before its
+  ``#[cfg(test)]`` tests: a larger one is split into a module folder.
+
+Standard library only; run by ``make lint``.
 """
 
 from __future__ import annotations
@@ -32,8 +41,7 @@ TABLE_ROW = re.compile(r"^\|\s*`(sluice-[a-z0-9-]+)`\s*\|")
 Edges = dict[str, set[str]]
 
 
-def cargo_edges(cargo: str, manifest_dir: Path) -> Edges:
-    """Each workspace crate -> the workspace crates it depends on (normal and build kinds)."""
+def cargo_metadata(cargo: str, manifest_dir: Path) -> dict:
     out = subprocess.run(
         [cargo, "metadata", "--format-version", "1", "--no-deps"],
         cwd=manifest_dir,
@@ -41,7 +49,35 @@ def cargo_edges(cargo: str, manifest_dir: Path) -> Edges:
         capture_output=True,
         text=True,
     ).stdout
-    meta = json.loads(out)
+    return json.loads(out)
+
+
+def testing_in_builds(meta: dict) -> list[str]:
+    """Normal or build dependencies that enable a crate's ``testing`` feature."""
+    found = []
+    for p in meta["packages"]:
+        for d in p["dependencies"]:
+            if d.get("kind") != "dev" and "testing" in d.get("features", []):
+                found.append(
+                    f"{p['name']} -> {d['name']} enables 'testing' outside dev-dependencies"
+                )
+    return found
+
+
+def long_files(root: Path, max_lines: int) -> list[str]:
+    """Source files over ``max_lines`` lines before their ``#[cfg(test)]`` tests."""
+    found = []
+    for f in sorted(root.glob("crates/*/src/**/*.rs")):
+        lines = f.read_text(encoding="utf-8").splitlines()
+        body = next((i for i, line in enumerate(lines) if line.startswith("#[cfg(test)]")), None)
+        n = len(lines) if body is None else body
+        if n > max_lines:
+            found.append(f"{f.relative_to(root)}: {n} lines before its tests (at most {max_lines})")
+    return found
+
+
+def cargo_edges(meta: dict) -> Edges:
+    """Each workspace crate -> the workspace crates it depends on (normal and build kinds)."""
     members = set(meta["workspace_members"])
     packages = [p for p in meta["packages"] if p["id"] in members]
     names = {p["name"] for p in packages}
@@ -112,9 +148,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--doc", type=Path, default=root / "docs" / "DEVELOPMENT.md")
     parser.add_argument("--workspace", type=Path, default=root)
     parser.add_argument("--cargo", default=os.environ.get("CARGO", "cargo"))
+    parser.add_argument("--max-lines", type=int, default=800)
     args = parser.parse_args(argv)
     text = args.doc.read_text(encoding="utf-8")
-    actual = cargo_edges(args.cargo, args.workspace)
+    meta = cargo_metadata(args.cargo, args.workspace)
+    shape = testing_in_builds(meta) + long_files(args.workspace, args.max_lines)
+    if shape:
+        print("the tree breaks its shape rules (docs/design/structure.md):", file=sys.stderr)
+        for line in shape:
+            print(f"  {line}", file=sys.stderr)
+        return 1
+    actual = cargo_edges(meta)
     found = problems(actual, documented_edges(text, args.doc), table_crates(text))
     if found:
         print(f"{args.doc}: the crate tree disagrees with cargo metadata:", file=sys.stderr)

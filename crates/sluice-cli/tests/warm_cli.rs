@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use sluice_testkit::is_root;
+use sluice_testkit::require_root;
 
 /// `sluice warm run --policy eager --events explicit --model M [extra] -- command`.
 fn eager_run(m: &Path, templates: &Path, extra: &[&str], command: &[&str]) -> Output {
@@ -46,11 +46,9 @@ fn json(out: &Output) -> serde_json::Value {
 }
 
 #[test]
+#[ignore = "needs root for fanotify: make test runs it as root (--include-ignored)"]
 fn record_then_replay_a_template() {
-    if !is_root() {
-        eprintln!("skipped: needs root for fanotify");
-        return;
-    }
+    require_root();
     let (_dir, m, templates) = model();
     let read = format!("cat {}/*.safetensors > /dev/null", m.display());
     let m_str = m.to_str().unwrap();
@@ -174,9 +172,11 @@ fn the_service_exit_status_passes_through_in_every_event_mode() {
 }
 
 #[test]
+#[ignore = "needs root for fanotify: make test runs it as root (--include-ignored)"]
 fn tmpfs_models_fall_back_from_pre_content_to_open_events() {
-    if !is_root() || !Path::new("/dev/shm").is_dir() {
-        eprintln!("skipped: needs root and /dev/shm");
+    require_root();
+    if !Path::new("/dev/shm").is_dir() {
+        eprintln!("skipped: no /dev/shm");
         return;
     }
     let dir = tempfile::tempdir_in("/dev/shm").unwrap();
@@ -227,11 +227,9 @@ fn tmpfs_models_fall_back_from_pre_content_to_open_events() {
 }
 
 #[test]
+#[ignore = "needs root for cgroups: make test runs it as root (--include-ignored)"]
 fn a_memory_limit_runs_the_service_in_a_cgroup_that_is_removed_after() {
-    if !is_root() {
-        eprintln!("skipped: needs root for cgroups");
-        return;
-    }
+    require_root();
     let (_dir, m, templates) = model();
     let probe = "cat /proc/self/cgroup | grep -q sluice-warm";
     let out = sluice(
@@ -560,11 +558,9 @@ impl Drop for TestCgroup {
 }
 
 #[test]
+#[ignore = "needs root for fanotify and cgroups: make test runs it as root (--include-ignored)"]
 fn a_daemon_prefetches_for_a_service_it_did_not_start_charged_to_its_cgroup() {
-    if !is_root() {
-        eprintln!("skipped: needs root for fanotify and cgroups");
-        return;
-    }
+    require_root();
     let v1 = Path::new("/sys/fs/cgroup/memory");
     if !v1.join("cgroup.procs").exists() {
         eprintln!("skipped: no cgroup v1 memory controller");
@@ -747,11 +743,9 @@ fn a_process_the_service_detached_gets_sigterm_without_a_cgroup_too() {
 }
 
 #[test]
+#[ignore = "needs root for cgroups: make test runs it as root (--include-ignored)"]
 fn the_empty_cgroup_of_a_killed_runtime_is_removed_by_the_next_run() {
-    if !is_root() {
-        eprintln!("skipped: needs root for cgroups");
-        return;
-    }
+    require_root();
     let (_dir, m, templates) = model();
     // A runtime killed with SIGKILL leaves `sluice-warm-PID` behind; this
     // pid is above any pid_max, so no runtime has it.
@@ -813,11 +807,9 @@ fn a_template_dir_that_cannot_hold_templates_fails_before_the_service_starts() {
 }
 
 #[test]
+#[ignore = "needs root to mount a small tmpfs: make test runs it as root (--include-ignored)"]
 fn a_template_that_cannot_be_written_is_a_failure_of_warms_own() {
-    if !is_root() {
-        eprintln!("skipped: needs root to mount a small tmpfs");
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().unwrap();
     let full = dir.path().join("full");
     std::fs::create_dir(&full).unwrap();

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use sluice_testkit::is_root;
+use sluice_testkit::require_root;
 
 const POLICIES: &str = "\
 import os, time
@@ -83,11 +83,9 @@ fn json(out: &Output) -> serde_json::Value {
 }
 
 #[test]
+#[ignore = "needs root for fanotify: make test runs it as root (--include-ignored)"]
 fn a_stuck_and_raising_python_policy_is_disabled_and_the_service_runs_on() {
-    if !is_root() {
-        eprintln!("skipped: needs root for fanotify");
-        return;
-    }
+    require_root();
     let Some(s) = setup() else {
         return;
     };
@@ -116,11 +114,9 @@ fn a_stuck_and_raising_python_policy_is_disabled_and_the_service_runs_on() {
 }
 
 #[test]
+#[ignore = "needs root for fanotify: make test runs it as root (--include-ignored)"]
 fn a_python_policy_drives_prefetch() {
-    if !is_root() {
-        eprintln!("skipped: needs root for fanotify");
-        return;
-    }
+    require_root();
     let Some(s) = setup() else {
         return;
     };

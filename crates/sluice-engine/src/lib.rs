@@ -6,7 +6,8 @@
 //! - [`SourceFile`]: a file with its direct-I/O decision and fallback.
 //! - [`IoEngine`] with three readers: [`UringEngine`] (io_uring),
 //!   [`ThreadEngine`] (blocking `pread` on a pool) and [`SyncEngine`] (the
-//!   plain reference), plus [`FaultyEngine`] for reliability tests.
+//!   plain reference), plus `FaultyEngine` for reliability tests (the `testing`
+//!   feature: never in a release build).
 //! - [`page_cache`]: residency (cachestat, mincore), prefetch (WILLNEED,
 //!   POPULATE_READ), eviction (DONTNEED, PAGEOUT), DIO alignment (statx).
 //! - [`cgroup`]: memory cgroups, the limit that applies and a watermark.
@@ -27,6 +28,7 @@ pub mod cgroup;
 mod engine_choice;
 mod error;
 mod error_class;
+#[cfg(any(test, feature = "testing"))]
 mod faulty_engine;
 mod file_lock;
 mod file_mapping;
@@ -55,6 +57,7 @@ pub use error::{OpenError, PoolError};
 pub use error_class::{
     Classify, ConfigError, ErrorClass, EXIT_FAILED, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_USAGE,
 };
+#[cfg(any(test, feature = "testing"))]
 pub use faulty_engine::{Fault, FaultyEngine};
 pub use file_lock::{FileLock, LockError, LockMode, LockOpen};
 pub use file_mapping::FileMapping;

@@ -30,10 +30,10 @@
 //! a directory holding other files is refused rather than evicted, and two mounts cannot
 //! share one budget unknowingly.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -43,12 +43,12 @@ use crate::backend::Entry;
 use crate::error::MountError;
 use crate::lock;
 
-const MAGIC: &[u8; 8] = b"SLCSUM02";
-/// Magic, key, file size, block size.
-const HEADER: u64 = 8 + 32 + 8 + 8;
-/// One block's hash.
-const SUM: u64 = 32;
-const NO_SUM: [u8; 32] = [0; 32];
+mod table;
+
+use table::{
+    block_len, change_time, sums_len, Cached, Held, Index, Name, HEADER, MAGIC, NO_SUM, SUM,
+};
+
 const MARKER: &str = "SLUICE-CACHE";
 const DATA: &str = "data";
 /// How long an open waits for the last blocks of a file being written, to pass it through
@@ -86,115 +86,6 @@ pub struct DiskStats {
     pub passthrough_opens: u64,
 }
 
-type Name = [u8; 16];
-
-/// A block the cache holds.
-#[derive(Clone, Copy)]
-struct Held {
-    sum: [u8; 32],
-    /// Its last use (its key in the LRU).
-    tick: u64,
-    /// Checked (or written) by this process: what passthrough needs of every block.
-    checked: bool,
-}
-
-/// One cached file.
-struct Cached {
-    key: [u8; 32],
-    size: u64,
-    block: u64,
-    /// Each block, if held.
-    blocks: Vec<Option<Held>>,
-    /// Passthrough opens and reads in progress: no block of a pinned file is evicted.
-    pins: usize,
-    writing: HashSet<u64>,
-    /// The data file's change time when it became whole and checked: a different one at a
-    /// passthrough open means another process wrote to it.
-    sealed: Option<(i64, i64)>,
-    /// Warned that it changed since it was sealed.
-    warned_changed: bool,
-}
-
-/// Bytes of block `b` of a file of `size` bytes cut in blocks of `block`.
-fn block_len(size: u64, block: u64, b: u64) -> u64 {
-    size.saturating_sub(b * block).min(block)
-}
-
-/// Bytes of the table of a file of `size` bytes cut in blocks of `block`.
-fn sums_len(size: u64, block: u64) -> u64 {
-    HEADER + SUM * size.div_ceil(block)
-}
-
-impl Cached {
-    fn new(key: [u8; 32], size: u64, block: u64) -> Cached {
-        Cached {
-            key,
-            size,
-            block,
-            blocks: vec![None; size.div_ceil(block) as usize],
-            pins: 0,
-            writing: HashSet::new(),
-            sealed: None,
-            warned_changed: false,
-        }
-    }
-
-    fn block_len(&self, b: u64) -> u64 {
-        block_len(self.size, self.block, b)
-    }
-
-    fn sums_len(&self) -> u64 {
-        sums_len(self.size, self.block)
-    }
-
-    fn held_blocks(&self) -> u64 {
-        self.blocks.iter().flatten().count() as u64
-    }
-
-    fn complete_and_checked(&self) -> bool {
-        self.blocks.iter().all(|h| h.is_some_and(|h| h.checked))
-    }
-
-    /// Notes the data file's change time once the file is whole and checked, with no write
-    /// of it in flight.
-    fn seal_if_whole(&mut self, data: &File) {
-        if self.sealed.is_none() && self.writing.is_empty() && self.complete_and_checked() {
-            self.sealed = change_time(data);
-        }
-    }
-}
-
-/// A file's change time (ctime), which any write to it moves.
-fn change_time(file: &File) -> Option<(i64, i64)> {
-    file.metadata().ok().map(|m| (m.ctime(), m.ctime_nsec()))
-}
-
-#[derive(Default)]
-struct Index {
-    files: HashMap<Name, Cached>,
-    /// Last-use tick to block, oldest first.
-    lru: BTreeMap<u64, (Name, u64)>,
-    /// Bytes of held blocks and of tables, including blocks being written.
-    held: u64,
-    tick: u64,
-    stats: DiskStats,
-    warned: bool,
-}
-
-impl Index {
-    fn touch(&mut self, name: Name, b: u64) {
-        self.tick += 1;
-        let tick = self.tick;
-        if let Some(c) = self.files.get_mut(&name) {
-            if let Some(held) = &mut c.blocks[b as usize] {
-                let last = std::mem::replace(&mut held.tick, tick);
-                self.lru.remove(&last);
-                self.lru.insert(tick, (name, b));
-            }
-        }
-    }
-}
-
 pub struct DiskCache {
     dir: PathBuf,
     budget: u64,
@@ -206,7 +97,7 @@ pub struct DiskCache {
     /// Signalled whenever a block write ends.
     written: Condvar,
     /// Held open with an exclusive `flock` while the cache is in use.
-    _lock: File,
+    _lock: sluice_engine::FileLock,
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -308,20 +199,17 @@ impl DiskCache {
                 )));
             }
         }
-        let lock_file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(&marker)
-            .map_err(|e| bad(format!("cannot create its marker: {e}")))?;
-        // SAFETY: flock on a descriptor this function owns.
-        if unsafe { libc::flock(lock_file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            return Err(bad(format!(
-                "another mount uses this cache directory ({})",
-                io::Error::last_os_error()
-            )));
-        }
+        use sluice_engine::{FileLock, LockError, LockMode, LockOpen};
+        let mut lock_file = match FileLock::acquire(&marker, LockMode::Exclusive, LockOpen::Create)
+        {
+            Ok(l) => l,
+            Err(LockError::Busy { owner, .. }) => {
+                let by = owner.map(|pid| format!(" (pid {pid})")).unwrap_or_default();
+                return Err(bad(format!("another mount uses this cache directory{by}")));
+            }
+            Err(e) => return Err(bad(format!("cannot create its marker: {e}"))),
+        };
+        let _ = lock_file.write_owner(&std::process::id().to_string());
         let cache = DiskCache {
             dir: dir.clone(),
             budget: opts.budget,

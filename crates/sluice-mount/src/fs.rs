@@ -4,7 +4,7 @@
 //! open may instead be passed through to the disk tier's whole local copy ([`Opened`]).
 //! The FUSE adapter (`fuse.rs`) only translates; tests drive this directly.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -12,91 +12,21 @@ use std::thread::JoinHandle;
 
 use sluice_engine::AlignedBuf;
 
-use crate::backend::{Backend, Entry, Perm};
-use crate::disk_cache::{DiskCache, DiskCacheOptions, DiskStats};
+use crate::backend::{Backend, Perm};
+use crate::disk_cache::{DiskCache, DiskStats};
 use crate::error::MountError;
 use crate::lock;
 use crate::pool::{Block, BlockPool, Claim, PoolStats};
-use crate::streams::{Prefetch, StreamConfig, Streams};
+use crate::streams::Prefetch;
+
+mod options;
+mod tree;
+
+pub use options::MountOptions;
+use tree::{tree, FileNode, Node};
 
 /// The root directory's inode.
 pub const ROOT_INO: u64 = 1;
-
-/// How a mount caches and prefetches.
-#[derive(Clone, Debug)]
-pub struct MountOptions {
-    /// Cache and fetch unit.
-    pub block_bytes: u64,
-    /// The shared pool's budget: blocks ready plus blocks being fetched.
-    pub pool_bytes: u64,
-    /// Threads fetching prefetched blocks (each one GET in flight).
-    pub prefetch_threads: usize,
-    pub streams: StreamConfig,
-    /// Next `.safetensors` files (in name order) whose start is prefetched once a reader
-    /// passes the middle of one: Alluxio's `lookahead.files.count`.
-    pub lookahead_files: usize,
-    /// The optional second tier: blocks kept in a local directory under their own budget.
-    pub disk_cache: Option<DiskCacheOptions>,
-    /// Hand a file whose every block the disk tier holds (checked) to the kernel as the
-    /// open's backing file (FUSE passthrough), so reads run at local page-cache speed.
-    pub passthrough: bool,
-}
-
-impl Default for MountOptions {
-    fn default() -> Self {
-        MountOptions {
-            block_bytes: 8 << 20,
-            pool_bytes: 2 << 30,
-            prefetch_threads: 16,
-            streams: StreamConfig::default(),
-            lookahead_files: 1,
-            disk_cache: None,
-            passthrough: true,
-        }
-    }
-}
-
-impl MountOptions {
-    pub fn validate(&self) -> Result<(), MountError> {
-        let bad = |what: &str, why: String| Err(MountError::config(what, why));
-        if !(64 << 10..=256 << 20).contains(&self.block_bytes) {
-            return bad(
-                "block size",
-                format!("must be 64 KiB..=256 MiB, not {}", self.block_bytes),
-            );
-        }
-        if self.pool_bytes < 4 * self.block_bytes {
-            return bad(
-                "pool",
-                format!(
-                    "{} bytes must hold at least 4 blocks of {} bytes",
-                    self.pool_bytes, self.block_bytes
-                ),
-            );
-        }
-        if self.prefetch_threads == 0 || self.prefetch_threads > 256 {
-            return bad(
-                "prefetch threads",
-                format!("must be 1..=256, not {}", self.prefetch_threads),
-            );
-        }
-        if self.streams.max_cursors == 0 {
-            return bad("streams per file", "must be at least 1, not 0".into());
-        }
-        if let Some(d) = &self.disk_cache {
-            if d.budget < 4 * self.block_bytes {
-                return bad(
-                    "disk cache",
-                    format!(
-                        "{} bytes must hold at least 4 blocks of {} bytes",
-                        d.budget, self.block_bytes
-                    ),
-                );
-            }
-        }
-        Ok(())
-    }
-}
 
 /// A node's kind, size and permissions, what `getattr` answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,32 +44,6 @@ pub struct DirEntry {
     pub ino: u64,
     pub name: String,
     pub is_dir: bool,
-}
-
-/// A file's open handles: the kernel keeps one I/O mode per inode, so a file is either
-/// read through the mount (cached) or passed through, never both at once.
-#[derive(Default)]
-struct Opens {
-    cached: usize,
-    backed: usize,
-}
-
-struct FileNode {
-    entry: Entry,
-    streams: Mutex<Streams>,
-    opens: Mutex<Opens>,
-    safetensors: bool,
-    /// Position among the `.safetensors` files, for lookahead.
-    shard_rank: Option<usize>,
-    looked_ahead: AtomicBool,
-}
-
-enum Node {
-    Dir {
-        children: BTreeMap<String, u64>,
-        perm: Option<Perm>,
-    },
-    File(FileNode),
 }
 
 /// What [`MountFs::release_handle`] closed: a passed-through handle or a cached one, and
@@ -541,115 +445,6 @@ impl Drop for MountFs {
             let _ = w.join();
         }
     }
-}
-
-/// The inode table of a listing: the root first, then directories and files in listing
-/// order; and the `.safetensors` files' inodes in that order. A name that is both a file
-/// and a directory (an object `x` beside `x/y`, or a folder marker) is served as the
-/// directory: an empty object (a folder marker) is dropped quietly, any other logged.
-fn tree(listed: Vec<Entry>, opts: &MountOptions) -> (Vec<Node>, Vec<u64>) {
-    let mut nodes = vec![Node::Dir {
-        children: BTreeMap::new(),
-        perm: None,
-    }];
-    // Every directory path, with the first listed path that makes it one.
-    let mut dirs: std::collections::HashMap<String, String> = Default::default();
-    let mut usable = Vec::with_capacity(listed.len());
-    for entry in listed {
-        if entry.path.is_empty() {
-            if entry.is_dir {
-                if let Node::Dir { perm, .. } = &mut nodes[0] {
-                    *perm = entry.perm;
-                }
-            } else {
-                tracing::warn!("skipping a file with an empty name");
-            }
-            continue;
-        }
-        let parts: Vec<&str> = entry.path.split('/').collect();
-        if parts
-            .iter()
-            .any(|p| p.is_empty() || *p == "." || *p == ".." || p.contains('\0'))
-        {
-            tracing::warn!(path = %entry.path, "skipping a name no file system can hold");
-            continue;
-        }
-        let upto = if entry.is_dir {
-            parts.len()
-        } else {
-            parts.len() - 1
-        };
-        for i in 1..=upto {
-            dirs.entry(parts[..i].join("/"))
-                .or_insert_with(|| entry.path.clone());
-        }
-        usable.push(entry);
-    }
-    let mut shards = Vec::new();
-    for entry in usable {
-        if !entry.is_dir {
-            if let Some(by) = dirs.get(&entry.path) {
-                if entry.size == 0 {
-                    tracing::debug!(path = %entry.path, "an empty object named as a directory (a folder marker): serving the directory");
-                } else {
-                    tracing::warn!(file = %entry.path, directory_of = %by, "a file and a directory share a name: serving the directory, skipping the file");
-                }
-                continue;
-            }
-        }
-        let parts: Vec<&str> = entry.path.split('/').collect();
-        let (name, parents) = parts.split_last().expect("split gives one part at least");
-        let mut dir = ROOT_INO;
-        for part in parents {
-            dir = child_dir(&mut nodes, dir, part);
-        }
-        if entry.is_dir {
-            let ino = child_dir(&mut nodes, dir, name);
-            if let Node::Dir { perm, .. } = &mut nodes[(ino - 1) as usize] {
-                *perm = entry.perm;
-            }
-            continue;
-        }
-        let ino = nodes.len() as u64 + 1;
-        let Node::Dir { children, .. } = &mut nodes[(dir - 1) as usize] else {
-            continue; // (child_dir gives directories)
-        };
-        if children.contains_key(*name) {
-            tracing::warn!(path = %entry.path, "skipping a file listed twice");
-            continue;
-        }
-        children.insert(name.to_string(), ino);
-        let safetensors = name.ends_with(".safetensors");
-        if safetensors {
-            shards.push(ino);
-        }
-        nodes.push(Node::File(FileNode {
-            streams: Mutex::new(Streams::new(opts.streams, opts.block_bytes)),
-            opens: Mutex::new(Opens::default()),
-            safetensors,
-            shard_rank: safetensors.then(|| shards.len() - 1),
-            looked_ahead: AtomicBool::new(false),
-            entry,
-        }));
-    }
-    (nodes, shards)
-}
-
-/// The directory `name` in directory `parent`, made if new. Never a file: a file is only
-/// added under a name no directory has.
-fn child_dir(nodes: &mut Vec<Node>, parent: u64, name: &str) -> u64 {
-    let next = nodes.len() as u64 + 1;
-    if let Node::Dir { children, .. } = &mut nodes[(parent - 1) as usize] {
-        if let Some(&ino) = children.get(name) {
-            return ino;
-        }
-        children.insert(name.to_string(), next);
-    }
-    nodes.push(Node::Dir {
-        children: BTreeMap::new(),
-        perm: None,
-    });
-    next
 }
 
 impl Inner {

@@ -16,7 +16,9 @@ mod fuse;
 mod pool;
 mod streams;
 
-pub use backend::{Backend, DirBackend, Entry, FaultyBackend, ObjectBackend, Perm};
+#[cfg(any(test, feature = "testing"))]
+pub use backend::FaultyBackend;
+pub use backend::{Backend, DirBackend, Entry, ObjectBackend, Perm};
 pub use disk_cache::{DiskCache, DiskCacheOptions, DiskStats};
 pub use error::MountError;
 pub use fs::{

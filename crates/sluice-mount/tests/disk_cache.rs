@@ -269,8 +269,8 @@ fn the_disk_cache_never_exceeds_its_budget() {
 #[test]
 fn a_changed_file_misses_its_old_blocks() {
     let (src, cache, mut files) = filled(64);
-    // Same name and size, other bytes: a new version.
-    std::thread::sleep(Duration::from_millis(20));
+    // Same name and size, other bytes: a new version (with a later time).
+    sluice_testkit::clock_past_ctime_of(&src.path().join(&files[0].0));
     files[0].1 = pattern(files[0].1.len(), 7);
     std::fs::write(src.path().join(&files[0].0), &files[0].1).unwrap();
     let (_b, fs) = mount(src.path(), options(cache.path(), 64));
@@ -565,7 +565,7 @@ fn a_copy_written_by_another_process_after_its_check_is_not_passed_through() {
     fs.release_handle(ino, fh).unwrap();
     // Someone flips a byte of the checked local copy while the mount runs.
     let (copy, _) = files_of(cache.path(), data.len() as u64);
-    std::thread::sleep(Duration::from_millis(20));
+    sluice_testkit::clock_past_ctime_of(&copy);
     patch(&copy, BLOCK * 3 + 5, &[data[(BLOCK * 3 + 5) as usize] ^ 1]);
     let fh = through_mount(&fs, ino, true);
     assert!(

@@ -277,7 +277,7 @@ fn a_file_rewritten_in_place_with_its_mtime_put_back_or_swapped_for_a_fifo_is_re
     assert_eq!(backend.read(&entry, 0, &mut buf).unwrap(), 4096);
     // The same size rewritten in place, and its mtime put back (`touch -r`, `cp -p`).
     let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(20));
+    sluice_testkit::clock_past_ctime_of(&path);
     std::fs::write(&path, vec![2u8; 4096]).unwrap();
     let f = std::fs::File::options().write(true).open(&path).unwrap();
     f.set_modified(mtime).unwrap();

@@ -9,11 +9,13 @@
 //! [`RemoteStore::read_into`] futures on that runtime instead (docs/design/remote.md).
 
 mod error;
+#[cfg(any(test, feature = "testing"))]
 mod faulty;
 mod store;
 mod url;
 
 pub use error::RemoteError;
+#[cfg(any(test, feature = "testing"))]
 pub use faulty::{Fault, FaultyStore, ListFault};
 pub use store::{runtime_handle, ObjectInfo, ReadReport, RemoteOptions, RemoteStore};
 pub use url::{ObjectUrl, Scheme};

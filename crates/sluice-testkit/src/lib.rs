@@ -25,6 +25,17 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// Fails the test unless it runs as root. Tests that need root call it first and carry
+/// `#[ignore = "needs root ..."]`: `cargo test` reports them as ignored, with the reason,
+/// and `make test` runs them with `--include-ignored` where it is root (CI is). Run
+/// without root, they fail instead of passing without testing anything.
+pub fn require_root() {
+    assert!(
+        is_root(),
+        "this test needs root; without it, leave it ignored (make test runs it as root)"
+    );
+}
+
 /// A directory on a real disk file system, or `None` (the caller skips,
 /// and this prints why) when `/var/tmp` is missing or is tmpfs, where every
 /// page is always resident and page-cache tests would mean nothing.
@@ -172,4 +183,29 @@ pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+/// Returns once a file changed now would get a change time (ctime) later than `path`'s:
+/// the file system stamps times from a clock that ticks every few milliseconds, so a write
+/// right after another can carry the same time. Tests of change detection wait on this
+/// observable condition instead of sleeping a guessed while; it fails after 10 s.
+pub fn clock_past_ctime_of(path: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let ctime = |m: &std::fs::Metadata| (m.ctime(), m.ctime_nsec());
+    let then = ctime(&std::fs::metadata(path).expect("the file exists"));
+    let probe = path.with_extension("clock-probe");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        std::fs::write(&probe, b"x").expect("a probe file beside it");
+        let now = ctime(&std::fs::metadata(&probe).expect("the probe exists"));
+        if now > then {
+            let _ = std::fs::remove_file(&probe);
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the clock did not move in 10 s"
+        );
+        std::thread::yield_now();
+    }
 }

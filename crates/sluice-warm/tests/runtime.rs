@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_engine::page_cache;
-use sluice_testkit::{disk_tempdir, hf_layout, is_root, model_dir as model, synced_file};
+use sluice_testkit::{disk_tempdir, hf_layout, model_dir as model, require_root, synced_file};
 use sluice_warm::builtin::BuiltinConfig;
 use sluice_warm::fanotify::Level;
 use sluice_warm::idle_gate::{IdleGate, ProcessTreeIo};
@@ -46,13 +46,10 @@ fn run_with(
     runtime::run_with(c, policy, stop, on_status)
 }
 
-/// A model on a disk file system, when running as root (else `None`:
-/// the caller skips, as fanotify needs root).
+/// A model on a disk file system (fanotify needs root: the callers are `#[ignore]`d
+/// and run as root; `None` where no disk file system is at hand).
 fn root_model() -> Option<(tempfile::TempDir, PathBuf)> {
-    if !is_root() {
-        eprintln!("skipped: needs root for fanotify");
-        return None;
-    }
+    require_root();
     let dir = disk_tempdir()?;
     let m = model(dir.path());
     Some((dir, m))
@@ -159,11 +156,9 @@ fn prefetch_queued_before_the_first_access_waits_while_the_service_reads() {
 }
 
 #[test]
+#[ignore = "needs root for fanotify: make test runs it as root (--include-ignored)"]
 fn the_first_model_access_lets_launch_prefetch_run() {
-    if !is_root() {
-        eprintln!("skipped: needs root for fanotify");
-        return;
-    }
+    require_root();
     let Some((_dir, m, libs)) = model_and_startup_file() else {
         return;
     };
@@ -210,6 +205,7 @@ fn a_vanished_model_file_is_counted_and_the_rest_is_prefetched() {
 }
 
 #[test]
+#[ignore = "needs root for fanotify: make test runs it as root (--include-ignored)"]
 fn read_loaders_are_followed_through_their_file_position_with_open_events_only() {
     let Some((_dir, m)) = root_model() else {
         return;
@@ -231,6 +227,7 @@ fn read_loaders_are_followed_through_their_file_position_with_open_events_only()
 }
 
 #[test]
+#[ignore = "needs root for fanotify: make test runs it as root (--include-ignored)"]
 fn pread_loaders_are_followed_through_their_blocked_calls_with_open_events_only() {
     let Some((_dir, m)) = root_model() else {
         return;
@@ -267,6 +264,7 @@ fn pread_loaders_are_followed_through_their_blocked_calls_with_open_events_only(
 }
 
 #[test]
+#[ignore = "needs root for fanotify: make test runs it as root (--include-ignored)"]
 fn policies_without_read_ranges_watch_opens_only() {
     let Some((_dir, m)) = root_model() else {
         return;
@@ -328,11 +326,9 @@ fn explicit_triggers_reach_the_policy() {
 }
 
 #[test]
+#[ignore = "needs root for fanotify: make test runs it as root (--include-ignored)"]
 fn readers_of_a_symlinked_model_are_followed_under_the_model_names() {
-    if !is_root() {
-        eprintln!("skipped: needs root for fanotify");
-        return;
-    }
+    require_root();
     let Some(dir) = disk_tempdir() else {
         return;
     };
@@ -355,6 +351,7 @@ fn readers_of_a_symlinked_model_are_followed_under_the_model_names() {
 }
 
 #[test]
+#[ignore = "needs root for fanotify: make test runs it as root (--include-ignored)"]
 fn a_stuck_and_panicking_policy_never_holds_the_reader_back() {
     let Some((_dir, m)) = root_model() else {
         return;
@@ -486,16 +483,13 @@ fn sluice_cgroups() -> Vec<PathBuf> {
     .collect()
 }
 
-/// A run under a memory limit, or `None` (skip) without root or memory
-/// cgroups.
+/// A run under a memory limit (root: the callers are `#[ignore]`d and run as root), or
+/// `None` (skip) without memory cgroups.
 fn limited_run(
     c: &RunConfig,
     stop_when: Option<(&Path, i32)>,
 ) -> Option<sluice_warm::runtime::RunReport> {
-    if !is_root() {
-        eprintln!("skipped: needs root for cgroups");
-        return None;
-    }
+    require_root();
     let _exclusive = CGROUP_RUNS.write().unwrap_or_else(|e| e.into_inner());
     let outcome = match stop_when {
         Some((ready, signal)) => {
@@ -518,6 +512,7 @@ fn limited_run(
 }
 
 #[test]
+#[ignore = "needs root for cgroups: make test runs it as root (--include-ignored)"]
 fn a_stopped_service_is_killed_after_its_grace_period_and_its_cgroup_removed() {
     let dir = tempfile::tempdir().unwrap();
     let m = model(dir.path());
@@ -547,6 +542,7 @@ fn a_stopped_service_is_killed_after_its_grace_period_and_its_cgroup_removed() {
 }
 
 #[test]
+#[ignore = "needs root for cgroups: make test runs it as root (--include-ignored)"]
 fn a_service_over_its_limit_is_oom_killed_never_the_runtime() {
     let dir = tempfile::tempdir().unwrap();
     let m = model(dir.path());
@@ -569,6 +565,7 @@ fn a_service_over_its_limit_is_oom_killed_never_the_runtime() {
 }
 
 #[test]
+#[ignore = "needs root for fanotify: make test runs it as root (--include-ignored)"]
 fn a_recording_ignores_processes_outside_the_service() {
     let Some((dir, m)) = root_model() else {
         return;
@@ -629,6 +626,7 @@ fn a_recording_ignores_processes_outside_the_service() {
 }
 
 #[test]
+#[ignore = "needs root for fanotify: make test runs it as root (--include-ignored)"]
 fn a_template_run_prefetches_the_recorded_sequence() {
     let Some((dir, m)) = root_model() else {
         return;
