@@ -47,6 +47,13 @@ impl Default for Saver {
 }
 
 impl Saver {
+    /// This process's saver: its plan cache and measured bandwidth span the saves of a
+    /// training run, whichever front starts them.
+    pub fn process() -> &'static Saver {
+        static SAVER: std::sync::LazyLock<Saver> = std::sync::LazyLock::new(Saver::new);
+        &SAVER
+    }
+
     pub fn new() -> Saver {
         Saver {
             planner: Mutex::new(WritePlanner::new()),

@@ -7,7 +7,7 @@
 //! waiting.
 
 use std::path::PathBuf;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -19,9 +19,6 @@ use sluice_ckpt::{
 
 use crate::convert::to_py;
 use crate::errors::{ckpt_to_py, config_error};
-
-/// This process's planner cache and measured bandwidth, shared by its saves.
-static SAVER: LazyLock<Saver> = LazyLock::new(Saver::new);
 
 fn threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
@@ -73,7 +70,7 @@ pub fn ckpt_pack_below(chunk_bytes: u64) -> u64 {
 /// This process's write bandwidth for the next plan (bytes/s).
 #[pyfunction]
 pub fn ckpt_bandwidth() -> f64 {
-    SAVER.bandwidth()
+    Saver::process().bandwidth()
 }
 
 /// A rank's state, hashed: the entries (a JSON list of heads) and where each one's bytes
@@ -187,7 +184,7 @@ pub fn ckpt_plan<'py>(
     let store = store.get()?;
     let tables = tables(&tables_raw)?;
     let plan = py
-        .detach(|| SAVER.plan(&store, &tables, &bandwidth))
+        .detach(|| Saver::process().plan(&store, &tables, &bandwidth))
         .map_err(ckpt_to_py)?;
     Ok(PyBytes::new(py, &plan.encode()))
 }
@@ -284,7 +281,7 @@ impl PySave {
         let job = self.job()?;
         let replica = replica.map(|(addr, len)| Replica { addr, len });
         let summary = py
-            .detach(|| job.finish(&SAVER, replica))
+            .detach(|| job.finish(Saver::process(), replica))
             .map_err(ckpt_to_py)?;
         to_py(py, &summary)
     }
