@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -283,3 +286,56 @@ def test_two_stores_share_a_directory(tmp_path):
         open_store(tmp_path / "c", shared="1GiB")
     with pytest.raises(ConfigError, match="shared"):
         open_store(tmp_path / "c", shared_dir=shared, shared="lots")
+
+
+@contextlib.contextmanager
+def read_only_view(path: Path, tmp_path: Path):
+    """``path`` as this process cannot write it: a read-only bind mount as root (EROFS), the
+    write permission bits removed otherwise (EACCES). Skips, saying why, where neither works."""
+    if os.geteuid() != 0:
+        modes = {p: p.stat().st_mode for p in [path, *path.rglob("*")]}
+        for p in modes:
+            p.chmod(modes[p] & ~0o222)
+        try:
+            yield path
+        finally:
+            for p, mode in modes.items():
+                p.chmod(mode)
+        return
+    view = tmp_path / "read-only-view"
+    view.mkdir()
+    bind = subprocess.run(["mount", "--bind", str(path), str(view)], capture_output=True, text=True)
+    if bind.returncode != 0:
+        pytest.skip(f"needs a bind mount (root in a container without it?): {bind.stderr.strip()}")
+    try:
+        ro = subprocess.run(
+            ["mount", "-o", "remount,bind,ro", str(view)], capture_output=True, text=True
+        )
+        if ro.returncode != 0:
+            pytest.skip(f"cannot remount the bind mount read-only: {ro.stderr.strip()}")
+        yield view
+    finally:
+        subprocess.run(["umount", str(view)], check=False)
+
+
+def test_stats_and_fsck_read_a_store_they_cannot_write(sluice_bin, store_dir, tmp_path):
+    """Issue 27 #10: `sluice kv stats` and `fsck` (without --repair) of a read-only store,
+    or as a user who may only read it, used to fail opening the lock and segments for writing."""
+    keys = keys_for(5)
+    with open_store(store_dir, dram=0) as store:
+        assert store.put_batch(keys, blocks_for(keys)) == [True] * 5
+    with read_only_view(store_dir, tmp_path) as view:
+        stats = subprocess.run(
+            [sluice_bin, "kv", "stats", view, "--json"], capture_output=True, text=True
+        )
+        assert stats.returncode == 0, stats.stderr
+        assert json.loads(stats.stdout)["blocks"] == 5
+        fsck = subprocess.run(
+            [sluice_bin, "kv", "fsck", view, "--json"], capture_output=True, text=True
+        )
+        assert fsck.returncode == 0, fsck.stderr
+        report = json.loads(fsck.stdout)
+        assert report["good_blocks"] == 5 and report["bad_blocks"] == 0
+        assert sluice.kv.fsck(view)["good_blocks"] == 5
+        repair = subprocess.run([sluice_bin, "kv", "fsck", view, "--repair"], capture_output=True)
+        assert repair.returncode != 0, "repairing needs write access"

@@ -100,6 +100,9 @@ fn stats_and_fsck_describe_and_verify_the_store_a_bench_leaves() {
     let out = bench(dir.path(), &t, &["--keep-store", "--ssd", "64MiB"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let store = dir.path().join("out/store");
+    // A file the store never wrote (issue 27 #7) is skipped by stats and fsck, and left.
+    let stray = store.join("segments/seg-9.skv");
+    std::fs::write(&stray, [7u8; 100]).unwrap();
     let stats = sluice(&["kv", "stats", p(&store), "--json"]);
     assert!(stats.status.success(), "{}", stderr(&stats));
     let s: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
@@ -121,7 +124,7 @@ fn stats_and_fsck_describe_and_verify_the_store_a_bench_leaves() {
     let seg = std::fs::read_dir(store.join("segments"))
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_none_or(|e| e != "sealed"))
+        .filter(|p| p.extension().is_some_and(|e| e == "skv") && *p != stray)
         .min()
         .unwrap();
     let mut bytes = std::fs::read(&seg).unwrap();
@@ -137,6 +140,10 @@ fn stats_and_fsck_describe_and_verify_the_store_a_bench_leaves() {
     assert_eq!(fixed.status.code(), Some(1));
     let clean = sluice(&["kv", "fsck", p(&store), "--json"]);
     assert!(clean.status.success(), "{}", stderr(&clean));
+    assert!(
+        stray.exists(),
+        "fsck --repair leaves a file the store never wrote"
+    );
     let f2: serde_json::Value = serde_json::from_slice(&clean.stdout).unwrap();
     assert_eq!(
         f2["good_blocks"].as_u64().unwrap() + 1,

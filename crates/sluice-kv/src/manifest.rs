@@ -155,7 +155,7 @@ pub struct StoreLock {
 
 /// Takes the store's exclusive lock without waiting; [`KvError::Locked`] names the holder.
 pub fn lock(root: &Path) -> Result<StoreLock, KvError> {
-    let path = root.join("lock");
+    let path = root.join(LOCK_NAME);
     let mut file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -163,27 +163,93 @@ pub fn lock(root: &Path) -> Result<StoreLock, KvError> {
         .truncate(false)
         .open(&path)
         .map_err(KvError::io(&path))?;
-    // SAFETY: flock on a descriptor we own; LOCK_NB never blocks.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            let mut holder = String::new();
-            let _ = file.read_to_string(&mut holder);
-            let holder = holder.trim();
-            return Err(KvError::Locked {
-                path: root.to_path_buf(),
-                holder: if holder.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (pid {holder})")
-                },
-            });
-        }
-        return Err(KvError::Io { path, source: err });
-    }
+    flock(&mut file, root, libc::LOCK_EX).map_err(|e| {
+        e.unwrap_or_else(|e| KvError::Io {
+            path: path.clone(),
+            source: e,
+        })
+    })?;
     let _ = file.set_len(0);
     let _ = file.rewind();
     let _ = write!(file, "{}", std::process::id());
     Ok(StoreLock { _file: file, path })
+}
+
+/// How a read-only command (`kv stats`, `kv fsck` without `--repair`) holds the store.
+pub enum ReadLock {
+    /// A shared lock on the lock file, opened read-only: no writer can open the store
+    /// meanwhile, and none had it open.
+    Shared(File),
+    /// No lock, and why: the lock file is missing or cannot be read (a user with read
+    /// permission only on the store's files). A writer could then run beside the read.
+    Unlocked(String),
+}
+
+impl ReadLock {
+    /// In words, for reports and logs.
+    pub fn describe(&self) -> String {
+        match self {
+            ReadLock::Shared(_) => "shared (read-only)".into(),
+            ReadLock::Unlocked(why) => format!("none: {why}"),
+        }
+    }
+}
+
+/// Takes a shared lock on the store without writing anything: the lock file is opened
+/// read-only and never created, so this works on a read-only file system and for a user
+/// who may only read the store. [`KvError::Locked`] when a process has it open.
+pub fn lock_shared(root: &Path) -> Result<ReadLock, KvError> {
+    let path = root.join(LOCK_NAME);
+    let mut file = match sluice_engine::open_regular(&path, 0) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(unlocked(&path, "there is no lock file".into()))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Ok(unlocked(
+                &path,
+                format!("the lock file cannot be read ({e})"),
+            ))
+        }
+        Err(e) => return Err(KvError::Io { path, source: e }),
+    };
+    match flock(&mut file, root, libc::LOCK_SH) {
+        Ok(()) => Ok(ReadLock::Shared(file)),
+        Err(Ok(locked)) => Err(locked),
+        Err(Err(e)) => Ok(unlocked(&path, format!("flock failed ({e})"))),
+    }
+}
+
+fn unlocked(path: &Path, why: String) -> ReadLock {
+    tracing::warn!(
+        "{}: {why}; reading the store without its lock (a process writing it meanwhile would make this read inconsistent)",
+        path.display()
+    );
+    ReadLock::Unlocked(why)
+}
+
+const LOCK_NAME: &str = "lock";
+
+/// `flock(how | LOCK_NB)`: `Err(Ok(Locked))` when another open file holds a conflicting
+/// lock (naming the pid the file holds), `Err(Err(io))` when flock itself fails.
+fn flock(
+    file: &mut File,
+    root: &Path,
+    how: libc::c_int,
+) -> Result<(), Result<KvError, std::io::Error>> {
+    // SAFETY: flock on a descriptor we own; LOCK_NB never blocks.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+        return Err(Err(err));
+    }
+    let mut holder = String::new();
+    let _ = file.read_to_string(&mut holder);
+    Err(Ok(KvError::Locked {
+        path: root.to_path_buf(),
+        holder: holder.trim().parse().ok(),
+    }))
 }

@@ -90,6 +90,9 @@ pub struct FsSegmentDir {
     root: PathBuf,
     direct: DirectIo,
     io_uring: bool,
+    /// Opened for writing; a read-only directory opens every segment O_RDONLY and refuses
+    /// to create or remove one.
+    writable: bool,
 }
 
 impl FsSegmentDir {
@@ -98,6 +101,30 @@ impl FsSegmentDir {
             root: root.to_path_buf(),
             direct,
             io_uring: false,
+            writable: true,
+        }
+    }
+
+    /// The segments of `root` for reading only (`kv stats`, `kv fsck` without repair): no
+    /// file is opened for writing, so a read-only file system or a user who may only read
+    /// the store can still read it.
+    pub fn read_only(root: &Path, direct: DirectIo) -> FsSegmentDir {
+        FsSegmentDir {
+            writable: false,
+            ..FsSegmentDir::new(root, direct)
+        }
+    }
+
+    fn refuse_write(&self, id: u64) -> io::Result<()> {
+        match self.writable {
+            true => Ok(()),
+            false => Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "{}: the segment directory was opened read-only",
+                    self.path_of(id).display()
+                ),
+            )),
         }
     }
 
@@ -114,7 +141,10 @@ impl FsSegmentDir {
             let flags = if direct { libc::O_DIRECT } else { 0 };
             if !create {
                 // An existing segment could have been replaced by a FIFO or a directory.
-                return open_regular_rw(&path, flags);
+                return match self.writable {
+                    true => open_regular_rw(&path, flags),
+                    false => open_regular(&path, flags),
+                };
             }
             OpenOptions::new()
                 .read(true)
@@ -177,6 +207,7 @@ fn has_o_direct(file: &File) -> bool {
 
 impl SegmentDir for FsSegmentDir {
     fn create(&self, id: u64, len: u64) -> io::Result<Arc<dyn SegmentFile>> {
+        self.refuse_write(id)?;
         let seg = self.open_file(id, true)?;
         // Reserving the extent up front keeps appends from allocating blocks one by one;
         // where the file system cannot, writes allocate as they go.
@@ -202,21 +233,19 @@ impl SegmentDir for FsSegmentDir {
         let mut ids = Vec::new();
         for entry in std::fs::read_dir(&self.root)? {
             let name = entry?.file_name();
-            let Some(name) = name.to_str() else { continue };
-            let Some(hex) = name
-                .strip_prefix("seg-")
-                .and_then(|n| n.strip_suffix(".skv"))
-            else {
-                continue;
-            };
-            if let Ok(id) = u64::from_str_radix(hex, 16) {
-                ids.push(id);
+            match classify(&name) {
+                Entry::Segment(id) => ids.push(id),
+                Entry::Companion => {}
+                Entry::Stray(why) => {
+                    tracing::warn!("{}: {why}; skipped", self.root.join(&name).display())
+                }
             }
         }
         Ok(ids)
     }
 
     fn remove(&self, id: u64) -> io::Result<()> {
+        self.refuse_write(id)?;
         std::fs::remove_file(self.path_of(id))
     }
 
@@ -226,6 +255,43 @@ impl SegmentDir for FsSegmentDir {
 
     fn path_of(&self, id: u64) -> PathBuf {
         self.root.join(format!("seg-{id:016x}.skv"))
+    }
+}
+
+/// What a name in a segment directory is.
+#[derive(Debug, PartialEq, Eq)]
+enum Entry {
+    /// `seg-<id as 16 lowercase hex digits>.skv`, exactly as [`FsSegmentDir::path_of`] names it.
+    Segment(u64),
+    /// A segment's `.sealed` marker or `.summary`, or a hidden temporary file.
+    Companion,
+    /// Anything else: never written by the store, so never read or removed by it.
+    Stray(&'static str),
+}
+
+fn classify(name: &std::ffi::OsStr) -> Entry {
+    let Some(name) = name.to_str() else {
+        return Entry::Stray("not a name this store writes");
+    };
+    if name.starts_with('.') {
+        return Entry::Companion;
+    }
+    let Some((stem, ext)) = name.rsplit_once('.') else {
+        return Entry::Stray("not a name this store writes");
+    };
+    let id = stem
+        .strip_prefix("seg-")
+        .filter(|hex| {
+            hex.len() == 16 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        })
+        .and_then(|hex| u64::from_str_radix(hex, 16).ok());
+    match (ext, id) {
+        ("skv", Some(id)) => Entry::Segment(id),
+        ("sealed" | "summary", Some(_)) => Entry::Companion,
+        ("skv", None) => {
+            Entry::Stray("not a segment name this store writes (seg-<16 hex digits>.skv)")
+        }
+        _ => Entry::Stray("not a name this store writes"),
     }
 }
 
@@ -783,6 +849,24 @@ fn flip(bufs: &mut [IoSliceMut<'_>], mut at: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_names_the_store_writes_are_segments() {
+        let c = |n: &str| classify(std::ffi::OsStr::new(n));
+        assert_eq!(c("seg-000000000000002a.skv"), Entry::Segment(42));
+        assert_eq!(c("seg-000000000000002a.sealed"), Entry::Companion);
+        assert_eq!(c("seg-000000000000002a.summary"), Entry::Companion);
+        assert_eq!(c(".tmp-summary-1"), Entry::Companion);
+        for stray in [
+            "seg-5.skv",
+            "seg-000000000000002A.skv",
+            "seg-+00000000000002a.skv",
+            "x.skv",
+        ] {
+            assert!(matches!(c(stray), Entry::Stray(_)), "{stray}");
+        }
+        assert!(matches!(c("notes.txt"), Entry::Stray(_)));
+    }
 
     #[test]
     fn pieces_are_4k_multiples_and_fit_one_ring_batch_at_every_size() {

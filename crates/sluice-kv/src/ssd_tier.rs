@@ -628,6 +628,32 @@ pub(crate) fn summary_path(segment_path: &std::path::Path) -> PathBuf {
     segment_path.with_extension("summary")
 }
 
+/// The summary of segment `id` at `segment_path`, if there is one: `Err` says why one that
+/// is there cannot be used (it does not decode, or describes another segment, store or
+/// block size).
+pub(crate) fn read_summary(
+    segment_path: &std::path::Path,
+    store_id: [u8; 16],
+    id: u64,
+    block_bytes: u64,
+) -> Option<Result<SegmentSummary, String>> {
+    let bytes = std::fs::read(summary_path(segment_path)).ok()?;
+    Some(match SegmentSummary::decode(&bytes) {
+        Ok(s) if s.store_id == store_id && s.segment_id == id && s.block_bytes == block_bytes => {
+            Ok(s)
+        }
+        Ok(_) => Err("describes another segment".into()),
+        Err(e) => Err(e.to_string()),
+    })
+}
+
+/// Whether a record in `slot` fits in a segment file of `len` bytes: its header and its
+/// payload (the padding after it need not be there). A summary entry past the end of a
+/// truncated file lists a block that is gone.
+pub(crate) fn record_fits(slot: u32, slot_bytes: u64, block_bytes: u64, len: u64) -> bool {
+    slot as u64 * slot_bytes + RECORD_HEADER_BYTES as u64 + block_bytes <= len
+}
+
 /// Writes a segment's summary whole or not at all. Failing costs only speed: without a
 /// summary the segment is scanned slot by slot at the next open.
 pub(crate) fn write_summary(segment_path: &std::path::Path, summary: &SegmentSummary) {

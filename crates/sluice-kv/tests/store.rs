@@ -97,6 +97,11 @@ fn a_second_open_of_an_open_store_is_refused_naming_it() {
         err.to_string().contains(&std::process::id().to_string()),
         "{err}"
     );
+    // Issue 27: the holder is this very process, not "another process".
+    assert!(
+        err.to_string().contains("this process already has it open"),
+        "{err}"
+    );
     first.close().unwrap();
     KvStore::open(dir.path(), config(4, 64)).unwrap();
 }

@@ -90,6 +90,9 @@ pub fn stats(args: &KvStatsArgs) -> Result<(), KvCliError> {
 /// `sluice kv fsck PATH [--repair]`: exit 0 when every block verifies.
 pub fn fsck(args: &KvFsckArgs) -> Result<(), KvCliError> {
     let r = sluice_kv::fsck::fsck(&args.path, args.repair)?;
+    if let Some(why) = r.lock.strip_prefix("none: ") {
+        errln!("note: checked without the store's lock ({why})");
+    }
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
     } else {
