@@ -69,10 +69,15 @@ pub struct KvConfig {
     /// Bytes of every block (the engine's KV block or chunk size). Fixed per store: it sets
     /// the slot size of every segment.
     pub block_bytes: u64,
-    /// Byte budget of the DRAM tier (0: no DRAM tier). Rounded down to whole blocks; the
-    /// arena is allocated once at open and never grows.
+    /// Byte budget of the DRAM tier (0: no DRAM tier): it holds `dram_bytes / block_bytes`
+    /// blocks. The arena is allocated once at open and never grows; it has a sixteenth
+    /// more slots than that, for blocks evicted while a lease or a copy pins them
+    /// ([`KvConfig::dram_arena_slots`]), on top of the budget.
     pub dram_bytes: u64,
-    /// Byte budget of the SSD tier on disk, segment files included (0: no SSD tier).
+    /// Byte budget of the SSD tier (0: no SSD tier): it holds `ssd_bytes / block_bytes`
+    /// blocks. The segment files take more than that on disk (record and segment headers,
+    /// a spare segment for compaction, dead space between the reclaim watermarks), up to
+    /// [`KvConfig::ssd_disk_bytes_limit`], which `stats()` reports.
     pub ssd_bytes: u64,
     /// Bytes per segment file. 256 MiB: large enough that a segment holds many blocks and
     /// appends stay sequential, small enough that dropping or compacting one frees space in
@@ -166,7 +171,6 @@ impl KvConfig {
                 "must be 1 byte to 4 GiB",
             ));
         }
-        let slot = self.slot_bytes();
         if self.dram_bytes == 0 && self.ssd_bytes == 0 && self.shared_dir.is_none() {
             return Err(KvError::config(
                 "dram_bytes/ssd_bytes",
@@ -181,11 +185,14 @@ impl KvConfig {
                 "needs a shared_dir to write into",
             ));
         }
-        if self.shared_bytes != 0 && self.shared_bytes < 8 * slot {
+        if self.shared_bytes != 0 && self.shared_bytes < 8 * self.block_bytes {
             return Err(KvError::config(
                 "shared_bytes",
                 self.shared_bytes,
-                format!("must hold at least 8 slots of {slot} bytes, or be 0"),
+                format!(
+                    "must hold at least 8 blocks of {} bytes, or be 0",
+                    self.block_bytes
+                ),
             ));
         }
         if self.shared_refresh_ms == 0 {
@@ -205,11 +212,14 @@ impl KvConfig {
                 ),
             ));
         }
-        if self.ssd_bytes != 0 && self.ssd_bytes < 8 * slot {
+        if self.ssd_bytes != 0 && self.ssd_bytes < 8 * self.block_bytes {
             return Err(KvError::config(
                 "ssd_bytes",
                 self.ssd_bytes,
-                format!("must hold at least 8 slots of {slot} bytes, or be 0"),
+                format!(
+                    "must hold at least 8 blocks of {} bytes, or be 0",
+                    self.block_bytes
+                ),
             ));
         }
         if self.io_threads == 0 || self.io_threads > 256 {
@@ -255,10 +265,15 @@ impl KvConfig {
         Ok(())
     }
 
-    /// Blocks the DRAM policy may keep resident: the arena's slots less a spare sixteenth
-    /// for blocks evicted while pinned (see `dram_tier::policy_slots`).
+    /// Blocks the DRAM tier holds: `dram_bytes / block_bytes`, what its policy may keep.
     pub fn dram_policy_blocks(&self) -> u64 {
-        crate::dram_tier::policy_slots(self.dram_bytes / self.block_bytes.max(1))
+        self.dram_bytes / self.block_bytes.max(1)
+    }
+
+    /// Slots of the DRAM arena: [`KvConfig::dram_policy_blocks`] plus the spare ones (see
+    /// `dram_tier::arena_slots`), so the arena takes a little more memory than the budget.
+    pub fn dram_arena_slots(&self) -> u64 {
+        crate::dram_tier::arena_slots(self.dram_policy_blocks())
     }
 
     /// Whether record reads go through io_uring: `Err` when it is required and missing.
@@ -294,20 +309,40 @@ impl KvConfig {
         slot_bytes(self.block_bytes).unwrap_or(u64::MAX)
     }
 
-    /// Bytes the SSD policy may keep resident: the budget less two segments (one being
-    /// appended to, one spare that only compaction writes into, so reclaiming always has
-    /// room), and low enough that live data fits under the low watermark with a segment to
-    /// spare; of that, only the record slots count (slot 0 of every segment is its
-    /// header). Rounded down to whole slots; 0 when the budget is too small.
+    /// Blocks the SSD tier holds: `ssd_bytes / block_bytes`.
+    pub fn ssd_blocks(&self) -> u64 {
+        self.ssd_bytes / self.block_bytes.max(1)
+    }
+
+    /// Bytes the SSD policy may keep resident: [`KvConfig::ssd_blocks`] records (the policy
+    /// counts a record as a whole slot: its header and its block padded to 4 KiB).
     pub fn ssd_policy_capacity(&self) -> u64 {
-        let slot = self.slot_bytes();
+        self.ssd_blocks().saturating_mul(self.slot_bytes())
+    }
+
+    /// The most bytes the SSD tier's segment files take on disk: enough whole segments for
+    /// [`KvConfig::ssd_blocks`] records (slot 0 of each is the segment header), one more
+    /// being filled and a spare that only compaction writes into (so reclaiming can always
+    /// move a segment's live records and drop it), and at least so much that those live
+    /// segments and the one being filled fit under the low watermark (so the reclaimer can
+    /// get there). Rounded up to whole segments; 0 without an SSD tier.
+    ///
+    /// At 256 KiB blocks and the default watermarks that is about 1.3 to 1.6 times
+    /// `ssd_bytes` (the spare segment weighs more in a small budget).
+    pub fn ssd_disk_bytes_limit(&self) -> u64 {
+        let blocks = self.ssd_blocks();
+        if blocks == 0 {
+            return 0;
+        }
         let per_segment = self.slots_per_segment();
-        let seg = per_segment * slot;
-        let by_spare = self.ssd_bytes.saturating_sub(2 * seg);
-        let by_watermark =
-            ((self.ssd_bytes as f64 * self.low_watermark) as u64).saturating_sub(seg);
-        let slots = by_spare.min(by_watermark) / slot;
-        slots * (per_segment - 1) / per_segment * slot
+        let seg = per_segment.saturating_mul(self.slot_bytes());
+        let live = blocks.div_ceil(per_segment - 1).saturating_mul(seg);
+        let by_spare = live.saturating_add(2 * seg);
+        let by_watermark = match self.low_watermark > 0.0 {
+            true => ((live + seg) as f64 / self.low_watermark).ceil() as u64,
+            false => 0,
+        };
+        by_spare.max(by_watermark).div_ceil(seg).saturating_mul(seg)
     }
 
     /// Slots per segment file (slot 0 is the segment header): `segment_bytes`, raised to
@@ -343,5 +378,20 @@ mod tests {
         let mut c = KvConfig::new(32 * MIB, Namespace::default());
         c.ssd_bytes = 64 * c.slot_bytes();
         assert_eq!(c.slots_per_segment(), 8);
+    }
+
+    #[test]
+    fn the_disk_limit_holds_the_blocks_the_budget_names_and_its_overhead() {
+        for (block, blocks) in [(256 << 10, 256), (256 << 10, 40_000), (2 * MIB, 1000)] {
+            let mut c = KvConfig::new(block, Namespace::default());
+            c.ssd_bytes = blocks * block;
+            let limit = c.ssd_disk_bytes_limit();
+            let seg = c.slots_per_segment() * c.slot_bytes();
+            let live = blocks.div_ceil(c.slots_per_segment() - 1) * seg;
+            assert_eq!(limit % seg, 0);
+            assert!(limit >= live + 2 * seg, "{block} x {blocks}");
+            assert!(limit as f64 * c.low_watermark >= (live + seg) as f64);
+            assert!(limit < 2 * c.ssd_bytes, "{block} x {blocks}: {limit}");
+        }
     }
 }

@@ -28,16 +28,16 @@ struct Slot {
     evicted: bool,
 }
 
-/// Blocks the DRAM policy may keep, of `slots`: a sixteenth of the slots (at least one,
-/// when there are two or more) stays out of the policy's reach. A block the policy evicts
-/// while a lease or a copy pins it keeps its slot until the pin drops; without spare
-/// slots the next admission would find no free slot, and the policy would count a block
-/// the tier does not hold.
-pub fn policy_slots(slots: u64) -> u64 {
-    if slots < 2 {
-        return slots;
+/// Slots of an arena whose policy keeps `blocks`: a sixteenth more (at least one, for two
+/// blocks or more), out of the policy's reach. A block the policy evicts while a lease or
+/// a copy pins it keeps its slot until the pin drops; without spare slots the next
+/// admission would find no free slot, and the policy would count a block the tier does not
+/// hold. The spares are on top of the budget, so a budget of N blocks holds N blocks.
+pub fn arena_slots(blocks: u64) -> u64 {
+    if blocks < 2 {
+        return blocks;
     }
-    slots - slots.div_ceil(16)
+    blocks + blocks.div_ceil(16)
 }
 
 /// The tier's bookkeeping; the store holds it under a mutex and copies outside it.
@@ -80,12 +80,14 @@ impl DramPut {
 }
 
 impl DramTier {
+    /// An arena holding `budget_bytes / block_bytes` blocks, plus its spare slots.
     pub fn new(
         budget_bytes: u64,
         block_bytes: u64,
         policy: &PolicyConfig,
     ) -> Result<Self, KvError> {
-        let slots = budget_bytes / block_bytes;
+        let blocks = budget_bytes / block_bytes;
+        let slots = arena_slots(blocks);
         let len = usize::try_from(slots * block_bytes).map_err(|_| {
             KvError::config("dram_bytes", budget_bytes, "too large for this machine")
         })?;
@@ -97,7 +99,7 @@ impl DramTier {
             )
         })?;
         let policy = policy
-            .build(policy_slots(slots) * block_bytes)
+            .build(blocks * block_bytes)
             .map_err(|e| KvError::config("dram_policy", policy.kind().name(), e.to_string()))?;
         Ok(DramTier {
             arena,

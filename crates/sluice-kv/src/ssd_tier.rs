@@ -110,7 +110,12 @@ pub struct SsdTier {
     block_bytes: u64,
     slot_bytes: u64,
     slots_per_segment: u32,
+    /// The budget the store was given (`ssd_bytes`): `capacity_blocks` blocks.
     budget_bytes: u64,
+    capacity_blocks: u64,
+    /// The most bytes of segment files: the budget plus the on-disk overhead
+    /// ([`KvConfig::ssd_disk_bytes_limit`]). Every space check below is against this.
+    disk_limit: u64,
     high_bytes: u64,
     low_bytes: u64,
     segments: HashMap<u32, Segment>,
@@ -139,11 +144,13 @@ impl SsdTier {
             return Err(KvError::config(
                 "ssd_bytes",
                 config.ssd_bytes,
-                format!("must exceed two segments ({seg_bytes} bytes each) plus a block"),
+                format!("must hold a block of {} bytes", config.block_bytes),
             ));
         }
         let policy = build_policy(&config.ssd_policy, capacity)?;
         let max_blocks = (capacity / slot_bytes) as usize;
+        let disk_limit = config.ssd_disk_bytes_limit();
+        debug_assert_eq!(disk_limit % seg_bytes, 0);
         let mut tier = SsdTier {
             dir,
             root,
@@ -152,8 +159,10 @@ impl SsdTier {
             slot_bytes,
             slots_per_segment: spp as u32,
             budget_bytes: config.ssd_bytes,
-            high_bytes: (config.ssd_bytes as f64 * config.high_watermark) as u64,
-            low_bytes: (config.ssd_bytes as f64 * config.low_watermark) as u64,
+            disk_limit,
+            capacity_blocks: config.ssd_blocks(),
+            high_bytes: (disk_limit as f64 * config.high_watermark) as u64,
+            low_bytes: (disk_limit as f64 * config.low_watermark) as u64,
             segments: HashMap::new(),
             active: None,
             next_segment: 1,
@@ -319,7 +328,7 @@ impl SsdTier {
         }
         // Puts may fill the budget less one spare segment, which only compaction writes
         // into: with it, reclaiming can always move a segment's live blocks and drop it.
-        let limit = self.budget_bytes - self.segment_file_bytes();
+        let limit = self.disk_limit - self.segment_file_bytes();
         if self.allocated_bytes() + self.segment_file_bytes() > limit {
             self.reclaim(limit - self.segment_file_bytes());
         }
@@ -519,7 +528,7 @@ impl SsdTier {
             .map(|a| (self.slots_per_segment - self.segments[&a].next_slot) as u64)
             .unwrap_or(0);
         let spare_segments =
-            (self.budget_bytes - self.allocated_bytes()) / self.segment_file_bytes();
+            self.disk_limit.saturating_sub(self.allocated_bytes()) / self.segment_file_bytes();
         in_active + spare_segments * (self.slots_per_segment as u64 - 1)
     }
 
@@ -529,7 +538,7 @@ impl SsdTier {
         let id = match self.active {
             Some(a) if self.segments[&a].next_slot < self.slots_per_segment => a,
             _ => {
-                if self.allocated_bytes() + self.segment_file_bytes() > self.budget_bytes {
+                if self.allocated_bytes() + self.segment_file_bytes() > self.disk_limit {
                     return None;
                 }
                 if let Some(old) = self.active.take() {
@@ -568,6 +577,16 @@ impl SsdTier {
 
     pub fn budget_bytes(&self) -> u64 {
         self.budget_bytes
+    }
+
+    /// Blocks the tier holds (its budget over the block size).
+    pub fn capacity_blocks(&self) -> u64 {
+        self.capacity_blocks
+    }
+
+    /// The most bytes its segment files take on disk.
+    pub fn disk_bytes_limit(&self) -> u64 {
+        self.disk_limit
     }
 
     pub fn segment_count(&self) -> usize {

@@ -31,9 +31,17 @@ pub struct TierStats {
     pub blocks: u64,
     /// Bytes the policy holds resident.
     pub used_bytes: u64,
+    /// The budget the store was given; the tier holds `capacity_blocks` blocks.
     pub budget_bytes: u64,
-    /// DRAM: the arena; SSD: segment files on disk (never above `budget_bytes`).
+    /// Blocks the tier holds: `budget_bytes / block_bytes`.
+    pub capacity_blocks: u64,
+    /// DRAM: the arena (the budget and a sixteenth of spare slots); SSD: segment files on
+    /// disk (never above `disk_bytes_limit`).
     pub allocated_bytes: u64,
+    /// SSD: the most bytes the segment files take, the budget plus the on-disk overhead
+    /// (record and segment headers, a spare segment, dead space between the watermarks).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_bytes_limit: Option<u64>,
     /// Approximate bytes of the in-memory index.
     pub index_bytes: u64,
 }
@@ -99,7 +107,9 @@ fn segment_tier_stats(s: &SsdTier) -> TierStats {
         blocks: s.len() as u64,
         used_bytes: s.used_bytes(),
         budget_bytes: s.budget_bytes(),
+        capacity_blocks: s.capacity_blocks(),
         allocated_bytes: s.allocated_bytes(),
+        disk_bytes_limit: Some(s.disk_bytes_limit()),
         index_bytes: s.index_bytes() as u64,
     }
 }
@@ -115,7 +125,9 @@ impl KvStats {
                 blocks: d.len() as u64,
                 used_bytes: d.used_bytes(),
                 budget_bytes: inner.config.dram_bytes,
+                capacity_blocks: inner.config.dram_policy_blocks(),
                 allocated_bytes: d.arena_bytes() as u64,
+                disk_bytes_limit: None,
                 index_bytes: d.index_bytes() as u64,
             }
         });

@@ -81,6 +81,12 @@ pub fn stats(args: &KvStatsArgs) -> Result<(), KvCliError> {
         gib(s.segment_bytes)
     );
     outln!("free slots   {} (empty or torn)", s.empty_or_torn_slots);
+    if s.block_bytes_total > 0 {
+        outln!(
+            "overhead     {:.2}x the blocks' bytes on disk (record and segment headers, free and dead slots)",
+            s.segment_bytes as f64 / s.block_bytes_total as f64
+        );
+    }
     for (ns, n) in &s.namespaces {
         outln!("namespace    {ns}: {n} blocks");
     }
@@ -301,13 +307,12 @@ pub fn bench(args: &KvBenchArgs) -> Result<(), KvCliError> {
         )));
     }
     errln!(
-        "replaying {} requests ({} blocks of {} bytes) into {} (dram {}, ssd {})",
+        "replaying {} requests ({} blocks of {} bytes) into {} ({})",
         trace.request_starts.len().max(1),
         trace.records.len(),
         block_bytes,
         store_dir.display(),
-        args.tiers.dram,
-        args.tiers.ssd
+        describe_tiers(&config)
     );
     let store = KvStore::open(&store_dir, config.clone())?;
     let outcome = replay(args, &store, &trace, block_bytes);
@@ -340,6 +345,28 @@ pub fn bench(args: &KvBenchArgs) -> Result<(), KvCliError> {
         super::sim::draw_plots_with(&args.out, "sluice.kv");
     }
     Ok(())
+}
+
+/// The tiers' capacities and what they take beyond their budgets, for the first line of
+/// `kv bench` and `kv serve`: "dram 64 blocks (68 slots), ssd 256 blocks, up to 1.2 GiB on
+/// disk".
+pub(crate) fn describe_tiers(c: &KvConfig) -> String {
+    let mut parts = Vec::new();
+    if c.dram_bytes > 0 {
+        parts.push(format!(
+            "dram {} blocks ({} slots with the spares)",
+            c.dram_policy_blocks(),
+            c.dram_arena_slots()
+        ));
+    }
+    if c.ssd_bytes > 0 {
+        parts.push(format!(
+            "ssd {} blocks, up to {:.2} GiB on disk",
+            c.ssd_blocks(),
+            c.ssd_disk_bytes_limit() as f64 / (1u64 << 30) as f64
+        ));
+    }
+    parts.join(", ")
 }
 
 /// Keeps the first `limit` requests of a trace.
@@ -472,7 +499,7 @@ fn simulate_like_store(trace: &Trace, config: &KvConfig) -> Result<TieredStats, 
         tiers.push(TierSpec {
             name: "ssd".into(),
             policy: config.ssd_policy.clone(),
-            capacity_blocks: config.ssd_policy_capacity() / config.slot_bytes(),
+            capacity_blocks: config.ssd_blocks(),
         });
     }
     Ok(simulate_tiers(&t, &tiers)?)
@@ -547,7 +574,9 @@ fn report_json(
             "dram_policy": config.dram_policy.kind().name(),
             "ssd_policy": config.ssd_policy.kind().name(),
             "dram_capacity_blocks": config.dram_policy_blocks(),
-            "ssd_capacity_blocks": config.ssd_policy_capacity() / config.slot_bytes(),
+            "dram_arena_bytes": config.dram_arena_slots() * block_bytes,
+            "ssd_capacity_blocks": config.ssd_blocks(),
+            "ssd_disk_bytes_limit": config.ssd_disk_bytes_limit(),
             "io_threads": config.io_threads,
             "direct": format!("{:?}", config.direct).to_lowercase(),
         },

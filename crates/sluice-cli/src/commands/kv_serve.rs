@@ -45,13 +45,12 @@ pub fn serve(args: &KvServeArgs) -> Result<(), KvCliError> {
     STOP.store(false, Ordering::Release);
     let handlers = super::signals::install(on_signal);
     errln!(
-        "sluice kv serve: {} on {} (pid {}, {}-byte blocks, dram {}, ssd {}); stop with Ctrl-C or SIGTERM",
+        "sluice kv serve: {} on {} (pid {}, {}-byte blocks, {}); stop with Ctrl-C or SIGTERM",
         args.path.display(),
         args.socket.display(),
         std::process::id(),
         store.config().block_bytes,
-        args.tiers.dram,
-        args.tiers.ssd
+        super::kv::describe_tiers(store.config())
     );
     let served = server.run(&|| STOP.load(Ordering::Acquire));
     drop(server);
