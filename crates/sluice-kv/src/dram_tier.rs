@@ -171,6 +171,13 @@ impl DramTier {
         self.unpin(slot);
     }
 
+    /// Takes a block out of the tier (its write-through record failed): it leaves the
+    /// index at once, its slot when no pin holds it. The policy still counts it until it
+    /// evicts it (it has no removal).
+    pub fn drop_block(&mut self, fp: Fingerprint) {
+        self.evict(fp);
+    }
+
     /// Drops one pin; frees the slot if it was evicted meanwhile.
     pub fn unpin(&mut self, slot: u32) {
         let Some(s) = self.slots[slot as usize].as_mut() else {

@@ -69,38 +69,67 @@ fn demote_into<'a>(store: &KvStore, out: &'a mut Vec<Demoted>) -> Option<&'a mut
 }
 
 /// Offers a block to DRAM; blocks it evicts for demotion enter `demoting` before the
-/// DRAM lock is released.
+/// DRAM lock is released; [`reserve_demotions`] then asks the SSD policy about them.
+/// With `admit` false (a put batch past DRAM's
+/// capacity), a block DRAM does not hold is declined without asking its policy.
 pub(crate) fn dram_put(
     store: &KvStore,
     fp: Fingerprint,
     key: &[u8],
-    demoted: &mut Vec<Arc<Demoted>>,
+    admit: bool,
+    demoted: &mut Vec<Demotion>,
 ) -> DramPut {
     let inner = &store.inner;
     let d = inner.dram.as_ref().expect("callers check the DRAM tier");
     let mut out = Vec::new();
     let mut g = lock(d);
+    if !admit && !g.contains(fp) {
+        return DramPut::Declined;
+    }
     let decision = g.put(fp, &store.namespace_id, key, demote_into(store, &mut out));
     if !out.is_empty() {
         let mut map = lock(&inner.demoting);
         for e in out {
             let e = Arc::new(e);
             map.insert(e.fp, Arc::clone(&e));
-            demoted.push(e);
+            demoted.push(Demotion {
+                block: e,
+                slot: None,
+            });
         }
     }
     drop(g);
     decision
 }
 
-/// Write-back: blocks DRAM evicted are written to SSD (each synced before it is visible),
-/// then leave `demoting`.
-pub(crate) fn demote(store: &KvStore, demoted: Vec<Arc<Demoted>>) {
+/// The SSD policy's decision on each block DRAM demoted (a slot to write it into, or
+/// none): a put batch asks right after each key, so the policies see the batch in key
+/// order; a get batch after planning every key, so that a demotion cannot evict a block
+/// the same get is about to read.
+pub(crate) fn reserve_demotions(store: &KvStore, demoted: &mut [Demotion]) {
+    let Some(ssd) = &store.inner.ssd else { return };
+    for dm in demoted.iter_mut().filter(|d| d.slot.is_none()) {
+        let b = &dm.block;
+        if let SsdPut::Reserved(r) = lock(ssd).put(b.fp, &b.namespace_id, &b.key) {
+            dm.slot = Some(r);
+        }
+    }
+}
+
+/// A block DRAM evicted in a write-back store, and the SSD slot its policy gave it (none:
+/// declined, already there, or no space).
+pub(crate) struct Demotion {
+    block: Arc<Demoted>,
+    slot: Option<Reservation>,
+}
+
+/// Write-back: blocks DRAM evicted are written to the slots the SSD policy gave them
+/// (each synced before it is visible), then leave `demoting`.
+pub(crate) fn demote(store: &KvStore, demoted: Vec<Demotion>) {
     let inner = &store.inner;
     let Some(ssd) = &inner.ssd else { return };
-    for d in demoted {
-        let decision = lock(ssd).put(d.fp, &d.namespace_id, &d.key);
-        if let SsdPut::Reserved(r) = decision {
+    for Demotion { block: d, slot } in demoted {
+        if let Some(r) = slot {
             let ok = write_record(store, &r, &d.key, &d.bytes)
                 .and_then(|()| r.file.sync())
                 .is_ok();

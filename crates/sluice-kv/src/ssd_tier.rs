@@ -86,6 +86,14 @@ pub enum SsdPut {
     Declined,
     /// No space even after reclaiming (the budget is all live or pinned data).
     Full,
+    /// A new segment was needed and could not be created (ENOSPC, EIO): a write error.
+    Failed,
+}
+
+/// Why no slot could be reserved.
+enum NoSlot {
+    Full,
+    Failed,
 }
 
 /// Counters the store reports.
@@ -274,21 +282,22 @@ impl SsdTier {
             return SsdPut::Declined;
         }
         match self.reserve(fp) {
-            Some(mut r) => {
+            Ok(mut r) => {
                 r.namespace_id = *namespace_id;
                 r.key = key.to_vec();
                 SsdPut::Reserved(r)
             }
-            None => SsdPut::Full,
+            Err(NoSlot::Full) => SsdPut::Full,
+            Err(NoSlot::Failed) => SsdPut::Failed,
         }
     }
 
-    fn reserve(&mut self, fp: Fingerprint) -> Option<Reservation> {
+    fn reserve(&mut self, fp: Fingerprint) -> Result<Reservation, NoSlot> {
         let id = match self.active {
             Some(id) if self.segments[&id].next_slot < self.slots_per_segment => id,
             _ => self.new_segment()?,
         };
-        Some(self.take_slot(id, fp))
+        Ok(self.take_slot(id, fp))
     }
 
     /// Takes the next slot of segment `id` for `fp` (namespace and key filled by the
@@ -322,7 +331,7 @@ impl SsdTier {
         self.segments.len() as u64 * self.segment_file_bytes()
     }
 
-    fn new_segment(&mut self) -> Option<u32> {
+    fn new_segment(&mut self) -> Result<u32, NoSlot> {
         if let Some(old) = self.active.take() {
             self.seal_if_done(old);
         }
@@ -335,19 +344,20 @@ impl SsdTier {
         if let Some(a) = self.active {
             // Compaction left a segment with room: append there.
             if self.segments[&a].next_slot < self.slots_per_segment {
-                return Some(a);
+                return Ok(a);
             }
             // Compaction filled it: seal it, or it could never be reclaimed.
             self.active = None;
             self.seal_if_done(a);
         }
         if self.allocated_bytes() + self.segment_file_bytes() > limit {
-            return None;
+            return Err(NoSlot::Full);
         }
-        self.open_segment()
+        self.open_segment().ok_or(NoSlot::Failed)
     }
 
-    /// Creates the next segment and makes it the active one.
+    /// Creates the next segment and makes it the active one; `None` (counted as a write
+    /// error) when the file cannot be created.
     fn open_segment(&mut self) -> Option<u32> {
         let id = self.next_segment;
         self.next_segment += 1;

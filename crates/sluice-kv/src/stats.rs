@@ -14,6 +14,7 @@ pub(crate) struct Counters {
     pub lookups: AtomicU64,
     pub puts: AtomicU64,
     pub put_failures: AtomicU64,
+    pub put_declined: AtomicU64,
     pub gets: AtomicU64,
     pub hits_dram: AtomicU64,
     pub hits_ssd: AtomicU64,
@@ -51,8 +52,13 @@ pub struct TierStats {
 pub struct KvStats {
     pub lookups: u64,
     pub puts: u64,
-    /// Puts that no tier took (declined by the policies, or I/O failed).
+    /// Puts not acknowledged because a write or a sync failed (or a segment could not be
+    /// created): real failures, which `write_errors` details.
     pub put_failures: u64,
+    /// Puts not acknowledged by a tier's choice: its policy declined the block, the batch
+    /// was larger than the tier (it keeps the batch's first keys), or a later key of the
+    /// same batch evicted it again.
+    pub put_declined: u64,
     pub gets: u64,
     pub hits_dram: u64,
     pub hits_ssd: u64,
@@ -155,6 +161,7 @@ impl KvStats {
             lookups: get(&c.lookups),
             puts: get(&c.puts),
             put_failures: get(&c.put_failures),
+            put_declined: get(&c.put_declined),
             gets: get(&c.gets),
             hits_dram: get(&c.hits_dram),
             hits_ssd: get(&c.hits_ssd),

@@ -641,6 +641,13 @@ impl Residency<'_> {
     pub(crate) fn contains(&self, fp: Fingerprint) -> bool {
         self.tier_of(fp).is_some()
     }
+
+    /// Whether one of this store's segment tiers (the SSD, our shared segments) holds a
+    /// record of `fp`.
+    pub(crate) fn in_segment_tier(&self, fp: Fingerprint) -> bool {
+        self.ssd.as_ref().is_some_and(|s| s.contains(fp))
+            || self.shared.as_ref().is_some_and(|s| s.contains(fp))
+    }
 }
 
 /// Whether a put goes to SSD right away.

@@ -178,6 +178,39 @@ fn a_full_disk_fails_puts_cleanly_and_keeps_what_was_stored() {
     }
 }
 
+/// Issue 27 #4: write-through with a DRAM tier and batch durability. A block whose SSD
+/// write failed (ENOSPC) was acknowledged because DRAM held it, and was missing at
+/// reopen. An acknowledgement now means the durable record: a failed SSD write is not
+/// acknowledged, and is counted as a put failure; a later put of it writes it.
+#[test]
+fn a_write_through_put_whose_ssd_write_fails_is_not_acknowledged_though_dram_holds_it() {
+    let dir = tempdir();
+    let faults = vec![KvFault::NoSpaceAfter { bytes: 200_000 }];
+    let (store, faulty) = open_faulty(dir.path(), config(16, 64), faults);
+    let (mut acked, mut refused) = (Vec::new(), Vec::new());
+    for batch in 0..10u64 {
+        let ids: Vec<u64> = (batch * 4..batch * 4 + 4).collect();
+        for (id, ok) in ids.iter().zip(put(&store, &ids)) {
+            match ok {
+                true => acked.push(*id),
+                false => refused.push(*id),
+            }
+        }
+    }
+    let s = store.stats();
+    assert!(!acked.is_empty() && !refused.is_empty(), "{acked:?} {s:?}");
+    assert_eq!(s.put_failures, refused.len() as u64, "{s:?}");
+    assert_eq!(s.put_declined, 0, "{s:?}");
+    // Once the disk has room again, a second put of a refused block writes it through.
+    faulty.set_faults(vec![]);
+    let again = *refused.last().unwrap();
+    assert_eq!(put(&store, &[again]), vec![true]);
+    acked.push(again);
+    drop(store);
+    let store = KvStore::open(dir.path(), config(16, 64)).unwrap();
+    assert_eq!(get(&store, &acked), vec![true; acked.len()]);
+}
+
 #[test]
 fn garbage_and_truncation_in_a_segment_are_skipped_at_reopen() {
     let dir = tempdir();

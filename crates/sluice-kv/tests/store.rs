@@ -524,3 +524,49 @@ fn an_ssd_budget_of_n_blocks_keeps_n_blocks() {
     }
     assert_eq!(lookup(&store, &ids), 200);
 }
+
+/// Issue 27 #14: a put batch larger than a tier. 900 blocks into a 64 MiB tier used to
+/// drop its own newest keys (no space) and evict its oldest (the policy), so a lookup of
+/// the chain found nothing, and the evictions counted as put failures. A tier now takes a
+/// batch's first keys up to its capacity (lookups are prefix lookups: the first keys of a
+/// chain are the valuable ones) and declines the rest; nothing of that is a failure.
+#[test]
+fn a_put_batch_larger_than_a_tier_keeps_its_prefix_and_counts_no_failures() {
+    for (dram, ssd, mode) in [
+        (0, 100, WriteMode::WriteThrough),
+        (40, 0, WriteMode::WriteThrough),
+        (40, 100, WriteMode::WriteThrough),
+        (40, 100, WriteMode::WriteBack),
+    ] {
+        let what = format!("dram {dram}, ssd {ssd}, {mode:?}");
+        let dir = tempdir();
+        let mut cfg = config(dram, 0);
+        cfg.ssd_bytes = ssd * BLOCK;
+        cfg.write_mode = mode;
+        let store = KvStore::open(dir.path(), cfg).unwrap();
+        // What the batch can keep: the SSD's blocks when puts write through it, else DRAM's
+        // and (write-back) the SSD's for the keys DRAM declined.
+        let kept = match (ssd, mode) {
+            (0, _) => dram,
+            (_, WriteMode::WriteThrough) => ssd,
+            (_, WriteMode::WriteBack) => dram + ssd,
+        } as usize;
+        for ids in [(0..250).collect::<Vec<u64>>(), (1000..3000).collect()] {
+            let ok = put(&store, &ids);
+            assert_eq!(ok.iter().filter(|o| **o).count(), kept, "{what}");
+            assert!(
+                ok[..kept].iter().all(|o| *o),
+                "{what}: the first keys are kept"
+            );
+            assert_eq!(lookup(&store, &ids), kept, "{what}");
+            assert_eq!(get(&store, &ids[..kept]), vec![true; kept], "{what}");
+        }
+        let s = store.stats();
+        assert_eq!(s.put_failures, 0, "{what}: {s:?}");
+        assert_eq!(
+            s.put_declined,
+            (250 + 2000 - 2 * kept) as u64,
+            "{what}: {s:?}"
+        );
+    }
+}

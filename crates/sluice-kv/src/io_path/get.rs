@@ -14,7 +14,10 @@ use crate::segment_io::SegmentFile;
 use crate::ssd_tier::{Reservation, SsdPut};
 use crate::store::{add, lock, KvStore};
 
-use super::{demote, dram_put, fill_slot, is_aligned, parallel, staging, write_record};
+use super::{
+    demote, dram_put, fill_slot, is_aligned, parallel, reserve_demotions, staging, write_record,
+    Demotion,
+};
 
 /// Gets a batch in three steps:
 /// 1. every key is located, **in key order**, and the policies see its hit then: DRAM, or
@@ -101,7 +104,7 @@ enum GetPlan {
         fp: Fingerprint,
         at: RecordLoc,
         promote: Option<u32>,
-        demoted: Vec<Arc<Demoted>>,
+        demoted: Vec<Demotion>,
         to_ssd: Option<Reservation>,
     },
 }
@@ -128,7 +131,7 @@ fn plan_gets(store: &KvStore, keys: &[&[u8]]) -> Vec<GetPlan> {
                 store.touch_lower(fp, at.tier);
                 let mut demoted = Vec::new();
                 let promote = match inner.dram.is_some() {
-                    true => dram_put(store, fp, key, &mut demoted).slot(),
+                    true => dram_put(store, fp, key, true, &mut demoted).slot(),
                     false => None,
                 };
                 let to_ssd = match (at.tier, &inner.ssd) {
@@ -150,6 +153,11 @@ fn plan_gets(store: &KvStore, keys: &[&[u8]]) -> Vec<GetPlan> {
             }
         };
         plans.push(plan);
+    }
+    for plan in &mut plans {
+        if let GetPlan::Lower { demoted, .. } = plan {
+            reserve_demotions(store, demoted);
+        }
     }
     plans
 }
