@@ -160,7 +160,12 @@ class KvStore:
 
     def put_batch(self, keys: Sequence[bytes], blocks: Sequence[Any]) -> list[bool]:
         """Stores blocks (each exactly ``block_bytes``). ``True``: the block is in the
-        store now; ``False``: no tier took it (declined by the policy, or I/O failed)."""
+        store now. In ``write-through`` (the default) that means its record is on the SSD
+        tier (synced, with ``durability="batch"``), so it survives a crash unless evicted
+        since; in ``write-back`` it means DRAM holds it, and it survives a crash once DRAM
+        demoted it to SSD or :meth:`sync` wrote it there. ``False``: no tier kept it (a
+        policy declined it, the batch was larger than a tier, which keeps a batch's first
+        blocks, or I/O failed: ``stats()["put_declined"]`` and ``["put_failures"]``)."""
         ks, addrs, _ = _batch(keys, blocks, writable=False)
         return list(self._native.put_batch(ks, addrs))
 
@@ -198,7 +203,9 @@ class KvStore:
         return out
 
     def sync(self) -> None:
-        """Makes every acknowledged put durable (for ``durability="none"``)."""
+        """Makes every acknowledged put durable: syncs the segments (for
+        ``durability="none"``) and, in ``write-back``, first writes every block only DRAM
+        holds to the SSD tier (a block its policy declines stays in DRAM only, logged)."""
         self._native.sync()
 
     def stats(self) -> dict[str, Any]:
@@ -206,8 +213,9 @@ class KvStore:
         return json.loads(self._native.stats_json())
 
     def close(self) -> None:
-        """Syncs and releases the store (for a connection: waits for its jobs and hangs
-        up; the sidecar and its store go on); later calls raise ``SluiceError``."""
+        """Syncs (as :meth:`sync`) and releases the store (for a connection: waits for
+        its jobs and hangs up; the sidecar and its store go on); later calls raise
+        ``SluiceError``."""
         self._native.close()
 
     def __enter__(self) -> KvStore:
@@ -255,8 +263,13 @@ def open(
     ``salt`` form the namespace: blocks of another namespace are never seen. ``policy``
     names the eviction policy of both tiers as ``sluice sim`` does (``lru``, ``arc``,
     ``s3fifo``, ``tinylfu(window=0.01)``, ...); ``dram_policy``/``ssd_policy`` override it
-    per tier. ``write_mode`` is ``write-through`` or ``write-back``; ``durability``
-    ``batch`` (a put batch is acknowledged after fdatasync) or ``none``.
+    per tier. ``write_mode`` is ``write-through`` (a put is acknowledged once its record
+    is on SSD) or ``write-back`` (acknowledged in DRAM; durable once demoted to SSD or
+    after :meth:`KvStore.sync`); ``durability`` ``batch`` (a put batch is acknowledged
+    after fdatasync) or ``none``. ``dram`` and ``ssd`` hold ``dram // block_bytes`` and
+    ``ssd // block_bytes`` blocks; the DRAM arena has a sixteenth more slots (spares for
+    pinned blocks) and the SSD's files take more room on disk (headers, a spare segment,
+    reclaim headroom): ``stats()["ssd"]["disk_bytes_limit"]`` says how much.
     ``recompute_tokens_per_s`` (the engine's prefill rate) and ``block_tokens`` enable
     ``lookup(..., worth_loading=True)``.
 

@@ -17,12 +17,14 @@ const MIB: u64 = 1 << 20;
 /// budget gone, and a store sized for its data evicted blocks). 32 slots keep it near 3%.
 pub const MIN_SEGMENT_SLOTS: u64 = 32;
 
-/// When an acknowledged put survives power loss.
+/// When an acknowledged put survives power loss (for a write-through store; in
+/// write-back a put acknowledges DRAM residency, see [`WriteMode::WriteBack`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Durability {
     /// A put batch is acknowledged after its bytes are written and `fdatasync`ed: one sync
-    /// per segment the batch touched, so the cost is shared by the whole batch.
+    /// per segment the batch touched, so the cost is shared by the whole batch. A block
+    /// whose write or sync failed is not acknowledged.
     Batch,
     /// Acknowledged once written (O_DIRECT reaches the device, buffered I/O the page
     /// cache): survives the process being killed, not power loss. `sync()` makes every
@@ -34,10 +36,16 @@ pub enum Durability {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum WriteMode {
-    /// Every admitted put is written to the SSD tier as well as DRAM: survives restarts.
+    /// Every put is written to the SSD tier as well as DRAM, and acknowledged only once
+    /// its record is there (synced, in [`Durability::Batch`]): every acknowledged block
+    /// survives a crash unless evicted since. A block the SSD declines or cannot write is
+    /// not acknowledged and not kept in DRAM either.
     WriteThrough,
-    /// Puts land in DRAM; a block is written to SSD when DRAM evicts it. Fewer SSD writes
-    /// for short-lived prefixes, but blocks only in DRAM are lost with the process.
+    /// Puts land in DRAM and are acknowledged there: a block is written to SSD when DRAM
+    /// evicts it (demoted, then synced), or by [`KvStore::sync`](crate::KvStore::sync) and
+    /// `close`, which write every block only DRAM holds. Fewer SSD writes for
+    /// short-lived prefixes, but a block acknowledged since the last demotion or `sync()`
+    /// is lost if the process dies.
     WriteBack,
 }
 

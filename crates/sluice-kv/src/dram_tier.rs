@@ -59,6 +59,14 @@ pub struct Demoted {
     pub bytes: Vec<u8>,
 }
 
+/// A filled block [`DramTier::pin_where`] pinned: its slot stays as it is until unpinned.
+pub struct PinnedBlock {
+    pub fp: Fingerprint,
+    pub slot: u32,
+    pub key: Box<[u8]>,
+    pub namespace_id: [u8; 16],
+}
+
 /// What a put into DRAM decided.
 pub enum DramPut {
     /// Already resident (a put of a known key only counts as an access).
@@ -169,6 +177,27 @@ impl DramTier {
             s.evicted = true;
         }
         self.unpin(slot);
+    }
+
+    /// Pins every filled block for which `want` holds and returns them (for a write-back
+    /// flush to read them outside the lock); each pin is dropped with [`DramTier::unpin`].
+    pub fn pin_where(&mut self, want: impl Fn(Fingerprint) -> bool) -> Vec<PinnedBlock> {
+        let mut out = Vec::new();
+        for (fp, slot) in &self.index {
+            let Some(s) = self.slots[*slot as usize].as_mut() else {
+                continue;
+            };
+            if s.ready && want(*fp) {
+                s.pins += 1;
+                out.push(PinnedBlock {
+                    fp: *fp,
+                    slot: *slot,
+                    key: s.key.clone(),
+                    namespace_id: s.namespace_id,
+                });
+            }
+        }
+        out
     }
 
     /// Takes a block out of the tier (its write-through record failed): it leaves the

@@ -19,9 +19,9 @@ use std::sync::{Arc, Mutex};
 use sluice_engine::PooledBuf;
 use sluice_formats::kv::{payload_checksum, RecordHeader, KV_ALIGN, RECORD_HEADER_BYTES};
 
-use crate::dram_tier::{Demoted, DramPut, DramTier};
+use crate::dram_tier::{Demoted, DramPut, DramTier, PinnedBlock};
 use crate::namespace::Fingerprint;
-use crate::ssd_tier::{Reservation, SsdPut};
+use crate::ssd_tier::{sync_written, Reservation, SsdPut};
 use crate::store::{add, lock, writes_through, KvStore};
 
 /// Runs `f(i)` for every `i < n` on up to `threads` threads; results in order.
@@ -142,6 +142,56 @@ pub(crate) fn demote(store: &KvStore, demoted: Vec<Demotion>) {
     }
 }
 
+/// Write-back: writes every block only DRAM holds to the SSD tier (as its policy admits
+/// it), syncs, and publishes it, so that every acknowledged put survives a crash (what
+/// `sync()` and `close()` promise). Runs `io_threads` records at a time; the blocks stay
+/// pinned in DRAM meanwhile, so their bytes are read in place. Returns how many blocks
+/// the SSD policy declined (or had no room for): those are still only in DRAM.
+pub(crate) fn flush_dram(store: &KvStore) -> usize {
+    let inner = &store.inner;
+    let (Some(d), Some(ssd)) = (&inner.dram, &inner.ssd) else {
+        return 0;
+    };
+    if writes_through(&inner.config, true) {
+        return 0; // every block DRAM holds had its record written with its put
+    }
+    let pinned = {
+        let mut dg = lock(d);
+        let sg = lock(ssd);
+        dg.pin_where(|fp| !sg.contains(fp))
+    };
+    let mut declined = 0;
+    for chunk in pinned.chunks(inner.config.io_threads.max(1) * 4) {
+        let mut planned = Vec::with_capacity(chunk.len());
+        for p in chunk {
+            match lock(ssd).put(p.fp, &p.namespace_id, &p.key) {
+                SsdPut::Reserved(r) => planned.push((p, r)),
+                SsdPut::Present => {}
+                _ => declined += 1,
+            }
+        }
+        let cells: Vec<Mutex<Option<(&PinnedBlock, Reservation)>>> =
+            planned.into_iter().map(|x| Mutex::new(Some(x))).collect();
+        let mut written = parallel(cells.len(), inner.config.io_threads, |i| {
+            let (p, r) = lock(&cells[i]).take().expect("each record is written once");
+            let ptr = lock(d).slot_ptr(p.slot);
+            // SAFETY: the slot is pinned (pin_where), so it is neither reused nor written
+            // while we read it, and it holds block_bytes filled bytes.
+            let bytes =
+                unsafe { std::slice::from_raw_parts(ptr, inner.config.block_bytes as usize) };
+            let ok = write_record(store, &r, &p.key, bytes).is_ok();
+            (r, ok)
+        });
+        sync_written(&mut written);
+        lock(ssd).publish(written);
+        let mut dg = lock(d);
+        for p in chunk {
+            dg.unpin(p.slot);
+        }
+    }
+    declined
+}
+
 /// Writes one record into its reserved slot: the header from a pooled aligned buffer, the
 /// block straight from the caller's memory when the file takes it as it is (buffered I/O,
 /// or a 4 KiB-aligned block under O_DIRECT): through io_uring with the block's pieces in
@@ -157,7 +207,9 @@ pub(crate) fn write_record(
     let at = r.loc.slot as u64 * slot_bytes as u64;
     let encode = |into: &mut [u8]| {
         let header = RecordHeader {
-            namespace_id: store.namespace_id,
+            // The reservation's namespace: a demoted or flushed block may be another
+            // handle's (a sidecar serves many namespaces from one store).
+            namespace_id: r.namespace_id,
             seq: r.seq,
             payload_len: block.len() as u64,
             payload_checksum: payload_checksum(block),

@@ -492,9 +492,21 @@ impl KvStore {
         self.inner.jobs.poll()
     }
 
-    /// Makes every acknowledged put durable (for `durability = none`).
+    /// Makes every acknowledged put durable: syncs the segments (`durability = none`) and,
+    /// in write-back, first writes every block only DRAM holds to the SSD tier (a block
+    /// the SSD policy declines stays only in DRAM; a warning counts them).
     pub fn sync(&self) -> Result<(), KvError> {
         self.check_open()?;
+        self.flush_and_sync()
+    }
+
+    fn flush_and_sync(&self) -> Result<(), KvError> {
+        let declined = io_path::flush_dram(self);
+        if declined > 0 {
+            tracing::warn!(
+                "kv sync: the SSD policy declined {declined} block(s) only DRAM holds; they are not durable"
+            );
+        }
         self.inner.sync_segments()
     }
 
@@ -502,8 +514,9 @@ impl KvStore {
         KvStats::collect(&self.inner)
     }
 
-    /// Syncs, stops the reclaimer and releases the store's lock once the last clone and job
-    /// are gone. Later calls fail with [`KvError::Closed`].
+    /// Syncs (in write-back, writing DRAM-only blocks to SSD first, as [`KvStore::sync`]),
+    /// stops the reclaimer and releases the store's lock once the last clone and job are
+    /// gone. Later calls fail with [`KvError::Closed`].
     pub fn close(&self) -> Result<(), KvError> {
         self.inner.jobs.drain();
         if self.inner.closed.swap(true, Ordering::AcqRel) {
@@ -513,7 +526,7 @@ impl KvStore {
         if let Some(r) = &self.inner.reclaimer {
             r.stop();
         }
-        let synced = self.inner.sync_segments();
+        let synced = self.flush_and_sync();
         lock(&self.inner.owner_lock).take();
         synced
     }

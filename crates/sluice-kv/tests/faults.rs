@@ -273,7 +273,6 @@ fn a_damaged_segment_header_drops_that_segment_only() {
     assert!(!seg1.exists());
 }
 
-/// The child half of the kill -9 test: puts batches and prints each acknowledged id.
 #[test]
 fn a_dropped_store_releases_its_lock_at_once_even_while_reclaiming() {
     let dir = tempdir();
@@ -337,12 +336,18 @@ fn puts_and_gets_go_on_while_a_segment_is_compacted_in_the_background() {
     assert_eq!(get(&store, &[0, 10_000, 10_001]), vec![true; 3]);
 }
 
+/// The child half of the kill -9 tests, run by them (as this test binary, with
+/// `--ignored`), never on its own: it puts batches of 4 into the store named by
+/// `SLUICE_KV_TEST_CHILD` and prints each acknowledged id; with `SLUICE_KV_TEST_MODE` =
+/// `write-back` the store has a DRAM tier in front and writes back, and the child calls
+/// `sync()` every 8 batches, printing `synced` once it returned.
 #[test]
-fn kill_child_writer() {
-    let Ok(root) = std::env::var("SLUICE_KV_TEST_CHILD") else {
-        return;
-    };
-    let store = KvStore::open(std::path::Path::new(&root), config(0, 4096)).unwrap();
+#[ignore = "the child of the kill -9 tests: they run it"]
+fn kill_9_child_writer() {
+    let root = std::env::var("SLUICE_KV_TEST_CHILD")
+        .expect("run by every_block_acknowledged_before_kill_9_is_found_after_reopen");
+    let write_back = std::env::var("SLUICE_KV_TEST_MODE").as_deref() == Ok("write-back");
+    let store = KvStore::open(std::path::Path::new(&root), child_config(write_back)).unwrap();
     let mut out = std::io::stdout();
     for batch in 0.. {
         let ids: Vec<u64> = (batch * 4..batch * 4 + 4).collect();
@@ -352,32 +357,52 @@ fn kill_child_writer() {
                 writeln!(out, "acked {id}").unwrap();
             }
         }
+        if write_back && batch % 8 == 7 {
+            store.sync().unwrap();
+            writeln!(out, "synced").unwrap();
+        }
         out.flush().unwrap();
     }
 }
 
-#[test]
-fn every_block_acknowledged_before_kill_9_is_found_after_reopen() {
-    let dir = tempdir();
+/// The store the kill -9 child writes: SSD only, or write-back behind a DRAM tier large
+/// enough that nothing the test counts is demoted before the kill (only `sync()` writes
+/// those blocks to SSD).
+fn child_config(write_back: bool) -> sluice_kv::KvConfig {
+    let mut c = config(if write_back { 4096 } else { 0 }, 4096);
+    if write_back {
+        c.write_mode = sluice_kv::WriteMode::WriteBack;
+    }
+    c
+}
+
+/// Runs the child writer until it acknowledged 150 blocks, kills it with SIGKILL mid-put,
+/// and returns what it printed: the acknowledged ids, and (write-back) how many of them
+/// were acknowledged before its last completed `sync()`.
+fn kill_9_a_writer(root: &std::path::Path, mode: &str) -> (Vec<u64>, usize) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "kill_child_writer",
+            "kill_9_child_writer",
+            "--ignored",
             "--nocapture",
             "--test-threads=1",
         ])
-        .env("SLUICE_KV_TEST_CHILD", dir.path())
+        .env("SLUICE_KV_TEST_CHILD", root)
+        .env("SLUICE_KV_TEST_MODE", mode)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut acked = Vec::new();
+    let (mut acked, mut synced) = (Vec::new(), 0);
     let lines = BufReader::new(child.stdout.take().unwrap());
     let deadline = Instant::now() + Duration::from_secs(60);
     for line in lines.lines() {
         let line = line.unwrap();
         if let Some(id) = line.strip_prefix("acked ") {
             acked.push(id.parse::<u64>().unwrap());
+        } else if line == "synced" {
+            synced = acked.len();
         }
         if acked.len() >= 150 || Instant::now() > deadline {
             break;
@@ -390,8 +415,29 @@ fn every_block_acknowledged_before_kill_9_is_found_after_reopen() {
         "child acknowledged only {}",
         acked.len()
     );
-    let store = KvStore::open(dir.path(), config(0, 4096)).unwrap();
+    (acked, synced)
+}
+
+#[test]
+fn every_block_acknowledged_before_kill_9_is_found_after_reopen() {
+    let dir = tempdir();
+    let (acked, _) = kill_9_a_writer(dir.path(), "write-through");
+    let store = KvStore::open(dir.path(), child_config(false)).unwrap();
     assert_eq!(get(&store, &acked), vec![true; acked.len()]);
+}
+
+/// Issue 27 #11: write-back with batch durability lost the last batches acknowledged
+/// before a kill -9. In write-back a put acknowledges DRAM residency; a block survives a
+/// crash once DRAM demoted it to SSD, or once `sync()` wrote it there: every block
+/// acknowledged before the last `sync()` is found after the kill.
+#[test]
+fn write_back_blocks_acknowledged_before_a_sync_survive_kill_9() {
+    let dir = tempdir();
+    let (acked, synced) = kill_9_a_writer(dir.path(), "write-back");
+    assert!(synced >= 100, "the child synced after {synced} blocks");
+    let store = KvStore::open(dir.path(), child_config(true)).unwrap();
+    let durable = &acked[..synced];
+    assert_eq!(get(&store, durable), vec![true; durable.len()]);
 }
 
 #[test]
