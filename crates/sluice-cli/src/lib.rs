@@ -797,6 +797,7 @@ pub fn kv_exit_code(err: &commands::kv::KvCliError) -> i32 {
         KvCliError::Kv(KvError::Config { .. } | KvError::InvalidArgument { .. }) => 2,
         KvCliError::Kv(KvError::Incompatible { .. } | KvError::Format { .. }) => EXIT_INVALID,
         KvCliError::Kv(KvError::Io { source, .. }) => io_exit_code(source),
+        KvCliError::Interrupted(signal) => 128 + signal,
         KvCliError::Kv(_) | KvCliError::WrongBytes(_) | KvCliError::Damaged(_) => EXIT_FAILED,
     }
 }

@@ -47,6 +47,9 @@ pub enum KvCliError {
     /// fsck found bad blocks (reported, and dropped with --repair).
     #[error("{0}")]
     Damaged(String),
+    /// A stop signal (SIGINT, SIGTERM, SIGHUP) ended the run; exit 128 + the signal.
+    #[error("interrupted by signal {0} (the store the bench made is removed unless --keep-store)")]
+    Interrupted(i32),
 }
 
 pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> KvCliError + '_ {
@@ -294,18 +297,7 @@ pub fn bench(args: &KvBenchArgs) -> Result<(), KvCliError> {
     let config = store_config(args, block_bytes, model_name.as_deref().unwrap_or("custom"))?;
     std::fs::create_dir_all(&args.out).map_err(io_err(&args.out))?;
     let store_dir = args.store.clone().unwrap_or_else(|| args.out.join("store"));
-    let fresh = match std::fs::read_dir(&store_dir) {
-        Ok(mut d) => d.next().is_none(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
-        Err(e) => return Err(io_err(&store_dir)(e)),
-    };
-    if !fresh {
-        return Err(KvCliError::Usage(format!(
-            "{}: not empty; a bench starts from an empty store (remove it, or pass another \
-             --store)",
-            store_dir.display()
-        )));
-    }
+    clear_store_dir(&store_dir)?;
     errln!(
         "replaying {} requests ({} blocks of {} bytes) into {} ({})",
         trace.request_starts.len().max(1),
@@ -314,13 +306,24 @@ pub fn bench(args: &KvBenchArgs) -> Result<(), KvCliError> {
         store_dir.display(),
         describe_tiers(&config)
     );
+    // From here on a stop signal ends the replay at the next request, and the store this
+    // bench made is removed on the way out (unless --keep-store).
+    let stop = StopOnSignal::install();
     let store = KvStore::open(&store_dir, config.clone())?;
+    let marker = store_dir.join(BENCH_MARKER);
+    std::fs::write(&marker, std::process::id().to_string()).map_err(io_err(&marker))?;
     let outcome = replay(args, &store, &trace, block_bytes);
     let closed = store.close();
     let stats = store.stats();
     drop(store);
-    if !args.keep_store {
-        let _ = std::fs::remove_dir_all(&store_dir);
+    match args.keep_store {
+        false => {
+            let _ = std::fs::remove_dir_all(&store_dir);
+        }
+        // A kept store is the user's now: the next bench will not replace it.
+        true => {
+            let _ = std::fs::remove_file(&marker);
+        }
     }
     let replay = outcome?;
     closed?;
@@ -328,6 +331,8 @@ pub fn bench(args: &KvBenchArgs) -> Result<(), KvCliError> {
         true => Some(simulate_like_store(&trace, &config)?),
         false => None,
     };
+    stop.check()?;
+    drop(stop);
     let report = report_json(args, block_bytes, &config, &replay, &stats, sim.as_ref());
     let path = args.out.join("bench.json");
     let text = serde_json::to_string_pretty(&report).unwrap_or_default();
@@ -369,6 +374,77 @@ pub(crate) fn describe_tiers(c: &KvConfig) -> String {
     parts.join(", ")
 }
 
+/// A file `kv bench` writes into the store it creates, naming its pid, and removes with
+/// the store: a store that still has it was left by a bench killed mid-run.
+const BENCH_MARKER: &str = "sluice-kv-bench.pid";
+
+/// Makes sure `dir` is empty or absent before a bench creates its store there. A store a
+/// killed bench left (it has [`BENCH_MARKER`], and no process has it open) is removed,
+/// saying so; anything else that is not empty is refused, never written into.
+fn clear_store_dir(dir: &Path) -> Result<(), KvCliError> {
+    let mut entries = match std::fs::read_dir(dir) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err(dir)(e)),
+    };
+    if entries.next().is_none() {
+        return Ok(());
+    }
+    let marker = dir.join(BENCH_MARKER);
+    let is_store = dir.join(sluice_kv::manifest::MANIFEST_NAME).is_file();
+    if !(is_store && marker.is_file()) {
+        return Err(KvCliError::Usage(format!(
+            "{}: not empty; a bench starts from an empty store (remove it, or pass another \
+             --store)",
+            dir.display()
+        )));
+    }
+    // Refused while a running bench (or anything else) has it open.
+    drop(sluice_kv::manifest::lock(dir)?);
+    let pid = std::fs::read_to_string(&marker).unwrap_or_default();
+    errln!(
+        "{}: replacing the store a previous `sluice kv bench` left (pid {}, stopped before it \
+         could remove it)",
+        dir.display(),
+        pid.trim()
+    );
+    std::fs::remove_dir_all(dir).map_err(io_err(dir))
+}
+
+/// The signal that stopped the bench (0: none yet).
+static STOPPED_BY: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn on_stop_signal(signal: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    STOPPED_BY.store(signal, std::sync::atomic::Ordering::Release);
+}
+
+/// SIGINT, SIGTERM and SIGHUP caught for the length of a bench: the replay stops at the
+/// next request and the bench cleans up. The old handlers come back when it is dropped.
+struct StopOnSignal(Option<super::signals::SavedHandlers>);
+
+impl StopOnSignal {
+    fn install() -> StopOnSignal {
+        STOPPED_BY.store(0, std::sync::atomic::Ordering::Release);
+        StopOnSignal(Some(super::signals::install(on_stop_signal)))
+    }
+
+    /// `Err(Interrupted)` once a stop signal came.
+    fn check(&self) -> Result<(), KvCliError> {
+        match STOPPED_BY.load(std::sync::atomic::Ordering::Acquire) {
+            0 => Ok(()),
+            signal => Err(KvCliError::Interrupted(signal)),
+        }
+    }
+}
+
+impl Drop for StopOnSignal {
+    fn drop(&mut self) {
+        if let Some(saved) = self.0.take() {
+            saved.restore();
+        }
+    }
+}
+
 /// Keeps the first `limit` requests of a trace.
 fn truncate_requests(trace: &mut Trace, limit: u64) {
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
@@ -400,6 +476,10 @@ fn replay(
     let mut w = Window::default();
     let mut last = store.stats();
     for (i, range) in reqs.iter().enumerate() {
+        if let sig @ 1.. = STOPPED_BY.load(std::sync::atomic::Ordering::Acquire) {
+            bar.finish_and_clear();
+            return Err(KvCliError::Interrupted(sig));
+        }
         let ids: Vec<u64> = trace.records[range.clone()].iter().map(|x| x.id).collect();
         let keys: Vec<[u8; 8]> = ids.iter().map(|id| id.to_le_bytes()).collect();
         let key_refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
