@@ -48,12 +48,32 @@ def _address(buf: Any, index: int, writable: bool) -> tuple[int, int]:
         return buf.data_ptr(), buf.numel() * buf.element_size()
     import numpy as np
 
-    arr = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
+    if isinstance(buf, np.ndarray):
+        arr = buf
+        if arr.dtype.hasobject:
+            _refuse_objects(index, f"a numpy array of dtype {arr.dtype}")
+    else:
+        # np.frombuffer reads any buffer as bytes, pointers included: check its format.
+        fmt = memoryview(buf).format
+        if "O" in fmt:
+            _refuse_objects(index, f"a {type(buf).__name__} buffer of format {fmt!r}")
+        arr = np.frombuffer(buf, dtype=np.uint8)
     if not arr.flags.c_contiguous:
         raise ValueError(f"buffer {index}: the array is not C-contiguous")
     if writable and not arr.flags.writeable:
         raise ValueError(f"buffer {index}: read-only; get_batch_into needs writable buffers")
     return arr.__array_interface__["data"][0], arr.nbytes
+
+
+def _refuse_objects(index: int, what: str) -> None:
+    """A buffer of Python object pointers is not block bytes: a put would store heap
+    addresses, a get would overwrite the pointers."""
+    from .errors import ConfigError
+
+    raise ConfigError(
+        f"buffer {index}: {what} holds Python objects, not plain bytes; "
+        "pass a plain-data array (uint8, float16, ...)"
+    )
 
 
 def _keys(keys: Iterable[Union[bytes, bytearray, memoryview]]) -> list[bytes]:

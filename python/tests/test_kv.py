@@ -339,3 +339,29 @@ def test_stats_and_fsck_read_a_store_they_cannot_write(sluice_bin, store_dir, tm
         assert sluice.kv.fsck(view)["good_blocks"] == 5
         repair = subprocess.run([sluice_bin, "kv", "fsck", view, "--repair"], capture_output=True)
         assert repair.returncode != 0, "repairing needs write access"
+
+
+def test_buffers_of_python_objects_are_refused_naming_them(store_dir):
+    """Issue 27 #9: a numpy object array's memory is Python object pointers. A put stored
+    the heap addresses and a get wrote block bytes over them (touching the array then
+    segfaulted). Any buffer that is not plain bytes is refused, naming it."""
+    import ctypes
+
+    objects = np.empty(BLOCK // 8, dtype=object)
+    record = np.zeros(BLOCK // 16, dtype=[("a", "i8"), ("b", "O")])
+    pointers = (ctypes.py_object * (BLOCK // 8))()
+    keys = keys_for(2)
+    plain = blocks_for(keys)
+    with open_store(store_dir) as store:
+        for bad in (objects, record, pointers):
+            with pytest.raises(ConfigError, match=r"buffer 1: .*Python objects"):
+                store.put_batch(keys, [plain[0], bad])
+            with pytest.raises(ConfigError, match=r"buffer 1: .*Python objects"):
+                store.submit_put(keys, [plain[0], bad])
+        assert store.put_batch(keys, plain) == [True, True]
+        for bad in (objects, record, pointers):
+            with pytest.raises(ConfigError, match=r"buffer 0: .*Python objects"):
+                store.get_batch_into(keys[:1], [bad])
+            with pytest.raises(ConfigError, match=r"buffer 0: .*Python objects"):
+                store.submit_get(keys[:1], [bad])
+        assert objects[0] is None, "the array was not written into"
