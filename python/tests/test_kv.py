@@ -109,6 +109,7 @@ def test_a_corrupted_block_is_a_miss_and_fsck_finds_and_drops_it(store_dir):
         (dict(dram="lots"), "dram"),
         (dict(dram=0, ssd=0), "ssd_bytes"),
         (dict(io_threads=0), "io_threads"),
+        (dict(tp_rank=5, tp_size=2), "tp_rank"),
     ],
 )
 def test_bad_options_raise_config_error_naming_them(store_dir, kwargs, needle):

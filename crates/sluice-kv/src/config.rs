@@ -172,6 +172,7 @@ impl KvConfig {
 
     /// Checks every field; the store calls it before touching the directory.
     pub fn validate(&self) -> Result<(), KvError> {
+        self.namespace.validate()?;
         if self.block_bytes == 0 || self.block_bytes > 1 << 32 {
             return Err(KvError::config(
                 "block_bytes",

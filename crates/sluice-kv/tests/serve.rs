@@ -168,6 +168,40 @@ fn a_dead_server_is_a_miss_and_the_client_reconnects_when_one_is_back() {
     assert!(s["client"]["failed_open"].as_u64().unwrap() >= 4);
 }
 
+/// Issue 27: a sidecar restarted with another block size left its old clients missing
+/// for ever, with one "Broken pipe" warning and no reason. The client re-handshakes when a
+/// connection breaks, notices the new block size, and every call then fails naming both.
+#[test]
+fn a_server_restarted_with_another_block_size_is_an_error_naming_both_sizes() {
+    let dir = tempdir();
+    let sock = dir.path().join("kv.sock");
+    let store = KvStore::open(&dir.path().join("a"), config(0, 64)).unwrap();
+    let server = serve(&store, &sock, KvServerConfig::default());
+    let c = KvClient::connect(&sock, client_cfg("m")).unwrap();
+    assert_eq!(put(&c, &[1]), vec![true]);
+    drop(server);
+    store.close().unwrap();
+    let mut other = config(0, 0);
+    other.block_bytes = 2 * BLOCK;
+    other.ssd_bytes = 64 * other.block_bytes;
+    let store = KvStore::open(&dir.path().join("b"), other).unwrap();
+    let _server = serve(&store, &sock, KvServerConfig::default());
+    let k = key(2);
+    let block = block_for(&k);
+    for _ in 0..2 {
+        let err = c
+            .put_batch(&[&k], &[&block])
+            .expect_err("an error, not a miss");
+        let text = err.to_string();
+        assert!(
+            matches!(err, sluice_kv::KvError::Incompatible { .. }),
+            "{text}"
+        );
+        assert!(text.contains("16384") && text.contains("8192"), "{text}");
+        assert!(c.lookup(&[&k], false).is_err());
+    }
+}
+
 #[test]
 fn connecting_to_nothing_or_a_refused_namespace_is_an_error_not_a_miss() {
     let dir = tempdir();

@@ -174,6 +174,18 @@ fn bad_configurations_are_refused_naming_the_field() {
             },
             "watermark",
         ),
+        // Issue 27: a rank outside its tensor-parallel group was accepted.
+        (
+            KvConfig {
+                namespace: sluice_kv::Namespace {
+                    tp_rank: 5,
+                    tp_size: 2,
+                    ..ns("m")
+                },
+                ..config(4, 64)
+            },
+            "tp_rank",
+        ),
     ];
     for (cfg, field) in cases {
         let err = KvStore::open(dir.path(), cfg).err().unwrap();
