@@ -280,9 +280,15 @@ impl KvConfig {
     }
 
     /// Slots of the DRAM arena: [`KvConfig::dram_policy_blocks`] plus the spare ones (see
-    /// `dram_tier::arena_slots`), so the arena takes a little more memory than the budget.
+    /// [`arena_slots`]), so the arena takes a little more memory than the budget.
     pub fn dram_arena_slots(&self) -> u64 {
-        crate::dram_tier::arena_slots(self.dram_policy_blocks())
+        arena_slots(self.dram_policy_blocks())
+    }
+
+    /// Whether a put goes to the SSD tier at once: write-through, or a store without a
+    /// DRAM tier.
+    pub(crate) fn writes_through(&self, has_dram: bool) -> bool {
+        self.write_mode == WriteMode::WriteThrough || !has_dram
     }
 
     /// Whether record reads go through io_uring: `Err` when it is required and missing.
@@ -366,6 +372,18 @@ impl KvConfig {
             .max(slot * 3);
         (cap / slot).max(3)
     }
+}
+
+/// Slots of an arena whose policy keeps `blocks`: a sixteenth more (at least one, for two
+/// blocks or more), out of the policy's reach. A block the policy evicts while a lease or
+/// a copy pins it keeps its slot until the pin drops; without spare slots the next
+/// admission would find no free slot, and the policy would count a block the tier does not
+/// hold. The spares are on top of the budget, so a budget of N blocks holds N blocks.
+pub fn arena_slots(blocks: u64) -> u64 {
+    if blocks < 2 {
+        return blocks;
+    }
+    blocks + blocks.div_ceil(16)
 }
 
 #[cfg(test)]

@@ -13,8 +13,10 @@
 use sluice_engine::Mapping;
 use sluice_policy::{Access, Evicted, Policy, PolicyConfig, Request};
 
+use crate::config::{arena_slots, KvConfig};
 use crate::error::KvError;
 use crate::namespace::{fp_map, Fingerprint, FpMap};
+use crate::stats::TierStats;
 
 /// A block resident in DRAM.
 struct Slot {
@@ -26,18 +28,6 @@ struct Slot {
     ready: bool,
     /// Evicted while pinned: free the slot when `pins` reaches 0.
     evicted: bool,
-}
-
-/// Slots of an arena whose policy keeps `blocks`: a sixteenth more (at least one, for two
-/// blocks or more), out of the policy's reach. A block the policy evicts while a lease or
-/// a copy pins it keeps its slot until the pin drops; without spare slots the next
-/// admission would find no free slot, and the policy would count a block the tier does not
-/// hold. The spares are on top of the budget, so a budget of N blocks holds N blocks.
-pub fn arena_slots(blocks: u64) -> u64 {
-    if blocks < 2 {
-        return blocks;
-    }
-    blocks + blocks.div_ceil(16)
 }
 
 /// The tier's bookkeeping; the store holds it under a mutex and copies outside it.
@@ -120,16 +110,8 @@ impl DramTier {
         })
     }
 
-    pub fn capacity_blocks(&self) -> usize {
-        self.slots.len()
-    }
-
     pub fn len(&self) -> usize {
         self.index.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
     }
 
     pub fn contains(&self, fp: Fingerprint) -> bool {
@@ -314,10 +296,6 @@ impl DramTier {
         unsafe { self.arena.as_ptr().add(slot as usize * self.block_bytes) }
     }
 
-    pub fn block_bytes(&self) -> usize {
-        self.block_bytes
-    }
-
     /// Bytes the policy holds resident (never above the budget).
     pub fn used_bytes(&self) -> u64 {
         self.policy.used()
@@ -329,6 +307,20 @@ impl DramTier {
 
     pub fn policy_name(&self) -> &'static str {
         self.policy.name()
+    }
+
+    /// What `stats()` shows of this tier.
+    pub(crate) fn tier_stats(&self, config: &KvConfig) -> TierStats {
+        TierStats {
+            policy: self.policy_name().into(),
+            blocks: self.len() as u64,
+            used_bytes: self.used_bytes(),
+            budget_bytes: config.dram_bytes,
+            capacity_blocks: config.dram_policy_blocks(),
+            allocated_bytes: self.arena_bytes() as u64,
+            disk_bytes_limit: None,
+            index_bytes: self.index_bytes() as u64,
+        }
     }
 
     /// Approximate bytes of the index and slot table.

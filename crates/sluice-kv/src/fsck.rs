@@ -330,7 +330,7 @@ pub struct StoreSummary {
 /// Summarises the store at `root` from its manifest and record headers. Reads only; it
 /// does not take the store's lock, so it also describes a store an engine has open
 /// (as of the moment each segment is read).
-pub fn summary(root: &Path) -> Result<StoreSummary, KvError> {
+pub fn store_summary(root: &Path) -> Result<StoreSummary, KvError> {
     let m = read_manifest(root)?;
     let (dir, ids, slot) = segments(root, &m, false)?;
     let mut out = StoreSummary {
@@ -388,7 +388,7 @@ fn read_manifest(root: &Path) -> Result<manifest::Manifest, KvError> {
             detail: format!("not a sluice kv store (no {})", manifest::MANIFEST_NAME),
         });
     }
-    manifest::read(root)
+    manifest::read_manifest(root)
 }
 
 /// The store's segment directory (opened for writing only with `write`), its segment ids

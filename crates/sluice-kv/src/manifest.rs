@@ -15,7 +15,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
 use std::os::unix::io::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use sluice_formats::kv::KV_FORMAT_VERSION;
@@ -60,7 +60,7 @@ pub fn open_or_create(root: &Path, block_bytes: u64) -> Result<Manifest, KvError
         });
     }
     if path.exists() {
-        let m = read(root)?;
+        let m = read_manifest(root)?;
         if m.block_bytes != block_bytes {
             return Err(KvError::Incompatible {
                 path,
@@ -95,7 +95,7 @@ pub fn open_or_create(root: &Path, block_bytes: u64) -> Result<Manifest, KvError
 }
 
 /// Reads and checks the manifest of an existing store.
-pub fn read(root: &Path) -> Result<Manifest, KvError> {
+pub fn read_manifest(root: &Path) -> Result<Manifest, KvError> {
     let path = root.join(MANIFEST_NAME);
     // Opened as a regular file only: a FIFO in its place must not hang the open.
     let mut bytes = Vec::new();
@@ -150,7 +150,6 @@ fn new_store_id(root: &Path) -> String {
 /// The owner lock, held while the store is open.
 pub struct StoreLock {
     _file: File,
-    pub path: PathBuf,
 }
 
 /// Takes the store's exclusive lock without waiting; [`KvError::Locked`] names the holder.
@@ -172,14 +171,20 @@ pub fn lock(root: &Path) -> Result<StoreLock, KvError> {
     let _ = file.set_len(0);
     let _ = file.rewind();
     let _ = write!(file, "{}", std::process::id());
-    Ok(StoreLock { _file: file, path })
+    Ok(StoreLock { _file: file })
+}
+
+/// `Ok` when no process has the store at `root` open: its lock is taken and released at
+/// once ([`KvError::Locked`] names the holder otherwise).
+pub fn check_store_closed(root: &Path) -> Result<(), KvError> {
+    lock(root).map(drop)
 }
 
 /// How a read-only command (`kv stats`, `kv fsck` without `--repair`) holds the store.
 pub enum ReadLock {
     /// A shared lock on the lock file, opened read-only: no writer can open the store
     /// meanwhile, and none had it open.
-    Shared(File),
+    Shared { _file: File },
     /// No lock, and why: the lock file is missing or cannot be read (a user with read
     /// permission only on the store's files). A writer could then run beside the read.
     Unlocked(String),
@@ -189,7 +194,7 @@ impl ReadLock {
     /// In words, for reports and logs.
     pub fn describe(&self) -> String {
         match self {
-            ReadLock::Shared(_) => "shared (read-only)".into(),
+            ReadLock::Shared { .. } => "shared (read-only)".into(),
             ReadLock::Unlocked(why) => format!("none: {why}"),
         }
     }
@@ -214,7 +219,7 @@ pub fn lock_shared(root: &Path) -> Result<ReadLock, KvError> {
         Err(e) => return Err(KvError::Io { path, source: e }),
     };
     match flock(&mut file, root, libc::LOCK_SH) {
-        Ok(()) => Ok(ReadLock::Shared(file)),
+        Ok(()) => Ok(ReadLock::Shared { _file: file }),
         Err(Ok(locked)) => Err(locked),
         Err(Err(e)) => Ok(unlocked(&path, format!("flock failed ({e})"))),
     }

@@ -38,8 +38,11 @@ use crate::config::KvConfig;
 use crate::error::KvError;
 use crate::namespace::{fp_map, Fingerprint, FpMap};
 use crate::segment_io::{SegmentDir, SegmentFile};
+pub use crate::stats::SsdCounters;
+use crate::stats::TierStats;
 
 mod compaction;
+mod recovery;
 pub(crate) use compaction::reclaim_unlocked;
 
 /// Where a block's record lives.
@@ -50,8 +53,8 @@ pub struct SsdLoc {
 }
 
 /// One segment file and its occupancy.
-pub struct Segment {
-    pub file: Arc<dyn SegmentFile>,
+pub(crate) struct Segment {
+    file: Arc<dyn SegmentFile>,
     /// Next free slot (slot 0 is the header).
     next_slot: u32,
     /// Slots whose writes are reserved but not finished.
@@ -96,21 +99,6 @@ enum NoSlot {
     Failed,
 }
 
-/// Counters the store reports.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SsdCounters {
-    pub corrupt_blocks: u64,
-    pub read_errors: u64,
-    pub write_errors: u64,
-    pub recovered_blocks: u64,
-    pub torn_slots_skipped: u64,
-    pub segments_dropped: u64,
-    pub segments_compacted: u64,
-    pub blocks_moved: u64,
-    /// Sealed segments recovered from their summary, without reading their slots.
-    pub summaries_read: u64,
-}
-
 pub struct SsdTier {
     dir: Arc<dyn SegmentDir>,
     root: PathBuf,
@@ -133,7 +121,7 @@ pub struct SsdTier {
     index: FpMap<SsdLoc>,
     policy: Box<dyn Policy + Send>,
     evicted: Vec<Evicted>,
-    pub counters: SsdCounters,
+    counters: SsdCounters,
 }
 
 impl SsdTier {
@@ -180,7 +168,7 @@ impl SsdTier {
             evicted: Vec::new(),
             counters: SsdCounters::default(),
         };
-        crate::recovery::recover(&mut tier)?;
+        recovery::recover(&mut tier)?;
         Ok(tier)
     }
 
@@ -247,10 +235,6 @@ impl SsdTier {
 
     pub fn len(&self) -> usize {
         self.index.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
     }
 
     /// The location and file of `fp`, for a read outside the lock.
@@ -614,6 +598,25 @@ impl SsdTier {
 
     pub fn root(&self) -> &PathBuf {
         &self.root
+    }
+
+    /// What the tier counted: errors, recovery, reclamation.
+    pub(crate) fn counters(&self) -> SsdCounters {
+        self.counters
+    }
+
+    /// What `stats()` shows of this tier.
+    pub(crate) fn tier_stats(&self) -> TierStats {
+        TierStats {
+            policy: self.policy_name().into(),
+            blocks: self.len() as u64,
+            used_bytes: self.used_bytes(),
+            budget_bytes: self.budget_bytes(),
+            capacity_blocks: self.capacity_blocks(),
+            allocated_bytes: self.allocated_bytes(),
+            disk_bytes_limit: Some(self.disk_bytes_limit()),
+            index_bytes: self.index_bytes() as u64,
+        }
     }
 }
 

@@ -1,12 +1,11 @@
-//! Counters and the snapshot `stats()` returns.
+//! Counters and the snapshot `stats()` returns: plain data, built by the tiers
+//! (`DramTier::tier_stats`, `SsdTier::tier_stats`, `ForeignIndex::stats`) and the store.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 
-use crate::foreign::ForeignCounters;
-use crate::ssd_tier::SsdTier;
-use crate::store::{lock, Inner};
+use crate::load_model::LoadModel;
 
 /// Live counters, bumped without locks.
 #[derive(Default)]
@@ -94,7 +93,7 @@ pub struct KvStats {
     /// Other stores' blocks found in the shared directory.
     pub foreign: Option<ForeignStats>,
     /// Seconds per block a get spends on each tier (what `lookup_worth_loading` uses).
-    pub load_model: crate::store::LoadModel,
+    pub load_model: LoadModel,
 }
 
 /// What the shared directory holds from other stores.
@@ -106,57 +105,48 @@ pub struct ForeignStats {
     pub counters: ForeignCounters,
 }
 
-/// A segment tier's occupancy.
-fn segment_tier_stats(s: &SsdTier) -> TierStats {
-    TierStats {
-        policy: s.policy_name().into(),
-        blocks: s.len() as u64,
-        used_bytes: s.used_bytes(),
-        budget_bytes: s.budget_bytes(),
-        capacity_blocks: s.capacity_blocks(),
-        allocated_bytes: s.allocated_bytes(),
-        disk_bytes_limit: Some(s.disk_bytes_limit()),
-        index_bytes: s.index_bytes() as u64,
-    }
+/// What the index of other stores' blocks counts (in `stats()["foreign"]`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Serialize)]
+pub struct ForeignCounters {
+    /// Other stores seen in the shared directory at the last refresh.
+    pub stores: u64,
+    /// Their sealed segments indexed now.
+    pub segments: u64,
+    /// Summaries that did not decode or hold another block size (skipped).
+    pub skipped_summaries: u64,
+    /// Reads of their blocks that failed or did not verify (each a miss; block dropped).
+    pub read_failures: u64,
+    pub refreshes: u64,
+}
+
+/// What the SSD tier counts.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SsdCounters {
+    pub corrupt_blocks: u64,
+    pub read_errors: u64,
+    pub write_errors: u64,
+    pub recovered_blocks: u64,
+    pub torn_slots_skipped: u64,
+    pub segments_dropped: u64,
+    pub segments_compacted: u64,
+    pub blocks_moved: u64,
+    /// Sealed segments recovered from their summary, without reading their slots.
+    pub summaries_read: u64,
 }
 
 impl KvStats {
-    pub(crate) fn collect(inner: &Inner) -> KvStats {
-        let c = &inner.counters;
+    /// A snapshot from the store's counters, the SSD tier's (and its segment count), each
+    /// tier's occupancy (DRAM, SSD, our shared segments), other stores' blocks, and the load
+    /// model.
+    pub(crate) fn new(
+        c: &Counters,
+        ssd: SsdCounters,
+        segments: u64,
+        [dram, ssd_tier, shared]: [Option<TierStats>; 3],
+        foreign: Option<ForeignStats>,
+        load_model: LoadModel,
+    ) -> KvStats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let dram = inner.dram.as_ref().map(|d| {
-            let d = lock(d);
-            TierStats {
-                policy: d.policy_name().into(),
-                blocks: d.len() as u64,
-                used_bytes: d.used_bytes(),
-                budget_bytes: inner.config.dram_bytes,
-                capacity_blocks: inner.config.dram_policy_blocks(),
-                allocated_bytes: d.arena_bytes() as u64,
-                disk_bytes_limit: None,
-                index_bytes: d.index_bytes() as u64,
-            }
-        });
-        let (ssd, counters, segments) = match inner.ssd.as_ref() {
-            Some(s) => {
-                let s = lock(s);
-                (
-                    Some(segment_tier_stats(&s)),
-                    s.counters,
-                    s.segment_count() as u64,
-                )
-            }
-            None => (None, Default::default(), 0),
-        };
-        let shared = inner.shared.as_ref().map(|s| segment_tier_stats(&lock(s)));
-        let foreign = inner.foreign.as_ref().map(|f| {
-            let f = lock(f);
-            ForeignStats {
-                blocks: f.len() as u64,
-                index_bytes: f.index_bytes() as u64,
-                counters: f.counters,
-            }
-        });
         KvStats {
             lookups: get(&c.lookups),
             puts: get(&c.puts),
@@ -169,21 +159,21 @@ impl KvStats {
             misses: get(&c.misses),
             put_hits_dram: get(&c.put_hits_dram),
             put_hits_ssd: get(&c.put_hits_ssd),
-            corrupt_blocks: counters.corrupt_blocks,
-            read_errors: counters.read_errors,
-            write_errors: counters.write_errors,
+            corrupt_blocks: ssd.corrupt_blocks,
+            read_errors: ssd.read_errors,
+            write_errors: ssd.write_errors,
             staged_writes: get(&c.staged_writes),
-            recovered_blocks: counters.recovered_blocks,
-            torn_slots_skipped: counters.torn_slots_skipped,
-            summaries_read: counters.summaries_read,
+            recovered_blocks: ssd.recovered_blocks,
+            torn_slots_skipped: ssd.torn_slots_skipped,
+            summaries_read: ssd.summaries_read,
             segments,
-            segments_dropped: counters.segments_dropped,
-            segments_compacted: counters.segments_compacted,
+            segments_dropped: ssd.segments_dropped,
+            segments_compacted: ssd.segments_compacted,
             dram,
-            ssd,
+            ssd: ssd_tier,
             shared,
             foreign,
-            load_model: *lock(&inner.load_model),
+            load_model,
         }
     }
 }

@@ -281,19 +281,36 @@ fn a_dropped_store_releases_its_lock_at_once_even_while_reclaiming() {
     cfg.high_watermark = 0.4;
     cfg.low_watermark = 0.3;
     let (store, faulty) = open_faulty(dir.path(), cfg.clone(), vec![]);
-    for round in 0..6u64 {
+    let limit = cfg.ssd_disk_bytes_limit() as f64;
+    // Twice the tier's 96 blocks: the oldest segments die and the files pass the high
+    // watermark; the reclaimer takes them back under the low one.
+    for round in 0..25u64 {
         put(&store, &(round * 8..round * 8 + 8).collect::<Vec<_>>());
     }
-    std::thread::sleep(Duration::from_millis(400)); // reclaimed to the low watermark
-                                                    // Past the high watermark again, with slow removals: the reclaimer wakes and is still
-                                                    // in its pass when the store is dropped.
+    wait_until("reclaimed to the low watermark", || {
+        let s = store.stats();
+        s.segments_dropped > 0 && s.ssd.unwrap().allocated_bytes as f64 <= limit * 0.3
+    });
+    // Past the high watermark again, with slow removals: the reclaimer wakes and is in
+    // the middle of removing a segment when the store is dropped.
     faulty.set_faults(vec![KvFault::SlowRemove { millis: 500 }]);
-    put(&store, &(48..72).collect::<Vec<_>>());
-    std::thread::sleep(Duration::from_millis(100));
+    put(&store, &(200..248).collect::<Vec<_>>());
+    wait_until("a segment removal in progress", || {
+        faulty.removes_in_progress() > 0
+    });
     drop(store);
     // The next owner gets the store at once: no background thread kept the old one alive.
     let store = KvStore::open(dir.path(), cfg).expect("the dropped store released its lock");
-    assert_eq!(get(&store, &[71]), vec![true]);
+    assert_eq!(get(&store, &[247]), vec![true]);
+}
+
+/// Polls `done` until it holds, for at most 20 s (then fails naming `what`).
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < deadline, "never got there: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 #[test]

@@ -92,7 +92,7 @@ fn fsck_repair_drops_the_summary_of_a_segment_it_changes() {
     let slot = config(0, 64).slot_bytes();
     let f = std::fs::OpenOptions::new().write(true).open(seg).unwrap();
     f.write_all_at(b"garbage!", 3 * slot + 100).unwrap();
-    let report = sluice_kv::fsck::fsck(dir.path(), true).unwrap();
+    let report = sluice_kv::fsck(dir.path(), true).unwrap();
     assert_eq!(report.bad_blocks, 1);
     assert!(!seg.with_extension("summary").exists());
     let store = KvStore::open(dir.path(), config(0, 64)).unwrap();
@@ -116,15 +116,15 @@ fn stray_files_in_the_segment_directory_do_not_stop_open_fsck_or_stats() {
     std::fs::write(segs.join("seg-5.skv"), [7u8; 100]).unwrap();
     std::fs::write(segs.join("seg-9.skv"), [7u8; 100]).unwrap();
     std::fs::write(segs.join("notes.txt"), b"mine").unwrap();
-    let summary = sluice_kv::fsck::summary(dir.path()).expect("stats with a stray file");
+    let summary = sluice_kv::store_summary(dir.path()).expect("stats with a stray file");
     assert_eq!(summary.segments, 5, "{summary:?}");
-    let report = sluice_kv::fsck::fsck(dir.path(), false).expect("fsck with a stray file");
+    let report = sluice_kv::fsck(dir.path(), false).expect("fsck with a stray file");
     assert_eq!(
         (report.bad_blocks, report.bad_segments),
         (0, 0),
         "{report:?}"
     );
-    sluice_kv::fsck::fsck(dir.path(), true).expect("fsck --repair with a stray file");
+    sluice_kv::fsck(dir.path(), true).expect("fsck --repair with a stray file");
     assert!(
         segs.join("seg-9.skv").exists(),
         "a file it never wrote is left alone"
@@ -136,17 +136,12 @@ fn stray_files_in_the_segment_directory_do_not_stop_open_fsck_or_stats() {
     // A truncated file of the store's own naming: fsck reports it, --repair removes it.
     let own = segs.join(format!("seg-{:016x}.skv", 40));
     std::fs::write(&own, [7u8; 100]).unwrap();
-    let report = sluice_kv::fsck::fsck(dir.path(), false).unwrap();
+    let report = sluice_kv::fsck(dir.path(), false).unwrap();
     assert_eq!(report.bad_segments, 1, "{report:?}");
-    let report = sluice_kv::fsck::fsck(dir.path(), true).unwrap();
+    let report = sluice_kv::fsck(dir.path(), true).unwrap();
     assert_eq!(report.bad_segments, 1, "{report:?}");
     assert!(!own.exists());
-    assert_eq!(
-        sluice_kv::fsck::fsck(dir.path(), false)
-            .unwrap()
-            .bad_segments,
-        0
-    );
+    assert_eq!(sluice_kv::fsck(dir.path(), false).unwrap().bad_segments, 0);
     let store = KvStore::open(dir.path(), config(0, 64)).unwrap();
     assert_eq!(lookup(&store, &ids), ids.len());
 }
@@ -164,7 +159,7 @@ fn fsck_reports_the_blocks_of_a_truncated_segment_as_lost_and_lookup_drops_them(
     let f = std::fs::OpenOptions::new().write(true).open(seg).unwrap();
     f.set_len(3 * slot + 2000).unwrap();
     drop(f);
-    let report = sluice_kv::fsck::fsck(dir.path(), false).unwrap();
+    let report = sluice_kv::fsck(dir.path(), false).unwrap();
     assert_eq!(
         (report.good_blocks, report.bad_blocks),
         (25, 5),
@@ -185,7 +180,7 @@ fn fsck_reports_a_segment_overwritten_by_a_copy_of_another_and_lookup_drops_its_
     let ids = filled(dir.path());
     let segs = files_with(dir.path(), "skv");
     std::fs::copy(&segs[0], &segs[1]).unwrap();
-    let report = sluice_kv::fsck::fsck(dir.path(), false).unwrap();
+    let report = sluice_kv::fsck(dir.path(), false).unwrap();
     assert_eq!(report.bad_segments, 1, "{report:?}");
     assert_eq!(
         (report.good_blocks, report.bad_blocks),
@@ -202,8 +197,5 @@ fn fsck_reports_a_segment_overwritten_by_a_copy_of_another_and_lookup_drops_its_
     assert_eq!(get(&store, &ids[..7]), vec![true; 7]);
     assert_eq!(get(&store, &ids[14..]), vec![true; 16]);
     drop(store);
-    assert_eq!(
-        sluice_kv::fsck::fsck(dir.path(), false).unwrap().bad_blocks,
-        0
-    );
+    assert_eq!(sluice_kv::fsck(dir.path(), false).unwrap().bad_blocks, 0);
 }

@@ -155,8 +155,12 @@ fn a_dead_server_is_a_miss_and_the_client_reconnects_when_one_is_back() {
     // A new server on the same store: the blocks written through the old one are there.
     let store = KvStore::open(dir.path(), cfg).unwrap();
     let _server = serve(&store, &sock, KvServerConfig::default());
-    std::thread::sleep(Duration::from_millis(80)); // past retry_ms
-    assert_eq!(get(&c, &[1, 2]), vec![true, true]);
+    // Misses until retry_ms has passed since the outage, then the reconnect serves.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while get(&c, &[1, 2]) != vec![true, true] {
+        assert!(Instant::now() < deadline, "the client never reconnected");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let s = c.stats_json().unwrap();
     assert_eq!(
         (

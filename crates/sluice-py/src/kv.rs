@@ -398,7 +398,7 @@ impl PyKvStore {
 #[pyo3(signature = (path, repair=false))]
 pub fn kv_fsck(py: Python<'_>, path: std::path::PathBuf, repair: bool) -> PyResult<String> {
     let report = py
-        .detach(|| sluice_kv::fsck::fsck(&path, repair))
+        .detach(|| sluice_kv::fsck(&path, repair))
         .map_err(kv_to_py)?;
     Ok(serde_json::to_string(&report).unwrap_or_else(|_| "{}".into()))
 }

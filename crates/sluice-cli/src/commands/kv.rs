@@ -61,7 +61,7 @@ pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> KvCliError +
 
 /// `sluice kv stats PATH`.
 pub fn stats(args: &KvStatsArgs) -> Result<(), KvCliError> {
-    let s = sluice_kv::fsck::summary(&args.path)?;
+    let s = sluice_kv::store_summary(&args.path)?;
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
         return Ok(());
@@ -98,7 +98,7 @@ pub fn stats(args: &KvStatsArgs) -> Result<(), KvCliError> {
 
 /// `sluice kv fsck PATH [--repair]`: exit 0 when every block verifies.
 pub fn fsck(args: &KvFsckArgs) -> Result<(), KvCliError> {
-    let r = sluice_kv::fsck::fsck(&args.path, args.repair)?;
+    let r = sluice_kv::fsck(&args.path, args.repair)?;
     if let Some(why) = r.lock.strip_prefix("none: ") {
         errln!("note: checked without the store's lock ({why})");
     }
@@ -391,7 +391,7 @@ fn clear_store_dir(dir: &Path) -> Result<(), KvCliError> {
         return Ok(());
     }
     let marker = dir.join(BENCH_MARKER);
-    let is_store = dir.join(sluice_kv::manifest::MANIFEST_NAME).is_file();
+    let is_store = dir.join(sluice_kv::MANIFEST_NAME).is_file();
     if !(is_store && marker.is_file()) {
         return Err(KvCliError::Usage(format!(
             "{}: not empty; a bench starts from an empty store (remove it, or pass another \
@@ -400,7 +400,7 @@ fn clear_store_dir(dir: &Path) -> Result<(), KvCliError> {
         )));
     }
     // Refused while a running bench (or anything else) has it open.
-    drop(sluice_kv::manifest::lock(dir)?);
+    sluice_kv::check_store_closed(dir)?;
     let pid = std::fs::read_to_string(&marker).unwrap_or_default();
     errln!(
         "{}: replacing the store a previous `sluice kv bench` left (pid {}, stopped before it \

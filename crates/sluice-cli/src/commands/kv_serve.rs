@@ -75,7 +75,7 @@ pub fn serve(args: &KvServeArgs) -> Result<(), KvCliError> {
 fn store_config(args: &KvServeArgs) -> Result<KvConfig, KvCliError> {
     let block_bytes = match &args.block_bytes {
         Some(b) => parse_size("block-bytes", b)?,
-        None => match sluice_kv::manifest::read(&args.path) {
+        None => match sluice_kv::read_manifest(&args.path) {
             Ok(m) => m.block_bytes,
             Err(_) => {
                 return Err(KvCliError::Usage(format!(

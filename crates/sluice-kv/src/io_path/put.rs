@@ -17,13 +17,14 @@
 //! lookups, so the first keys of a chain are the valuable ones; offering the rest would
 //! only evict those (an LRU keeps a batch's last keys, not its first).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use crate::config::Durability;
 use crate::dram_tier::DramPut;
 use crate::namespace::{fp_map, Fingerprint, FpMap};
 use crate::ssd_tier::{sync_written, Reservation, SsdPut, SsdTier};
-use crate::store::{add, lock, writes_through, KvStore};
+use crate::state::View;
+use crate::sync::{add, lock};
 
 use super::{demote, dram_put, fill_slot, parallel, reserve_demotions, write_record, Demotion};
 
@@ -65,18 +66,17 @@ struct Room {
 /// 2. copies into DRAM slots and record writes run in parallel, outside every lock;
 /// 3. the written segments are synced once each, then the records published, then each
 ///    key acknowledged as the module header says.
-pub(crate) fn put_batch(store: &KvStore, keys: &[&[u8]], blocks: &[&[u8]]) -> Vec<bool> {
-    let inner = &store.inner;
-    let plans = plan_puts(store, keys);
+pub(crate) fn put_batch(v: View<'_>, keys: &[&[u8]], blocks: &[&[u8]]) -> Vec<bool> {
+    let plans = plan_puts(v, keys);
     let outline: Vec<(Fingerprint, Option<usize>, bool)> = plans
         .iter()
         .map(|p| (p.fp, p.dup_of, p.dram_slot.is_some()))
         .collect();
     let cells: Vec<Mutex<Option<PutPlan>>> =
         plans.into_iter().map(|p| Mutex::new(Some(p))).collect();
-    let steps = parallel(keys.len(), inner.config.io_threads, |i| {
+    let steps = parallel(keys.len(), v.state.config().io_threads, |i| {
         let plan = lock(&cells[i]).take().expect("each plan runs once");
-        execute_put(store, plan, keys[i], blocks[i])
+        execute_put(v, plan, keys[i], blocks[i])
     });
     // Per key: a write, a sync or a segment creation failed (a real failure).
     let mut failed = vec![false; keys.len()];
@@ -94,10 +94,10 @@ pub(crate) fn put_batch(store: &KvStore, keys: &[&[u8]], blocks: &[&[u8]]) -> Ve
             }
         }
     }
-    for (t, tier) in segment_tiers(store).into_iter().enumerate() {
+    for (t, tier) in v.state.tiers().segment_tiers().into_iter().enumerate() {
         let Some(tier) = tier else { continue };
         let mut w = std::mem::take(&mut written[t]);
-        if inner.config.durability == Durability::Batch {
+        if v.state.config().durability == Durability::Batch {
             sync_written(&mut w);
         }
         for ((_, ok), i) in w.iter().zip(&written_key[t]) {
@@ -105,16 +105,16 @@ pub(crate) fn put_batch(store: &KvStore, keys: &[&[u8]], blocks: &[&[u8]]) -> Ve
         }
         lock(tier).publish(w);
     }
-    let ok = acknowledge(store, &outline, &mut failed);
-    add(&inner.counters.puts, keys.len() as u64);
+    let ok = acknowledge(v, &outline, &mut failed);
+    add(&v.state.counters().puts, keys.len() as u64);
     let not_ok = |f: bool| {
         ok.iter()
             .zip(&failed)
             .filter(|(o, x)| !**o && **x == f)
             .count()
     };
-    add(&inner.counters.put_failures, not_ok(true) as u64);
-    add(&inner.counters.put_declined, not_ok(false) as u64);
+    add(&v.state.counters().put_failures, not_ok(true) as u64);
+    add(&v.state.counters().put_declined, not_ok(false) as u64);
     ok
 }
 
@@ -126,14 +126,14 @@ pub(crate) fn put_batch(store: &KvStore, keys: &[&[u8]], blocks: &[&[u8]]) -> Ve
 /// record, and a later put of such a block is not taken for a DRAM hit that skips the
 /// write. A duplicate key shares its first occurrence's fate.
 fn acknowledge(
-    store: &KvStore,
+    v: View<'_>,
     plans: &[(Fingerprint, Option<usize>, bool)],
     failed: &mut [bool],
 ) -> Vec<bool> {
-    let through = acknowledges_durability(store);
+    let through = acknowledges_durability(v);
     let mut unwritten = Vec::new();
     let mut ok = Vec::with_capacity(plans.len());
-    let tiers = store.residency();
+    let tiers = v.state.tiers().residency();
     for (i, (fp, dup_of, to_dram)) in plans.iter().enumerate() {
         let held = match dup_of {
             Some(j) => {
@@ -149,7 +149,7 @@ fn acknowledge(
         ok.push(held);
     }
     drop(tiers);
-    if let (Some(d), false) = (&store.inner.dram, unwritten.is_empty()) {
+    if let (Some(d), false) = (v.state.tiers().dram(), unwritten.is_empty()) {
         let mut d = lock(d);
         for fp in unwritten {
             d.drop_block(fp);
@@ -161,31 +161,34 @@ fn acknowledge(
 /// Whether puts write through to a segment tier (the SSD, our shared segments): then a
 /// put's `true` means a record there as well. Otherwise (write-back, DRAM alone) it means
 /// residency.
-fn acknowledges_durability(store: &KvStore) -> bool {
-    let inner = &store.inner;
-    let has_segments = inner.ssd.is_some() || inner.shared.is_some();
-    has_segments && writes_through(&inner.config, inner.dram.is_some())
-}
-
-/// The segment tiers a put offers blocks to, in `PutPlan::lower` order.
-fn segment_tiers(store: &KvStore) -> [Option<&Arc<Mutex<SsdTier>>>; 2] {
-    [store.inner.ssd.as_ref(), store.inner.shared.as_ref()]
+fn acknowledges_durability(v: View<'_>) -> bool {
+    let has_segments = v.state.tiers().ssd().is_some() || v.state.tiers().shared().is_some();
+    has_segments
+        && v.state
+            .config()
+            .writes_through(v.state.tiers().dram().is_some())
 }
 
 /// Step 1 of a put: each key offered to DRAM, then (write-through, or DRAM declined) to
 /// SSD, then to our shared segments, one key after the other; each tier up to its
 /// capacity of new blocks.
-fn plan_puts(store: &KvStore, keys: &[&[u8]]) -> Vec<PutPlan> {
-    let inner = &store.inner;
+fn plan_puts(v: View<'_>, keys: &[&[u8]]) -> Vec<PutPlan> {
     let mut room = Room {
-        dram: inner.config.dram_policy_blocks(),
-        lower: segment_tiers(store).map(|t| t.map_or(0, |t| lock(t).capacity_blocks())),
+        dram: v.state.config().dram_policy_blocks(),
+        lower: v
+            .state
+            .tiers()
+            .segment_tiers()
+            .map(|t| t.map_or(0, |t| lock(t).capacity_blocks())),
     };
-    let through = writes_through(&inner.config, inner.dram.is_some());
+    let through = v
+        .state
+        .config()
+        .writes_through(v.state.tiers().dram().is_some());
     let mut seen: FpMap<usize> = fp_map(keys.len());
     let mut plans = Vec::with_capacity(keys.len());
     for (i, key) in keys.iter().enumerate() {
-        let fp = store.fingerprint(key);
+        let fp = v.fingerprint(key);
         let mut plan = PutPlan {
             fp,
             dup_of: None,
@@ -200,13 +203,13 @@ fn plan_puts(store: &KvStore, keys: &[&[u8]]) -> Vec<PutPlan> {
         }
         seen.insert(fp, i);
         let mut dram_present = false;
-        if inner.dram.is_some() {
-            let decision = dram_put(store, fp, key, room.dram > 0, &mut plan.demoted);
-            reserve_demotions(store, &mut plan.demoted);
+        if v.state.tiers().dram().is_some() {
+            let decision = dram_put(v, fp, key, room.dram > 0, &mut plan.demoted);
+            reserve_demotions(v, &mut plan.demoted);
             match decision {
                 DramPut::Present => {
                     dram_present = true;
-                    add(&inner.counters.put_hits_dram, 1);
+                    add(&v.state.counters().put_hits_dram, 1);
                 }
                 DramPut::Admitted { slot } => {
                     room.dram -= 1;
@@ -216,18 +219,18 @@ fn plan_puts(store: &KvStore, keys: &[&[u8]]) -> Vec<PutPlan> {
             }
         }
         let in_dram = dram_present || plan.dram_slot.is_some();
-        if let Some(ssd) = &inner.ssd {
+        if let Some(ssd) = v.state.tiers().ssd() {
             // A DRAM hit does not go on to the SSD policy (as in `sluice sim`'s tiers):
             // writing through, it is acknowledged only if the SSD holds it too.
             if !dram_present && (through || !in_dram) {
-                plan.lower[0] = offer(store, ssd, fp, key, &mut room.lower[0]);
+                plan.lower[0] = offer(v, ssd, fp, key, &mut room.lower[0]);
                 if matches!(plan.lower[0], SsdStep::Present) {
-                    add(&inner.counters.put_hits_ssd, 1);
+                    add(&v.state.counters().put_hits_ssd, 1);
                 }
             }
         }
-        if let Some(shared) = &inner.shared {
-            plan.lower[1] = offer(store, shared, fp, key, &mut room.lower[1]);
+        if let Some(shared) = v.state.tiers().shared() {
+            plan.lower[1] = offer(v, shared, fp, key, &mut room.lower[1]);
         }
         plans.push(plan);
     }
@@ -237,7 +240,7 @@ fn plan_puts(store: &KvStore, keys: &[&[u8]]) -> Vec<PutPlan> {
 /// Offers a block to a segment tier's policy; once the batch has taken `room` new blocks
 /// there, a block the tier does not hold is declined without asking the policy.
 fn offer(
-    store: &KvStore,
+    v: View<'_>,
     tier: &Mutex<SsdTier>,
     fp: Fingerprint,
     key: &[u8],
@@ -247,7 +250,7 @@ fn offer(
     if *room == 0 && !t.contains(fp) {
         return SsdStep::None;
     }
-    match t.put(fp, &store.namespace_id, key) {
+    match t.put(fp, &v.namespace_id, key) {
         SsdPut::Present => SsdStep::Present,
         SsdPut::Declined | SsdPut::Full => SsdStep::None,
         SsdPut::Failed => SsdStep::Failed,
@@ -259,18 +262,17 @@ fn offer(
 }
 
 /// Step 2 of a put for one key: the DRAM copy, write-back demotions, the records.
-fn execute_put(store: &KvStore, plan: PutPlan, key: &[u8], block: &[u8]) -> [SsdStep; 2] {
-    let inner = &store.inner;
+fn execute_put(v: View<'_>, plan: PutPlan, key: &[u8], block: &[u8]) -> [SsdStep; 2] {
     if plan.dup_of.is_some() {
         return [SsdStep::None, SsdStep::None];
     }
-    if let (Some(slot), Some(d)) = (plan.dram_slot, &inner.dram) {
+    if let (Some(slot), Some(d)) = (plan.dram_slot, v.state.tiers().dram()) {
         fill_slot(d, slot, block);
     }
-    demote(store, plan.demoted);
+    demote(v, plan.demoted);
     plan.lower.map(|step| match step {
         SsdStep::Reserved(r) => {
-            let ok = write_record(store, &r, key, block)
+            let ok = write_record(v, &r, key, block)
                 .inspect_err(|e| {
                     tracing::warn!(
                         "kv segment {} slot {}: write failed: {e}",

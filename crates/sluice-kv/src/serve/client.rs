@@ -23,12 +23,13 @@ use sluice_formats::kv_wire::{
 };
 
 use super::frame::{read_frame, write_frame};
+use crate::args::{check_buffers, check_keys};
 use crate::block_store::BlockStore;
 use crate::config::RecomputeModel;
 use crate::error::KvError;
 use crate::jobs::{JobBuffer, JobKind, JobQueue, KvJob};
 use crate::namespace::Namespace;
-use crate::store::{check_buffers, check_keys, lock};
+use crate::sync::lock;
 
 /// How a client connects. Every default says why it has its value.
 #[derive(Debug, Clone)]

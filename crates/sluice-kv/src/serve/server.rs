@@ -23,7 +23,8 @@ use super::frame::{read_frame, write_frame};
 use crate::config::RecomputeModel;
 use crate::error::KvError;
 use crate::namespace::Namespace;
-use crate::store::{lock, KvStore};
+use crate::store::KvStore;
+use crate::sync::lock;
 
 /// How a server runs. Every default says why it has its value.
 #[derive(Debug, Clone)]

@@ -25,10 +25,10 @@ use sluice_formats::kv::{
 };
 use sluice_formats::kv_summary::{SegmentSummary, SummaryEntry};
 
+use super::{sealed_marker, summary_path, write_summary, SsdLoc, SsdTier};
 use crate::error::KvError;
 use crate::namespace::Fingerprint;
 use crate::segment_io::SegmentFile;
-use crate::ssd_tier::{sealed_marker, summary_path, write_summary, SsdLoc, SsdTier};
 
 /// A record found in a segment.
 struct Found {
@@ -192,7 +192,7 @@ fn scan_segment(
 
 /// The summary of segment `id` at `path`, if it is there and describes this segment.
 fn read_summary(tier: &SsdTier, path: &std::path::Path, id: u64) -> Option<SegmentSummary> {
-    let read = crate::ssd_tier::read_summary(path, tier.store_id(), id, tier.block_bytes())?;
+    let read = super::read_summary(path, tier.store_id(), id, tier.block_bytes())?;
     let slots = tier.slots_per_segment();
     let why = match read {
         Ok(s) if s.entries.iter().all(|e| e.slot >= 1 && e.slot < slots) => return Some(s),
@@ -221,7 +221,7 @@ fn from_summary(
     let mut lost = 0;
     for entry in summary.entries {
         used = used.max(entry.slot + 1);
-        if !crate::ssd_tier::record_fits(entry.slot, slot_bytes, block_bytes, len) {
+        if !super::record_fits(entry.slot, slot_bytes, block_bytes, len) {
             lost += 1;
             continue;
         }
