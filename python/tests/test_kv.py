@@ -110,6 +110,10 @@ def test_a_corrupted_block_is_a_miss_and_fsck_finds_and_drops_it(store_dir):
         (dict(dram=0, ssd=0), "ssd_bytes"),
         (dict(io_threads=0), "io_threads"),
         (dict(tp_rank=5, tp_size=2), "tp_rank"),
+        (dict(lease_timeout_ms=-1), "lease_timeout_ms"),
+        (dict(io_threads=-3), "io_threads"),
+        (dict(key_bytes=-1), "key_bytes"),
+        (dict(shared_refresh_ms=1.5), "shared_refresh_ms"),
     ],
 )
 def test_bad_options_raise_config_error_naming_them(store_dir, kwargs, needle):
@@ -366,3 +370,38 @@ def test_buffers_of_python_objects_are_refused_naming_them(store_dir):
             with pytest.raises(ConfigError, match=r"buffer 0: .*Python objects"):
                 store.submit_get(keys[:1], [bad])
         assert objects[0] is None, "the array was not written into"
+
+
+def test_defaults_come_from_rust_and_reports_are_typed(store_dir):
+    """Issue 27: the KV defaults lived in four places; kv_open took 17 positional
+    arguments; stats and fsck crossed as JSON text."""
+    import inspect
+
+    from sluice import _sluice
+    from sluice.integrations._common import StoreOptions
+
+    defaults = _sluice.kv_defaults()
+    assert defaults == sluice.kv.DEFAULTS
+    assert (defaults["io_threads"], defaults["lease_timeout_ms"]) == (8, 10_000)
+    params = inspect.signature(sluice.kv.open).parameters
+    for name in ("policy", "write_mode", "durability", "direct", "io_threads", "engine"):
+        assert params[name].default == defaults[name], name
+    params = inspect.signature(sluice.kv.connect).parameters
+    assert params["retry_ms"].default == defaults["retry_ms"]
+    assert StoreOptions().lease_timeout_ms == defaults["lease_timeout_ms"]
+    with pytest.raises(ConfigError, match='unknown option "color"'):
+        _sluice.kv_open(str(store_dir), {"block_bytes": BLOCK, "ssd": "4MiB", "color": 1})
+    keys = keys_for(3)
+    with open_store(store_dir, dram=0, ssd_policy="fifo") as store:
+        assert store.stats()["ssd"]["policy"] == "fifo"
+        store.put_batch(keys, blocks_for(keys))
+        report = store._native.stats()
+        assert isinstance(report, _sluice.KvStatsReport)
+        assert (report.puts, report.put_failures, report.put_declined) == (3, 0, 0)
+        stats = store.stats()
+        assert stats["puts"] == 3 and stats["ssd"]["capacity_blocks"] == 4 * 1024 // 16
+        assert stats["ssd"]["disk_bytes_limit"] >= 4 << 20
+    fsck = _sluice.kv_fsck(str(store_dir))
+    assert isinstance(fsck, _sluice.KvFsckReport)
+    assert (fsck.good_blocks, fsck.bad_blocks, fsck.lock) == (3, 0, "shared (read-only)")
+    assert sluice.kv.fsck(store_dir)["good_blocks"] == 3

@@ -61,6 +61,41 @@ pub enum DirectIo {
     Off,
 }
 
+/// The names the CLI, Python and the docs use for each value of these options, and their
+/// parsing: one place, so the fronts neither repeat nor drift.
+macro_rules! named {
+    ($ty:ident, $what:literal, $($value:ident => $name:literal),+) => {
+        impl $ty {
+            /// Every accepted name, in order.
+            pub const NAMES: &'static [&'static str] = &[$($name),+];
+
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($ty::$value => $name),+
+                }
+            }
+        }
+
+        impl std::str::FromStr for $ty {
+            type Err = KvError;
+            fn from_str(s: &str) -> Result<Self, KvError> {
+                match s {
+                    $($name => Ok($ty::$value),)+
+                    other => Err(KvError::config(
+                        $what,
+                        format!("{other:?}"),
+                        format!("use one of {}", $ty::NAMES.join(", ")),
+                    )),
+                }
+            }
+        }
+    };
+}
+
+named!(Durability, "durability", Batch => "batch", None => "none");
+named!(WriteMode, "write_mode", WriteThrough => "write-through", WriteBack => "write-back");
+named!(DirectIo, "direct", Auto => "auto", On => "on", Off => "off");
+
 /// How fast the engine recomputes KV (its prefill), for
 /// [`KvStore::lookup_worth_loading`](crate::KvStore::lookup_worth_loading).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -23,11 +23,13 @@
 //!   `ssd_tier` (with `compaction` and `recovery`), `foreign`, `reclaimer`;
 //! - the store: `tiers` (all tiers together), `state` (what handles share), `io_path`
 //!   (puts and gets), `jobs`, then `store` ([`KvStore`]);
-//! - over it: `block_store`, `serve` (the sidecar and its client), `fsck`.
+//! - over it: `block_store`, `serve` (the sidecar and its client), `fsck`, `defaults`
+//!   (every option's default, for the CLI and Python).
 
 mod args;
 mod block_store;
 mod config;
+mod defaults;
 mod dram_tier;
 mod error;
 mod foreign;
@@ -49,6 +51,7 @@ mod tiers;
 
 pub use block_store::BlockStore;
 pub use config::{DirectIo, Durability, KvConfig, RecomputeModel, WriteMode, MIN_SEGMENT_SLOTS};
+pub use defaults::{kv_defaults, KvDefaults};
 pub use error::KvError;
 pub use fsck::{fsck, store_summary, FsckProblem, FsckReport, StoreSummary};
 pub use jobs::{JobBuffer, JobKind, KvJob};

@@ -16,7 +16,7 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use sluice_engine::AlignedBuf;
-use sluice_kv::{DirectIo, Fingerprint, KvConfig, KvError, KvStore, Namespace};
+use sluice_kv::{Fingerprint, KvConfig, KvError, KvStore, Namespace};
 use sluice_policy::PolicyConfig;
 use sluice_sim::source::TraceOptions;
 use sluice_sim::tiered::{simulate_tiers, TierSpec, TieredStats};
@@ -214,16 +214,18 @@ fn policy(flag: &str, spec: &str) -> Result<PolicyConfig, KvCliError> {
     PolicyConfig::parse(spec).map_err(|e| KvCliError::Usage(format!("--{flag} {spec:?}: {e}")))
 }
 
-/// `--direct`'s value.
-fn direct_io(v: &str) -> Result<DirectIo, KvCliError> {
-    match v {
-        "auto" => Ok(DirectIo::Auto),
-        "on" => Ok(DirectIo::On),
-        "off" => Ok(DirectIo::Off),
-        other => Err(KvCliError::Usage(format!(
-            "--direct {other:?}: use one of auto, on, off"
-        ))),
-    }
+/// A named option's value (`--direct`, `--write-mode`, `--durability`), parsed as the
+/// store names it; a bad one is a usage error naming the flag and what it takes.
+pub(crate) fn named<T: std::str::FromStr<Err = KvError>>(
+    flag: &str,
+    v: &str,
+) -> Result<T, KvCliError> {
+    v.parse().map_err(|e: KvError| match e {
+        KvError::Config { expected, .. } => {
+            KvCliError::Usage(format!("--{flag} {v:?}: {expected}"))
+        }
+        other => KvCliError::Kv(other),
+    })
 }
 
 /// The tier flags into a store config.
@@ -233,7 +235,7 @@ pub(crate) fn apply_tiers(c: &mut KvConfig, t: &KvTierArgs) -> Result<(), KvCliE
     let shared = t.policy.as_str();
     c.dram_policy = policy("dram-policy", t.dram_policy.as_deref().unwrap_or(shared))?;
     c.ssd_policy = policy("ssd-policy", t.ssd_policy.as_deref().unwrap_or(shared))?;
-    c.direct = direct_io(&t.direct)?;
+    c.direct = named("direct", &t.direct)?;
     if let Some(n) = t.io_threads {
         c.io_threads = n;
     }
