@@ -405,3 +405,35 @@ def test_defaults_come_from_rust_and_reports_are_typed(store_dir):
     assert isinstance(fsck, _sluice.KvFsckReport)
     assert (fsck.good_blocks, fsck.bad_blocks, fsck.lock) == (3, 0, "shared (read-only)")
     assert sluice.kv.fsck(store_dir)["good_blocks"] == 3
+
+
+def test_a_full_file_system_fails_puts_and_keeps_every_acknowledged_block(tmp_path):
+    """Issue 27 #4 on a real full disk: a small tmpfs under a write-through store with a
+    DRAM tier. Puts past the space are not acknowledged (put_failures), and every block
+    that was is found after reopening. Needs root to mount; skipped, saying why, without."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    fs = tmp_path / "small-fs"
+    fs.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(fs)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        kw = dict(block_bytes=BLOCK, dram="512KiB", ssd="16MiB", model="m", direct="off")
+        acked, refused = [], []
+        with sluice.kv.open(fs / "kv", **kw) as store:
+            for batch in range(40):
+                keys = keys_for(8, start=batch * 8)
+                for k, ok in zip(keys, store.put_batch(keys, blocks_for(keys))):
+                    (acked if ok else refused).append(k)
+            stats = store.stats()
+        assert acked and refused, stats
+        assert stats["put_failures"] == len(refused) and stats["write_errors"] > 0, stats
+        with sluice.kv.open(fs / "kv", **kw) as store:
+            out = [np.zeros(BLOCK, np.uint8) for _ in acked]
+            assert store.get_batch_into(acked, out) == [True] * len(acked)
+            assert all((o == d).all() for o, d in zip(out, blocks_for(acked)))
+    finally:
+        subprocess.run(["umount", str(fs)], check=False)
