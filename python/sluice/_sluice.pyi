@@ -204,8 +204,35 @@ class KvStore:
     def put_batch(self, keys: list[bytes], buffers: list[tuple[int, int]]) -> list[bool]: ...
     def get_batch_into(self, keys: list[bytes], buffers: list[tuple[int, int]]) -> list[bool]: ...
     def sync(self) -> None: ...
-    def stats_json(self) -> str: ...
+    def stats(self) -> KvStatsReport: ...
     def close(self) -> None: ...
+
+class KvStatsReport:
+    """A store's (or a sidecar connection's) counters, typed; ``to_dict()`` has all of
+    them: per tier ``capacity_blocks``, ``allocated_bytes`` and, for the SSD,
+    ``disk_bytes_limit``; a connection's ``client`` and ``server`` parts."""
+
+    puts: int
+    put_failures: int
+    put_declined: int
+    gets: int
+    hits_dram: int
+    hits_ssd: int
+    misses: int
+    corrupt_blocks: int
+    def to_dict(self) -> dict[str, Any]: ...
+
+class KvFsckReport:
+    """What ``fsck`` found; ``to_dict()`` adds the problems (segment, slot, detail)."""
+
+    segments: int
+    good_blocks: int
+    bad_blocks: int
+    bad_segments: int
+    bytes_verified: int
+    repaired: bool
+    lock: str
+    def to_dict(self) -> dict[str, Any]: ...
 
 class KvJob:
     """A submitted batch (``sluice.kv.KvJob`` wraps it)."""
@@ -217,40 +244,21 @@ class KvJob:
     def wait(self, timeout: float | None = None) -> list[bool] | None: ...
     def release_buffers(self) -> None: ...
 
-def kv_open(
-    path: str,
-    block_bytes: int | str,
-    dram_bytes: int | str,
-    ssd_bytes: int | str,
-    namespace: tuple[str, str, int, int, int, str, str],
-    dram_policy: str,
-    ssd_policy: str,
-    write_mode: str,
-    durability: str,
-    direct: str,
-    io_threads: int,
-    lease_timeout_ms: int,
-    key_bytes: int | None,
-    segment_bytes: int | str | None,
-    recompute: tuple[float, int] | None = None,
-    shared: tuple[str, int | str, str, int] | None = None,
-    engine: str = "auto",
-) -> KvStore:
-    """Opens or creates a KV store (GIL released while its segments are scanned)."""
+def kv_open(path: str, options: dict[str, Any]) -> KvStore:
+    """Opens or creates a KV store (GIL released while its segments are scanned).
+    ``options`` holds ``sluice.kv.open``'s keyword arguments; an unknown key or a bad value
+    raises ``ConfigError`` naming it."""
 
-def kv_connect(
-    socket: str,
-    namespace: tuple[str, str, int, int, int, str, str],
-    shm_bytes: int | str,
-    connections: int,
-    retry_ms: int,
-    timeout_ms: int,
-    recompute: tuple[float, int] | None = None,
-) -> KvStore:
-    """Connects to a ``sluice kv serve`` sidecar on ``socket``."""
+def kv_connect(socket: str, options: dict[str, Any]) -> KvStore:
+    """Connects to a ``sluice kv serve`` sidecar on ``socket``; ``options`` holds
+    ``sluice.kv.connect``'s keyword arguments."""
 
-def kv_fsck(path: str, repair: bool = False) -> str:
-    """Verifies every block of a closed store; the report as JSON (GIL released)."""
+def kv_fsck(path: str, repair: bool = False) -> KvFsckReport:
+    """Verifies every block of a closed store (GIL released)."""
+
+def kv_defaults() -> dict[str, Any]:
+    """Every default of ``sluice.kv.open``, ``sluice.kv.connect`` and ``sluice kv serve``,
+    from the Rust configs that own them."""
 
 class _CkptEntry(TypedDict, total=False):
     kind: str

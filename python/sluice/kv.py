@@ -34,7 +34,14 @@ from . import _sluice
 PathLike = Union[str, "os.PathLike[str]"]
 ByteSize = Union[int, str]
 
-__all__ = ["KvJob", "KvStore", "connect", "fsck", "open", "plot_bench"]
+__all__ = ["DEFAULTS", "KvJob", "KvStore", "connect", "fsck", "open", "plot_bench"]
+
+#: Every option's default, from the Rust configs that own them (and say why each value):
+#: ``policy``, ``write_mode``, ``durability``, ``direct``, ``engine``, ``io_threads``,
+#: ``lease_timeout_ms``, ``shared_policy``, ``shared_refresh_ms``, and for :func:`connect`
+#: ``shm_bytes``, ``connections``, ``retry_ms``, ``timeout_ms``.
+DEFAULTS: dict[str, Any] = _sluice.kv_defaults()
+_D = DEFAULTS
 
 
 def _address(buf: Any, index: int, writable: bool) -> tuple[int, int]:
@@ -48,12 +55,32 @@ def _address(buf: Any, index: int, writable: bool) -> tuple[int, int]:
         return buf.data_ptr(), buf.numel() * buf.element_size()
     import numpy as np
 
-    arr = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
+    if isinstance(buf, np.ndarray):
+        arr = buf
+        if arr.dtype.hasobject:
+            _refuse_objects(index, f"a numpy array of dtype {arr.dtype}")
+    else:
+        # np.frombuffer reads any buffer as bytes, pointers included: check its format.
+        fmt = memoryview(buf).format
+        if "O" in fmt:
+            _refuse_objects(index, f"a {type(buf).__name__} buffer of format {fmt!r}")
+        arr = np.frombuffer(buf, dtype=np.uint8)
     if not arr.flags.c_contiguous:
         raise ValueError(f"buffer {index}: the array is not C-contiguous")
     if writable and not arr.flags.writeable:
         raise ValueError(f"buffer {index}: read-only; get_batch_into needs writable buffers")
     return arr.__array_interface__["data"][0], arr.nbytes
+
+
+def _refuse_objects(index: int, what: str) -> None:
+    """A buffer of Python object pointers is not block bytes: a put would store heap
+    addresses, a get would overwrite the pointers."""
+    from .errors import ConfigError
+
+    raise ConfigError(
+        f"buffer {index}: {what} holds Python objects, not plain bytes; "
+        "pass a plain-data array (uint8, float16, ...)"
+    )
 
 
 def _keys(keys: Iterable[Union[bytes, bytearray, memoryview]]) -> list[bytes]:
@@ -160,7 +187,12 @@ class KvStore:
 
     def put_batch(self, keys: Sequence[bytes], blocks: Sequence[Any]) -> list[bool]:
         """Stores blocks (each exactly ``block_bytes``). ``True``: the block is in the
-        store now; ``False``: no tier took it (declined by the policy, or I/O failed)."""
+        store now. In ``write-through`` (the default) that means its record is on the SSD
+        tier (synced, with ``durability="batch"``), so it survives a crash unless evicted
+        since; in ``write-back`` it means DRAM holds it, and it survives a crash once DRAM
+        demoted it to SSD or :meth:`sync` wrote it there. ``False``: no tier kept it (a
+        policy declined it, the batch was larger than a tier, which keeps a batch's first
+        blocks, or I/O failed: ``stats()["put_declined"]`` and ``["put_failures"]``)."""
         ks, addrs, _ = _batch(keys, blocks, writable=False)
         return list(self._native.put_batch(ks, addrs))
 
@@ -198,16 +230,20 @@ class KvStore:
         return out
 
     def sync(self) -> None:
-        """Makes every acknowledged put durable (for ``durability="none"``)."""
+        """Makes every acknowledged put durable: syncs the segments (for
+        ``durability="none"``) and, in ``write-back``, first writes every block only DRAM
+        holds to the SSD tier (a block its policy declines stays in DRAM only, logged)."""
         self._native.sync()
 
     def stats(self) -> dict[str, Any]:
-        """Counters: hits per tier, misses, corrupt blocks, bytes used per tier."""
-        return json.loads(self._native.stats_json())
+        """Counters: hits per tier, misses, corrupt blocks, bytes used per tier (and, per
+        tier, ``capacity_blocks`` and for the SSD ``disk_bytes_limit``)."""
+        return dict(self._native.stats().to_dict())
 
     def close(self) -> None:
-        """Syncs and releases the store (for a connection: waits for its jobs and hangs
-        up; the sidecar and its store go on); later calls raise ``SluiceError``."""
+        """Syncs (as :meth:`sync`) and releases the store (for a connection: waits for
+        its jobs and hangs up; the sidecar and its store go on); later calls raise
+        ``SluiceError``."""
         self._native.close()
 
     def __enter__(self) -> KvStore:
@@ -230,23 +266,23 @@ def open(
     pp_stage: int = 0,
     kv_format: str = "",
     salt: str = "",
-    policy: str = "lru",
+    policy: str = _D["policy"],
     dram_policy: Optional[str] = None,
     ssd_policy: Optional[str] = None,
-    write_mode: str = "write-through",
-    durability: str = "batch",
-    direct: str = "auto",
-    io_threads: int = 8,
-    lease_timeout_ms: int = 10_000,
+    write_mode: str = _D["write_mode"],
+    durability: str = _D["durability"],
+    direct: str = _D["direct"],
+    io_threads: int = _D["io_threads"],
+    lease_timeout_ms: int = _D["lease_timeout_ms"],
     key_bytes: Optional[int] = None,
     segment_bytes: Optional[ByteSize] = None,
     recompute_tokens_per_s: Optional[float] = None,
     block_tokens: Optional[int] = None,
     shared_dir: Optional[PathLike] = None,
     shared: ByteSize = 0,
-    shared_policy: str = "fifo",
-    shared_refresh_ms: int = 2000,
-    engine: str = "auto",
+    shared_policy: str = _D["shared_policy"],
+    shared_refresh_ms: int = _D["shared_refresh_ms"],
+    engine: str = _D["engine"],
 ) -> KvStore:
     """Opens or creates the store at ``path``.
 
@@ -255,8 +291,13 @@ def open(
     ``salt`` form the namespace: blocks of another namespace are never seen. ``policy``
     names the eviction policy of both tiers as ``sluice sim`` does (``lru``, ``arc``,
     ``s3fifo``, ``tinylfu(window=0.01)``, ...); ``dram_policy``/``ssd_policy`` override it
-    per tier. ``write_mode`` is ``write-through`` or ``write-back``; ``durability``
-    ``batch`` (a put batch is acknowledged after fdatasync) or ``none``.
+    per tier. ``write_mode`` is ``write-through`` (a put is acknowledged once its record
+    is on SSD) or ``write-back`` (acknowledged in DRAM; durable once demoted to SSD or
+    after :meth:`KvStore.sync`); ``durability`` ``batch`` (a put batch is acknowledged
+    after fdatasync) or ``none``. ``dram`` and ``ssd`` hold ``dram // block_bytes`` and
+    ``ssd // block_bytes`` blocks; the DRAM arena has a sixteenth more slots (spares for
+    pinned blocks) and the SSD's files take more room on disk (headers, a spare segment,
+    reclaim headroom): ``stats()["ssd"]["disk_bytes_limit"]`` says how much.
     ``recompute_tokens_per_s`` (the engine's prefill rate) and ``block_tokens`` enable
     ``lookup(..., worth_loading=True)``.
 
@@ -270,48 +311,18 @@ def open(
     in pieces, hashing what has landed while the rest is read (a preadv each where
     io_uring is unavailable, logged); ``io_uring`` requires it; ``threads`` never uses it.
     """
-    recompute = _recompute(recompute_tokens_per_s, block_tokens)
     if shared_dir is None and shared not in (0, "0"):
         from .errors import ConfigError
 
         raise ConfigError(f"kv: shared = {shared!r} needs a shared_dir to write into")
-    native = _sluice.kv_open(
-        os.fspath(path),
-        block_bytes,
-        dram,
-        ssd,
-        (model, dtype, tp_rank, tp_size, pp_stage, kv_format, salt),
-        dram_policy or policy,
-        ssd_policy or policy,
-        write_mode,
-        durability,
-        direct,
-        io_threads,
-        lease_timeout_ms,
-        key_bytes,
-        segment_bytes,
-        recompute,
-        None
-        if shared_dir is None
-        else (os.fspath(shared_dir), shared, shared_policy, shared_refresh_ms),
-        engine,
-    )
+    # Every keyword argument is an option of the same name (parsed in Rust, in one place).
+    options = dict(locals())
+    del options["path"], options["policy"]
+    options["dram_policy"] = dram_policy or policy
+    options["ssd_policy"] = ssd_policy or policy
+    options["shared_dir"] = None if shared_dir is None else os.fspath(shared_dir)
+    native = _sluice.kv_open(os.fspath(path), options)
     return KvStore(native, os.fspath(path))
-
-
-def _recompute(
-    tokens_per_s: Optional[float], block_tokens: Optional[int]
-) -> Optional[tuple[float, int]]:
-    if tokens_per_s is None and block_tokens is None:
-        return None
-    if tokens_per_s is None or block_tokens is None:
-        from .errors import ConfigError
-
-        raise ConfigError(
-            "kv: recompute_tokens_per_s and block_tokens go together "
-            f"(got {tokens_per_s!r} and {block_tokens!r})"
-        )
-    return (float(tokens_per_s), int(block_tokens))
 
 
 def connect(
@@ -324,10 +335,10 @@ def connect(
     pp_stage: int = 0,
     kv_format: str = "",
     salt: str = "",
-    shm: ByteSize = "64MiB",
-    connections: int = 4,
-    retry_ms: int = 1000,
-    timeout_ms: int = 60_000,
+    shm: ByteSize = _D["shm_bytes"],
+    connections: int = _D["connections"],
+    retry_ms: int = _D["retry_ms"],
+    timeout_ms: int = _D["timeout_ms"],
     recompute_tokens_per_s: Optional[float] = None,
     block_tokens: Optional[int] = None,
 ) -> KvStore:
@@ -341,21 +352,17 @@ def connect(
     fails open: while the server is unreachable, ``lookup`` answers 0 and puts and gets
     ``False``, and it reconnects after ``retry_ms``; ``stats()["client"]`` counts this.
     """
-    native = _sluice.kv_connect(
-        os.fspath(socket),
-        (model, dtype, tp_rank, tp_size, pp_stage, kv_format, salt),
-        shm,
-        connections,
-        retry_ms,
-        timeout_ms,
-        _recompute(recompute_tokens_per_s, block_tokens),
-    )
+    options = dict(locals())
+    del options["socket"]
+    native = _sluice.kv_connect(os.fspath(socket), options)
     return KvStore(native, os.fspath(socket))
 
 
 def fsck(path: PathLike, *, repair: bool = False) -> dict[str, Any]:
-    """Verifies every block of a closed store; with ``repair`` drops the bad ones."""
-    return json.loads(_sluice.kv_fsck(os.fspath(path), repair))
+    """Verifies every block of a closed store; with ``repair`` drops the bad ones. Without
+    ``repair`` nothing is written (a read-only store, or read permission only, will do);
+    blocks its segments' summaries list but that are gone count as bad."""
+    return dict(_sluice.kv_fsck(os.fspath(path), repair).to_dict())
 
 
 def plot_bench(out_dir: PathLike) -> list[str]:

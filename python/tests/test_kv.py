@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -107,6 +110,11 @@ def test_a_corrupted_block_is_a_miss_and_fsck_finds_and_drops_it(store_dir):
         (dict(dram="lots"), "dram"),
         (dict(dram=0, ssd=0), "ssd_bytes"),
         (dict(io_threads=0), "io_threads"),
+        (dict(tp_rank=5, tp_size=2), "tp_rank"),
+        (dict(lease_timeout_ms=-1), "lease_timeout_ms"),
+        (dict(io_threads=-3), "io_threads"),
+        (dict(key_bytes=-1), "key_bytes"),
+        (dict(shared_refresh_ms=1.5), "shared_refresh_ms"),
     ],
 )
 def test_bad_options_raise_config_error_naming_them(store_dir, kwargs, needle):
@@ -289,3 +297,149 @@ def test_two_stores_share_a_directory(tmp_path):
         open_store(tmp_path / "c", shared="1GiB")
     with pytest.raises(ConfigError, match="shared"):
         open_store(tmp_path / "c", shared_dir=shared, shared="lots")
+
+
+@contextlib.contextmanager
+def read_only_view(path: Path, tmp_path: Path):
+    """``path`` as this process cannot write it: a read-only bind mount as root (EROFS), the
+    write permission bits removed otherwise (EACCES). Skips, saying why, where neither works."""
+    if os.geteuid() != 0:
+        modes = {p: p.stat().st_mode for p in [path, *path.rglob("*")]}
+        for p in modes:
+            p.chmod(modes[p] & ~0o222)
+        try:
+            yield path
+        finally:
+            for p, mode in modes.items():
+                p.chmod(mode)
+        return
+    view = tmp_path / "read-only-view"
+    view.mkdir()
+    bind = subprocess.run(["mount", "--bind", str(path), str(view)], capture_output=True, text=True)
+    if bind.returncode != 0:
+        pytest.skip(f"needs a bind mount (root in a container without it?): {bind.stderr.strip()}")
+    try:
+        ro = subprocess.run(
+            ["mount", "-o", "remount,bind,ro", str(view)], capture_output=True, text=True
+        )
+        if ro.returncode != 0:
+            pytest.skip(f"cannot remount the bind mount read-only: {ro.stderr.strip()}")
+        yield view
+    finally:
+        subprocess.run(["umount", str(view)], check=False)
+
+
+def test_stats_and_fsck_read_a_store_they_cannot_write(sluice_bin, store_dir, tmp_path):
+    """Issue 27 #10: `sluice kv stats` and `fsck` (without --repair) of a read-only store,
+    or as a user who may only read it, used to fail opening the lock and segments for writing."""
+    keys = keys_for(5)
+    with open_store(store_dir, dram=0) as store:
+        assert store.put_batch(keys, blocks_for(keys)) == [True] * 5
+    with read_only_view(store_dir, tmp_path) as view:
+        stats = subprocess.run(
+            [sluice_bin, "kv", "stats", view, "--json"], capture_output=True, text=True
+        )
+        assert stats.returncode == 0, stats.stderr
+        assert json.loads(stats.stdout)["blocks"] == 5
+        fsck = subprocess.run(
+            [sluice_bin, "kv", "fsck", view, "--json"], capture_output=True, text=True
+        )
+        assert fsck.returncode == 0, fsck.stderr
+        report = json.loads(fsck.stdout)
+        assert report["good_blocks"] == 5 and report["bad_blocks"] == 0
+        assert sluice.kv.fsck(view)["good_blocks"] == 5
+        repair = subprocess.run([sluice_bin, "kv", "fsck", view, "--repair"], capture_output=True)
+        assert repair.returncode != 0, "repairing needs write access"
+
+
+def test_buffers_of_python_objects_are_refused_naming_them(store_dir):
+    """Issue 27 #9: a numpy object array's memory is Python object pointers. A put stored
+    the heap addresses and a get wrote block bytes over them (touching the array then
+    segfaulted). Any buffer that is not plain bytes is refused, naming it."""
+    import ctypes
+
+    objects = np.empty(BLOCK // 8, dtype=object)
+    record = np.zeros(BLOCK // 16, dtype=[("a", "i8"), ("b", "O")])
+    pointers = (ctypes.py_object * (BLOCK // 8))()
+    keys = keys_for(2)
+    plain = blocks_for(keys)
+    with open_store(store_dir) as store:
+        for bad in (objects, record, pointers):
+            with pytest.raises(ConfigError, match=r"buffer 1: .*Python objects"):
+                store.put_batch(keys, [plain[0], bad])
+            with pytest.raises(ConfigError, match=r"buffer 1: .*Python objects"):
+                store.submit_put(keys, [plain[0], bad])
+        assert store.put_batch(keys, plain) == [True, True]
+        for bad in (objects, record, pointers):
+            with pytest.raises(ConfigError, match=r"buffer 0: .*Python objects"):
+                store.get_batch_into(keys[:1], [bad])
+            with pytest.raises(ConfigError, match=r"buffer 0: .*Python objects"):
+                store.submit_get(keys[:1], [bad])
+        assert objects[0] is None, "the array was not written into"
+
+
+def test_defaults_come_from_rust_and_reports_are_typed(store_dir):
+    """Issue 27: the KV defaults lived in four places; kv_open took 17 positional
+    arguments; stats and fsck crossed as JSON text."""
+    import inspect
+
+    from sluice import _sluice
+    from sluice.integrations._common import StoreOptions
+
+    defaults = _sluice.kv_defaults()
+    assert defaults == sluice.kv.DEFAULTS
+    assert (defaults["io_threads"], defaults["lease_timeout_ms"]) == (8, 10_000)
+    params = inspect.signature(sluice.kv.open).parameters
+    for name in ("policy", "write_mode", "durability", "direct", "io_threads", "engine"):
+        assert params[name].default == defaults[name], name
+    params = inspect.signature(sluice.kv.connect).parameters
+    assert params["retry_ms"].default == defaults["retry_ms"]
+    assert StoreOptions().lease_timeout_ms == defaults["lease_timeout_ms"]
+    with pytest.raises(ConfigError, match='unknown option "color"'):
+        _sluice.kv_open(str(store_dir), {"block_bytes": BLOCK, "ssd": "4MiB", "color": 1})
+    keys = keys_for(3)
+    with open_store(store_dir, dram=0, ssd_policy="fifo") as store:
+        assert store.stats()["ssd"]["policy"] == "fifo"
+        store.put_batch(keys, blocks_for(keys))
+        report = store._native.stats()
+        assert isinstance(report, _sluice.KvStatsReport)
+        assert (report.puts, report.put_failures, report.put_declined) == (3, 0, 0)
+        stats = store.stats()
+        assert stats["puts"] == 3 and stats["ssd"]["capacity_blocks"] == 4 * 1024 // 16
+        assert stats["ssd"]["disk_bytes_limit"] >= 4 << 20
+    fsck = _sluice.kv_fsck(str(store_dir))
+    assert isinstance(fsck, _sluice.KvFsckReport)
+    assert (fsck.good_blocks, fsck.bad_blocks, fsck.lock) == (3, 0, "shared (read-only)")
+    assert sluice.kv.fsck(store_dir)["good_blocks"] == 3
+
+
+def test_a_full_file_system_fails_puts_and_keeps_every_acknowledged_block(tmp_path):
+    """Issue 27 #4 on a real full disk: a small tmpfs under a write-through store with a
+    DRAM tier. Puts past the space are not acknowledged (put_failures), and every block
+    that was is found after reopening. Needs root to mount; skipped, saying why, without."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    fs = tmp_path / "small-fs"
+    fs.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(fs)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        kw = dict(block_bytes=BLOCK, dram="512KiB", ssd="16MiB", model="m", direct="off")
+        acked, refused = [], []
+        with sluice.kv.open(fs / "kv", **kw) as store:
+            for batch in range(40):
+                keys = keys_for(8, start=batch * 8)
+                for k, ok in zip(keys, store.put_batch(keys, blocks_for(keys))):
+                    (acked if ok else refused).append(k)
+            stats = store.stats()
+        assert acked and refused, stats
+        assert stats["put_failures"] == len(refused) and stats["write_errors"] > 0, stats
+        with sluice.kv.open(fs / "kv", **kw) as store:
+            out = [np.zeros(BLOCK, np.uint8) for _ in acked]
+            assert store.get_batch_into(acked, out) == [True] * len(acked)
+            assert all((o == d).all() for o, d in zip(out, blocks_for(acked)))
+    finally:
+        subprocess.run(["umount", str(fs)], check=False)

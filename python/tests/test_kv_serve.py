@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import sluice.kv
 from kv_server import Server
-from sluice.errors import ConfigError, SluiceFileNotFoundError, SluiceIOError
+from sluice.errors import ConfigError, SluiceFileNotFoundError, SluiceIOError, StoreFormatError
 
 BLOCK = 16384
 
@@ -35,8 +35,14 @@ def blocks_for(keys):
 def serve(sluice_bin, tmp_path):
     started = []
 
-    def start(*extra: str, store: Path | None = None) -> Server:
-        s = Server(sluice_bin, store or tmp_path / "store", tmp_path / "kv.sock", *extra)
+    def start(*extra: str, store: Path | None = None, block_bytes: str = "16KiB") -> Server:
+        s = Server(
+            sluice_bin,
+            store or tmp_path / "store",
+            tmp_path / "kv.sock",
+            *extra,
+            block_bytes=block_bytes,
+        )
         started.append(s)
         return s
 
@@ -113,8 +119,11 @@ def test_a_killed_server_is_a_miss_and_a_restarted_one_serves_the_same_blocks(se
     assert client.put_batch(keys_for(1, 100), blocks_for(keys_for(1, 100))) == [False]
     assert time.monotonic() - t < 5
     serve()  # replaces the stale socket, recovers the store
-    time.sleep(0.1)  # past retry_ms
-    assert client.get_batch_into(keys, out) == [True] * 4
+    # Misses until retry_ms has passed since the outage, then the reconnect serves.
+    deadline = time.monotonic() + 10
+    while client.get_batch_into(keys, out) != [True] * 4:
+        assert time.monotonic() < deadline, "the client never reconnected"
+        time.sleep(0.005)
     assert all(o.tobytes() == d.tobytes() for o, d in zip(out, data))
     stats = client.stats()["client"]
     assert (stats["outages"], stats["reconnects"]) == (1, 1)
@@ -165,6 +174,14 @@ def test_serve_refuses_bad_flags_and_foreign_files(sluice_bin, tmp_path):
     done = run("--socket", str(regular), "--block-bytes", "16KiB", "--ssd", "16MiB")
     assert done.returncode != 0 and "not a socket" in done.stderr
     assert regular.read_text() == "mine"
+    # Issue 27: a socket path too long for a Unix socket is a usage error (2) naming it
+    # and the limit, not a failure (1); connect() raises ConfigError for it.
+    long = str(tmp_path / ("x" * 120) / "kv.sock")
+    done = run("--socket", long, "--block-bytes", "16KiB", "--ssd", "16MiB")
+    assert done.returncode == 2, done.stderr
+    assert long in done.stderr and "107 bytes" in done.stderr
+    with pytest.raises(ConfigError, match="107 bytes"):
+        sluice.kv.connect(long, model="m")
     # The store it opened was closed again: another process can take it.
     with sluice.kv.open(tmp_path / "s", block_bytes=BLOCK, ssd="16MiB") as store:
         assert store.lookup([b"x"]) == 0
@@ -186,3 +203,17 @@ def test_a_second_server_on_a_live_socket_is_refused(serve, tmp_path, sluice_bin
     with connect(server) as client:
         assert client.lookup(keys_for(1)) == 0
     assert os.path.exists(server.socket)
+
+
+def test_a_server_restarted_with_another_block_size_fails_calls_naming_both(serve, tmp_path):
+    """Issue 27: clients of a sidecar restarted with another --block-bytes used to miss
+    for ever after one "Broken pipe" warning; now every call raises, naming both sizes."""
+    server = serve()
+    client = connect(server)
+    keys = keys_for(2)
+    assert client.put_batch(keys, blocks_for(keys)) == [True, True]
+    assert server.stop() == 0
+    serve(store=tmp_path / "store-32k", block_bytes="32KiB")
+    for _ in range(2):
+        with pytest.raises(StoreFormatError, match=r"32768-byte blocks.*16384-byte blocks"):
+            client.lookup(keys)

@@ -172,14 +172,14 @@ pub struct KvTierArgs {
     #[arg(long, default_value = "8GiB")]
     pub ssd: String,
     /// Eviction policy of both tiers, by `sluice sim` name.
-    #[arg(long, default_value = "lru")]
+    #[arg(long, default_value_t = sluice_kv::kv_defaults().policy)]
     pub policy: String,
     #[arg(long)]
     pub dram_policy: Option<String>,
     #[arg(long)]
     pub ssd_policy: Option<String>,
     /// O_DIRECT for segment I/O: auto, on, off.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value_t = sluice_kv::kv_defaults().direct.to_string())]
     pub direct: String,
     /// I/O threads of the store (default: the store's).
     #[arg(long)]
@@ -192,7 +192,7 @@ pub struct KvTierArgs {
     #[arg(long, default_value = "0")]
     pub shared: String,
     /// Eviction policy of this store's shared segments.
-    #[arg(long, default_value = "fifo")]
+    #[arg(long, default_value_t = sluice_kv::kv_defaults().shared_policy)]
     pub shared_policy: String,
 }
 
@@ -208,17 +208,18 @@ pub struct KvServeArgs {
     pub block_bytes: Option<String>,
     #[command(flatten)]
     pub tiers: KvTierArgs,
-    /// write-through or write-back (DRAM evictions go to SSD).
-    #[arg(long, default_value = "write-through")]
+    /// write-through (a put is acknowledged once its record is on SSD) or write-back
+    /// (acknowledged in DRAM; written to SSD when DRAM evicts it, or at a client's sync).
+    #[arg(long, default_value_t = sluice_kv::kv_defaults().write_mode.to_string())]
     pub write_mode: String,
     /// batch (a put returns once its blocks are fdatasynced) or none (`sync` does it).
-    #[arg(long, default_value = "batch")]
+    #[arg(long, default_value_t = sluice_kv::kv_defaults().durability.to_string())]
     pub durability: String,
     /// Clients connected at once; one more is told the server is busy.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = sluice_kv::kv_defaults().max_clients)]
     pub max_clients: usize,
     /// Permissions of the socket file, octal (600: only this user; 660: its group too).
-    #[arg(long, default_value = "600")]
+    #[arg(long, default_value_t = sluice_kv::kv_defaults().socket_mode)]
     pub socket_mode: String,
 }
 

@@ -110,7 +110,7 @@ fn report<E: Classify>(outcome: Result<(), E>) -> i32 {
 /// the table the Python exceptions come from too). 2 a bad flag, option or argument; 3 input
 /// that is not what it should be; 4 a missing path, object, store or checkpoint; 1 the rest.
 pub fn exit_code(err: &impl Classify) -> i32 {
-    err.class().exit_code()
+    err.exit_status().unwrap_or_else(|| err.class().exit_code())
 }
 
 /// Whether a command line (program name first) is `sluice warm run` or

@@ -100,6 +100,9 @@ fn stats_and_fsck_describe_and_verify_the_store_a_bench_leaves() {
     let out = bench(dir.path(), &t, &["--keep-store", "--ssd", "64MiB"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let store = dir.path().join("out/store");
+    // A file the store never wrote (issue 27 #7) is skipped by stats and fsck, and left.
+    let stray = store.join("segments/seg-9.skv");
+    std::fs::write(&stray, [7u8; 100]).unwrap();
     let stats = sluice(&["kv", "stats", p(&store), "--json"]);
     assert!(stats.status.success(), "{}", stderr(&stats));
     let s: serde_json::Value = serde_json::from_slice(&stats.stdout).unwrap();
@@ -121,7 +124,7 @@ fn stats_and_fsck_describe_and_verify_the_store_a_bench_leaves() {
     let seg = std::fs::read_dir(store.join("segments"))
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_none_or(|e| e != "sealed"))
+        .filter(|p| p.extension().is_some_and(|e| e == "skv") && *p != stray)
         .min()
         .unwrap();
     let mut bytes = std::fs::read(&seg).unwrap();
@@ -137,6 +140,10 @@ fn stats_and_fsck_describe_and_verify_the_store_a_bench_leaves() {
     assert_eq!(fixed.status.code(), Some(1));
     let clean = sluice(&["kv", "fsck", p(&store), "--json"]);
     assert!(clean.status.success(), "{}", stderr(&clean));
+    assert!(
+        stray.exists(),
+        "fsck --repair leaves a file the store never wrote"
+    );
     let f2: serde_json::Value = serde_json::from_slice(&clean.stdout).unwrap();
     assert_eq!(
         f2["good_blocks"].as_u64().unwrap() + 1,
@@ -197,4 +204,75 @@ fn bad_input_exits_with_its_status_naming_the_value() {
         out.status.code(),
         stderr(&out)
     );
+}
+
+/// Starts `kv bench` on a trace long enough to be interrupted, and waits until its store
+/// has a segment on disk. The caller waits for it.
+#[allow(clippy::zombie_processes)] // returned to the caller, which waits for it
+fn start_bench(dir: &Path, trace: &Path) -> std::process::Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["kv", "bench", "--trace", p(trace), "--model", TINY])
+        .args(["--out", p(&dir.join("out")), "--no-plots", "--ssd", "48MiB"])
+        .env("SLUICE_PYTHON", "/nonexistent/python")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("sluice runs");
+    let segments = dir.join("out/store/segments");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let any = std::fs::read_dir(&segments)
+            .map(|d| {
+                d.flatten()
+                    .any(|e| e.path().extension().is_some_and(|x| x == "skv"))
+            })
+            .unwrap_or(false);
+        if any {
+            return child;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("the bench exits");
+            panic!("the bench never wrote a segment: {}", stderr(&out));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+fn finish(child: std::process::Child) -> Output {
+    child.wait_with_output().expect("the bench exits")
+}
+
+/// Issue 27 #12: Ctrl-C (SIGINT) or SIGTERM during `kv bench` left its temporary store
+/// (300+ MiB) behind, and the same command then refused to run ("not empty"). The bench
+/// now removes its store on those signals and exits 128 + the signal; a store a killed
+/// bench left (kill -9 cannot be caught) is recognised and replaced, saying so; a foreign
+/// directory is still refused.
+#[test]
+fn an_interrupted_bench_removes_its_store_and_the_next_run_starts_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = trace(dir.path(), "3000");
+    let store = dir.path().join("out/store");
+    for (signal, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
+        let child = start_bench(dir.path(), &t);
+        // SAFETY: kill(2) on the pid of a child we started and have not reaped.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+        let out = finish(child);
+        assert_eq!(out.status.code(), Some(code), "{}", stderr(&out));
+        assert!(stderr(&out).contains("interrupted"), "{}", stderr(&out));
+        assert!(!store.exists(), "signal {signal}: the bench left its store");
+    }
+    // kill -9: nothing runs at exit, so the next bench finds the store and replaces it.
+    let mut child = start_bench(dir.path(), &t);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(store.join("sluice-kv.json").exists());
+    let out = bench(dir.path(), &t, &["--requests", "50", "--ssd", "48MiB"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("a previous `sluice kv bench` left"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!store.exists());
 }

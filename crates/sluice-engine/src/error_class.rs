@@ -133,6 +133,13 @@ pub trait Classify: std::error::Error {
     fn errno(&self) -> Option<i32> {
         None
     }
+
+    /// An exit status the failure carries itself, where its class's would be wrong: a
+    /// command a signal stopped (128 + the signal, as shells report it), a daemon whose
+    /// status is passed on.
+    fn exit_status(&self) -> Option<i32> {
+        None
+    }
 }
 
 /// A value Sluice cannot take: `what` names the option, argument or setting (and the value

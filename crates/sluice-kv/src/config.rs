@@ -17,12 +17,14 @@ const MIB: u64 = 1 << 20;
 /// budget gone, and a store sized for its data evicted blocks). 32 slots keep it near 3%.
 pub const MIN_SEGMENT_SLOTS: u64 = 32;
 
-/// When an acknowledged put survives power loss.
+/// When an acknowledged put survives power loss (for a write-through store; in
+/// write-back a put acknowledges DRAM residency, see [`WriteMode::WriteBack`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Durability {
     /// A put batch is acknowledged after its bytes are written and `fdatasync`ed: one sync
-    /// per segment the batch touched, so the cost is shared by the whole batch.
+    /// per segment the batch touched, so the cost is shared by the whole batch. A block
+    /// whose write or sync failed is not acknowledged.
     Batch,
     /// Acknowledged once written (O_DIRECT reaches the device, buffered I/O the page
     /// cache): survives the process being killed, not power loss. `sync()` makes every
@@ -34,10 +36,16 @@ pub enum Durability {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum WriteMode {
-    /// Every admitted put is written to the SSD tier as well as DRAM: survives restarts.
+    /// Every put is written to the SSD tier as well as DRAM, and acknowledged only once
+    /// its record is there (synced, in [`Durability::Batch`]): every acknowledged block
+    /// survives a crash unless evicted since. A block the SSD declines or cannot write is
+    /// not acknowledged and not kept in DRAM either.
     WriteThrough,
-    /// Puts land in DRAM; a block is written to SSD when DRAM evicts it. Fewer SSD writes
-    /// for short-lived prefixes, but blocks only in DRAM are lost with the process.
+    /// Puts land in DRAM and are acknowledged there: a block is written to SSD when DRAM
+    /// evicts it (demoted, then synced), or by [`KvStore::sync`](crate::KvStore::sync) and
+    /// `close`, which write every block only DRAM holds. Fewer SSD writes for
+    /// short-lived prefixes, but a block acknowledged since the last demotion or `sync()`
+    /// is lost if the process dies.
     WriteBack,
 }
 
@@ -52,6 +60,41 @@ pub enum DirectIo {
     /// Buffered I/O through the page cache.
     Off,
 }
+
+/// The names the CLI, Python and the docs use for each value of these options, and their
+/// parsing: one place, so the fronts neither repeat nor drift.
+macro_rules! named {
+    ($ty:ident, $what:literal, $($value:ident => $name:literal),+) => {
+        impl $ty {
+            /// Every accepted name, in order.
+            pub const NAMES: &'static [&'static str] = &[$($name),+];
+
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($ty::$value => $name),+
+                }
+            }
+        }
+
+        impl std::str::FromStr for $ty {
+            type Err = KvError;
+            fn from_str(s: &str) -> Result<Self, KvError> {
+                match s {
+                    $($name => Ok($ty::$value),)+
+                    other => Err(KvError::config(
+                        $what,
+                        format!("{other:?}"),
+                        format!("use one of {}", $ty::NAMES.join(", ")),
+                    )),
+                }
+            }
+        }
+    };
+}
+
+named!(Durability, "durability", Batch => "batch", None => "none");
+named!(WriteMode, "write_mode", WriteThrough => "write-through", WriteBack => "write-back");
+named!(DirectIo, "direct", Auto => "auto", On => "on", Off => "off");
 
 /// How fast the engine recomputes KV (its prefill), for
 /// [`KvStore::lookup_worth_loading`](crate::KvStore::lookup_worth_loading).
@@ -69,10 +112,15 @@ pub struct KvConfig {
     /// Bytes of every block (the engine's KV block or chunk size). Fixed per store: it sets
     /// the slot size of every segment.
     pub block_bytes: u64,
-    /// Byte budget of the DRAM tier (0: no DRAM tier). Rounded down to whole blocks; the
-    /// arena is allocated once at open and never grows.
+    /// Byte budget of the DRAM tier (0: no DRAM tier): it holds `dram_bytes / block_bytes`
+    /// blocks. The arena is allocated once at open and never grows; it has a sixteenth
+    /// more slots than that, for blocks evicted while a lease or a copy pins them
+    /// ([`KvConfig::dram_arena_slots`]), on top of the budget.
     pub dram_bytes: u64,
-    /// Byte budget of the SSD tier on disk, segment files included (0: no SSD tier).
+    /// Byte budget of the SSD tier (0: no SSD tier): it holds `ssd_bytes / block_bytes`
+    /// blocks. The segment files take more than that on disk (record and segment headers,
+    /// a spare segment for compaction, dead space between the reclaim watermarks), up to
+    /// [`KvConfig::ssd_disk_bytes_limit`], which `stats()` reports.
     pub ssd_bytes: u64,
     /// Bytes per segment file. 256 MiB: large enough that a segment holds many blocks and
     /// appends stay sequential, small enough that dropping or compacting one frees space in
@@ -159,6 +207,7 @@ impl KvConfig {
 
     /// Checks every field; the store calls it before touching the directory.
     pub fn validate(&self) -> Result<(), KvError> {
+        self.namespace.validate()?;
         if self.block_bytes == 0 || self.block_bytes > 1 << 32 {
             return Err(KvError::config(
                 "block_bytes",
@@ -166,7 +215,6 @@ impl KvConfig {
                 "must be 1 byte to 4 GiB",
             ));
         }
-        let slot = self.slot_bytes();
         if self.dram_bytes == 0 && self.ssd_bytes == 0 && self.shared_dir.is_none() {
             return Err(KvError::config(
                 "dram_bytes/ssd_bytes",
@@ -181,11 +229,14 @@ impl KvConfig {
                 "needs a shared_dir to write into",
             ));
         }
-        if self.shared_bytes != 0 && self.shared_bytes < 8 * slot {
+        if self.shared_bytes != 0 && self.shared_bytes < 8 * self.block_bytes {
             return Err(KvError::config(
                 "shared_bytes",
                 self.shared_bytes,
-                format!("must hold at least 8 slots of {slot} bytes, or be 0"),
+                format!(
+                    "must hold at least 8 blocks of {} bytes, or be 0",
+                    self.block_bytes
+                ),
             ));
         }
         if self.shared_refresh_ms == 0 {
@@ -205,11 +256,14 @@ impl KvConfig {
                 ),
             ));
         }
-        if self.ssd_bytes != 0 && self.ssd_bytes < 8 * slot {
+        if self.ssd_bytes != 0 && self.ssd_bytes < 8 * self.block_bytes {
             return Err(KvError::config(
                 "ssd_bytes",
                 self.ssd_bytes,
-                format!("must hold at least 8 slots of {slot} bytes, or be 0"),
+                format!(
+                    "must hold at least 8 blocks of {} bytes, or be 0",
+                    self.block_bytes
+                ),
             ));
         }
         if self.io_threads == 0 || self.io_threads > 256 {
@@ -255,10 +309,21 @@ impl KvConfig {
         Ok(())
     }
 
-    /// Blocks the DRAM policy may keep resident: the arena's slots less a spare sixteenth
-    /// for blocks evicted while pinned (see `dram_tier::policy_slots`).
+    /// Blocks the DRAM tier holds: `dram_bytes / block_bytes`, what its policy may keep.
     pub fn dram_policy_blocks(&self) -> u64 {
-        crate::dram_tier::policy_slots(self.dram_bytes / self.block_bytes.max(1))
+        self.dram_bytes / self.block_bytes.max(1)
+    }
+
+    /// Slots of the DRAM arena: [`KvConfig::dram_policy_blocks`] plus the spare ones (see
+    /// [`arena_slots`]), so the arena takes a little more memory than the budget.
+    pub fn dram_arena_slots(&self) -> u64 {
+        arena_slots(self.dram_policy_blocks())
+    }
+
+    /// Whether a put goes to the SSD tier at once: write-through, or a store without a
+    /// DRAM tier.
+    pub(crate) fn writes_through(&self, has_dram: bool) -> bool {
+        self.write_mode == WriteMode::WriteThrough || !has_dram
     }
 
     /// Whether record reads go through io_uring: `Err` when it is required and missing.
@@ -294,20 +359,40 @@ impl KvConfig {
         slot_bytes(self.block_bytes).unwrap_or(u64::MAX)
     }
 
-    /// Bytes the SSD policy may keep resident: the budget less two segments (one being
-    /// appended to, one spare that only compaction writes into, so reclaiming always has
-    /// room), and low enough that live data fits under the low watermark with a segment to
-    /// spare; of that, only the record slots count (slot 0 of every segment is its
-    /// header). Rounded down to whole slots; 0 when the budget is too small.
+    /// Blocks the SSD tier holds: `ssd_bytes / block_bytes`.
+    pub fn ssd_blocks(&self) -> u64 {
+        self.ssd_bytes / self.block_bytes.max(1)
+    }
+
+    /// Bytes the SSD policy may keep resident: [`KvConfig::ssd_blocks`] records (the policy
+    /// counts a record as a whole slot: its header and its block padded to 4 KiB).
     pub fn ssd_policy_capacity(&self) -> u64 {
-        let slot = self.slot_bytes();
+        self.ssd_blocks().saturating_mul(self.slot_bytes())
+    }
+
+    /// The most bytes the SSD tier's segment files take on disk: enough whole segments for
+    /// [`KvConfig::ssd_blocks`] records (slot 0 of each is the segment header), one more
+    /// being filled and a spare that only compaction writes into (so reclaiming can always
+    /// move a segment's live records and drop it), and at least so much that those live
+    /// segments and the one being filled fit under the low watermark (so the reclaimer can
+    /// get there). Rounded up to whole segments; 0 without an SSD tier.
+    ///
+    /// At 256 KiB blocks and the default watermarks that is about 1.3 to 1.6 times
+    /// `ssd_bytes` (the spare segment weighs more in a small budget).
+    pub fn ssd_disk_bytes_limit(&self) -> u64 {
+        let blocks = self.ssd_blocks();
+        if blocks == 0 {
+            return 0;
+        }
         let per_segment = self.slots_per_segment();
-        let seg = per_segment * slot;
-        let by_spare = self.ssd_bytes.saturating_sub(2 * seg);
-        let by_watermark =
-            ((self.ssd_bytes as f64 * self.low_watermark) as u64).saturating_sub(seg);
-        let slots = by_spare.min(by_watermark) / slot;
-        slots * (per_segment - 1) / per_segment * slot
+        let seg = per_segment.saturating_mul(self.slot_bytes());
+        let live = blocks.div_ceil(per_segment - 1).saturating_mul(seg);
+        let by_spare = live.saturating_add(2 * seg);
+        let by_watermark = match self.low_watermark > 0.0 {
+            true => ((live + seg) as f64 / self.low_watermark).ceil() as u64,
+            false => 0,
+        };
+        by_spare.max(by_watermark).div_ceil(seg).saturating_mul(seg)
     }
 
     /// Slots per segment file (slot 0 is the segment header): `segment_bytes`, raised to
@@ -322,6 +407,18 @@ impl KvConfig {
             .max(slot * 3);
         (cap / slot).max(3)
     }
+}
+
+/// Slots of an arena whose policy keeps `blocks`: a sixteenth more (at least one, for two
+/// blocks or more), out of the policy's reach. A block the policy evicts while a lease or
+/// a copy pins it keeps its slot until the pin drops; without spare slots the next
+/// admission would find no free slot, and the policy would count a block the tier does not
+/// hold. The spares are on top of the budget, so a budget of N blocks holds N blocks.
+pub fn arena_slots(blocks: u64) -> u64 {
+    if blocks < 2 {
+        return blocks;
+    }
+    blocks + blocks.div_ceil(16)
 }
 
 #[cfg(test)]
@@ -343,5 +440,20 @@ mod tests {
         let mut c = KvConfig::new(32 * MIB, Namespace::default());
         c.ssd_bytes = 64 * c.slot_bytes();
         assert_eq!(c.slots_per_segment(), 8);
+    }
+
+    #[test]
+    fn the_disk_limit_holds_the_blocks_the_budget_names_and_its_overhead() {
+        for (block, blocks) in [(256 << 10, 256), (256 << 10, 40_000), (2 * MIB, 1000)] {
+            let mut c = KvConfig::new(block, Namespace::default());
+            c.ssd_bytes = blocks * block;
+            let limit = c.ssd_disk_bytes_limit();
+            let seg = c.slots_per_segment() * c.slot_bytes();
+            let live = blocks.div_ceil(c.slots_per_segment() - 1) * seg;
+            assert_eq!(limit % seg, 0);
+            assert!(limit >= live + 2 * seg, "{block} x {blocks}");
+            assert!(limit as f64 * c.low_watermark >= (live + seg) as f64);
+            assert!(limit < 2 * c.ssd_bytes, "{block} x {blocks}: {limit}");
+        }
     }
 }

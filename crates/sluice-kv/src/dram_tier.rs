@@ -13,8 +13,10 @@
 use sluice_engine::Mapping;
 use sluice_policy::{Access, Evicted, Policy, PolicyConfig, Request};
 
+use crate::config::{arena_slots, KvConfig};
 use crate::error::KvError;
 use crate::namespace::{fp_map, Fingerprint, FpMap};
+use crate::stats::TierStats;
 
 /// A block resident in DRAM.
 struct Slot {
@@ -26,18 +28,6 @@ struct Slot {
     ready: bool,
     /// Evicted while pinned: free the slot when `pins` reaches 0.
     evicted: bool,
-}
-
-/// Blocks the DRAM policy may keep, of `slots`: a sixteenth of the slots (at least one,
-/// when there are two or more) stays out of the policy's reach. A block the policy evicts
-/// while a lease or a copy pins it keeps its slot until the pin drops; without spare
-/// slots the next admission would find no free slot, and the policy would count a block
-/// the tier does not hold.
-pub fn policy_slots(slots: u64) -> u64 {
-    if slots < 2 {
-        return slots;
-    }
-    slots - slots.div_ceil(16)
 }
 
 /// The tier's bookkeeping; the store holds it under a mutex and copies outside it.
@@ -57,6 +47,14 @@ pub struct Demoted {
     pub key: Box<[u8]>,
     pub namespace_id: [u8; 16],
     pub bytes: Vec<u8>,
+}
+
+/// A filled block [`DramTier::pin_where`] pinned: its slot stays as it is until unpinned.
+pub struct PinnedBlock {
+    pub fp: Fingerprint,
+    pub slot: u32,
+    pub key: Box<[u8]>,
+    pub namespace_id: [u8; 16],
 }
 
 /// What a put into DRAM decided.
@@ -80,12 +78,14 @@ impl DramPut {
 }
 
 impl DramTier {
+    /// An arena holding `budget_bytes / block_bytes` blocks, plus its spare slots.
     pub fn new(
         budget_bytes: u64,
         block_bytes: u64,
         policy: &PolicyConfig,
     ) -> Result<Self, KvError> {
-        let slots = budget_bytes / block_bytes;
+        let blocks = budget_bytes / block_bytes;
+        let slots = arena_slots(blocks);
         let len = usize::try_from(slots * block_bytes).map_err(|_| {
             KvError::config("dram_bytes", budget_bytes, "too large for this machine")
         })?;
@@ -97,7 +97,7 @@ impl DramTier {
             )
         })?;
         let policy = policy
-            .build(policy_slots(slots) * block_bytes)
+            .build(blocks * block_bytes)
             .map_err(|e| KvError::config("dram_policy", policy.kind().name(), e.to_string()))?;
         Ok(DramTier {
             arena,
@@ -110,16 +110,8 @@ impl DramTier {
         })
     }
 
-    pub fn capacity_blocks(&self) -> usize {
-        self.slots.len()
-    }
-
     pub fn len(&self) -> usize {
         self.index.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
     }
 
     pub fn contains(&self, fp: Fingerprint) -> bool {
@@ -167,6 +159,34 @@ impl DramTier {
             s.evicted = true;
         }
         self.unpin(slot);
+    }
+
+    /// Pins every filled block for which `want` holds and returns them (for a write-back
+    /// flush to read them outside the lock); each pin is dropped with [`DramTier::unpin`].
+    pub fn pin_where(&mut self, want: impl Fn(Fingerprint) -> bool) -> Vec<PinnedBlock> {
+        let mut out = Vec::new();
+        for (fp, slot) in &self.index {
+            let Some(s) = self.slots[*slot as usize].as_mut() else {
+                continue;
+            };
+            if s.ready && want(*fp) {
+                s.pins += 1;
+                out.push(PinnedBlock {
+                    fp: *fp,
+                    slot: *slot,
+                    key: s.key.clone(),
+                    namespace_id: s.namespace_id,
+                });
+            }
+        }
+        out
+    }
+
+    /// Takes a block out of the tier (its write-through record failed): it leaves the
+    /// index at once, its slot when no pin holds it. The policy still counts it until it
+    /// evicts it (it has no removal).
+    pub fn drop_block(&mut self, fp: Fingerprint) {
+        self.evict(fp);
     }
 
     /// Drops one pin; frees the slot if it was evicted meanwhile.
@@ -276,10 +296,6 @@ impl DramTier {
         unsafe { self.arena.as_ptr().add(slot as usize * self.block_bytes) }
     }
 
-    pub fn block_bytes(&self) -> usize {
-        self.block_bytes
-    }
-
     /// Bytes the policy holds resident (never above the budget).
     pub fn used_bytes(&self) -> u64 {
         self.policy.used()
@@ -291,6 +307,20 @@ impl DramTier {
 
     pub fn policy_name(&self) -> &'static str {
         self.policy.name()
+    }
+
+    /// What `stats()` shows of this tier.
+    pub(crate) fn tier_stats(&self, config: &KvConfig) -> TierStats {
+        TierStats {
+            policy: self.policy_name().into(),
+            blocks: self.len() as u64,
+            used_bytes: self.used_bytes(),
+            budget_bytes: config.dram_bytes,
+            capacity_blocks: config.dram_policy_blocks(),
+            allocated_bytes: self.arena_bytes() as u64,
+            disk_bytes_limit: None,
+            index_bytes: self.index_bytes() as u64,
+        }
     }
 
     /// Approximate bytes of the index and slot table.

@@ -26,9 +26,10 @@ pub enum KvError {
     /// created with other settings that cannot change (`block_bytes`).
     #[error("{path}: {detail}")]
     Incompatible { path: PathBuf, detail: String },
-    /// Another process has the store open (one owner per store directory).
-    #[error("{path}: the store is open in another process{holder}")]
-    Locked { path: PathBuf, holder: String },
+    /// The store is open elsewhere (one owner per store directory): `holder` is the pid
+    /// its lock file names, when it names one.
+    #[error("{path}: {}", locked_message(*holder))]
+    Locked { path: PathBuf, holder: Option<u32> },
     /// I/O on the store's directory, manifest or lock file failed.
     #[error("{path}: {source}")]
     Io {
@@ -49,6 +50,18 @@ pub enum KvError {
     /// A job id this store never issued, or one already collected.
     #[error("unknown job {0}")]
     UnknownJob(u64),
+}
+
+/// Who holds a store's lock, in words: this process (a second open of a store it already
+/// has open), or another one.
+fn locked_message(holder: Option<u32>) -> String {
+    match holder {
+        Some(pid) if pid == std::process::id() => {
+            format!("the store is open already: this process already has it open (pid {pid})")
+        }
+        Some(pid) => format!("the store is open in another process (pid {pid})"),
+        None => "the store is open in another process".into(),
+    }
 }
 
 impl KvError {

@@ -24,27 +24,14 @@ use sluice_formats::kv_summary::SegmentSummary;
 use crate::config::DirectIo;
 use crate::namespace::{fp_map, Fingerprint, FpMap};
 use crate::segment_io::{open_foreign_segment, SegmentFile};
-use crate::store::lock;
+use crate::stats::{ForeignCounters, ForeignStats};
+use crate::sync::lock;
 
 /// Where another store's record lives.
 #[derive(Clone, Debug)]
 struct ForeignLoc {
     segment: Arc<Path>,
     slot: u32,
-}
-
-/// What the index counts (in `stats()["shared"]`).
-#[derive(Debug, Default, Clone, Copy, PartialEq, serde::Serialize)]
-pub struct ForeignCounters {
-    /// Other stores seen in the shared directory at the last refresh.
-    pub stores: u64,
-    /// Their sealed segments indexed now.
-    pub segments: u64,
-    /// Summaries that did not decode or hold another block size (skipped).
-    pub skipped_summaries: u64,
-    /// Reads of their blocks that failed or did not verify (each a miss; block dropped).
-    pub read_failures: u64,
-    pub refreshes: u64,
 }
 
 /// Other stores' blocks, by fingerprint.
@@ -58,7 +45,7 @@ pub struct ForeignIndex {
     /// Per summary file read: the fingerprints it added (removed when it disappears).
     summaries: HashMap<PathBuf, Vec<Fingerprint>>,
     files: HashMap<Arc<Path>, Arc<dyn SegmentFile>>,
-    pub counters: ForeignCounters,
+    counters: ForeignCounters,
 }
 
 impl ForeignIndex {
@@ -81,10 +68,6 @@ impl ForeignIndex {
 
     pub fn len(&self) -> usize {
         self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
     }
 
     /// The slot of `fp` and its segment file (opened on first use). A segment that can no
@@ -117,6 +100,15 @@ impl ForeignIndex {
     /// Approximate bytes of the index.
     pub fn index_bytes(&self) -> usize {
         crate::namespace::fp_map_bytes(&self.entries)
+    }
+
+    /// What `stats()["foreign"]` shows.
+    pub(crate) fn stats(&self) -> ForeignStats {
+        ForeignStats {
+            blocks: self.len() as u64,
+            index_bytes: self.index_bytes() as u64,
+            counters: self.counters,
+        }
     }
 
     fn apply(&mut self, scan: Scan) {

@@ -10,7 +10,7 @@
 mod get;
 mod put;
 
-pub(crate) use get::{get_batch, GetTiers};
+pub(crate) use get::get_batch;
 pub(crate) use put::put_batch;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,10 +19,11 @@ use std::sync::{Arc, Mutex};
 use sluice_engine::PooledBuf;
 use sluice_formats::kv::{payload_checksum, RecordHeader, KV_ALIGN, RECORD_HEADER_BYTES};
 
-use crate::dram_tier::{Demoted, DramPut, DramTier};
+use crate::dram_tier::{Demoted, DramPut, DramTier, PinnedBlock};
 use crate::namespace::Fingerprint;
-use crate::ssd_tier::{Reservation, SsdPut};
-use crate::store::{add, lock, writes_through, KvStore};
+use crate::ssd_tier::{sync_written, Reservation, SsdPut};
+use crate::state::View;
+use crate::sync::{add, lock};
 
 /// Runs `f(i)` for every `i < n` on up to `threads` threads; results in order.
 pub(crate) fn parallel<T: Send>(n: usize, threads: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
@@ -56,61 +57,140 @@ pub(crate) fn parallel<T: Send>(n: usize, threads: usize, f: impl Fn(usize) -> T
 pub(crate) fn fill_slot(d: &Mutex<DramTier>, slot: u32, bytes: &[u8]) {
     let dst = lock(d).slot_ptr(slot);
     // SAFETY: the slot is pinned for us (no one else writes or reuses it) and holds
-    // exactly block_bytes == bytes.len() bytes (checked by the store).
+    // exactly block_bytes == bytes.len() bytes (checked by the v).
     unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) };
     lock(d).filled(slot);
 }
 
 /// Where DRAM should copy the blocks it evicts: only a write-back store with an SSD tier
 /// demotes them.
-fn demote_into<'a>(store: &KvStore, out: &'a mut Vec<Demoted>) -> Option<&'a mut Vec<Demoted>> {
-    let inner = &store.inner;
-    (!writes_through(&inner.config, true) && inner.ssd.is_some()).then_some(out)
+fn demote_into<'a>(v: View<'_>, out: &'a mut Vec<Demoted>) -> Option<&'a mut Vec<Demoted>> {
+    (!v.state.config().writes_through(true) && v.state.tiers().ssd().is_some()).then_some(out)
 }
 
 /// Offers a block to DRAM; blocks it evicts for demotion enter `demoting` before the
-/// DRAM lock is released.
+/// DRAM lock is released; [`reserve_demotions`] then asks the SSD policy about them.
+/// With `admit` false (a put batch past DRAM's
+/// capacity), a block DRAM does not hold is declined without asking its policy.
 pub(crate) fn dram_put(
-    store: &KvStore,
+    v: View<'_>,
     fp: Fingerprint,
     key: &[u8],
-    demoted: &mut Vec<Arc<Demoted>>,
+    admit: bool,
+    demoted: &mut Vec<Demotion>,
 ) -> DramPut {
-    let inner = &store.inner;
-    let d = inner.dram.as_ref().expect("callers check the DRAM tier");
+    let d = v.state.tiers().dram().expect("callers check the DRAM tier");
     let mut out = Vec::new();
     let mut g = lock(d);
-    let decision = g.put(fp, &store.namespace_id, key, demote_into(store, &mut out));
+    if !admit && !g.contains(fp) {
+        return DramPut::Declined;
+    }
+    let decision = g.put(fp, &v.namespace_id, key, demote_into(v, &mut out));
     if !out.is_empty() {
-        let mut map = lock(&inner.demoting);
+        let mut map = lock(v.state.tiers().demoting());
         for e in out {
             let e = Arc::new(e);
             map.insert(e.fp, Arc::clone(&e));
-            demoted.push(e);
+            demoted.push(Demotion {
+                block: e,
+                slot: None,
+            });
         }
     }
     drop(g);
     decision
 }
 
-/// Write-back: blocks DRAM evicted are written to SSD (each synced before it is visible),
-/// then leave `demoting`.
-pub(crate) fn demote(store: &KvStore, demoted: Vec<Arc<Demoted>>) {
-    let inner = &store.inner;
-    let Some(ssd) = &inner.ssd else { return };
-    for d in demoted {
-        let decision = lock(ssd).put(d.fp, &d.namespace_id, &d.key);
-        if let SsdPut::Reserved(r) = decision {
-            let ok = write_record(store, &r, &d.key, &d.bytes)
+/// The SSD policy's decision on each block DRAM demoted (a slot to write it into, or
+/// none): a put batch asks right after each key, so the policies see the batch in key
+/// order; a get batch after planning every key, so that a demotion cannot evict a block
+/// the same get is about to read.
+pub(crate) fn reserve_demotions(v: View<'_>, demoted: &mut [Demotion]) {
+    let Some(ssd) = v.state.tiers().ssd() else {
+        return;
+    };
+    for dm in demoted.iter_mut().filter(|d| d.slot.is_none()) {
+        let b = &dm.block;
+        if let SsdPut::Reserved(r) = lock(ssd).put(b.fp, &b.namespace_id, &b.key) {
+            dm.slot = Some(r);
+        }
+    }
+}
+
+/// A block DRAM evicted in a write-back v, and the SSD slot its policy gave it (none:
+/// declined, already there, or no space).
+pub(crate) struct Demotion {
+    block: Arc<Demoted>,
+    slot: Option<Reservation>,
+}
+
+/// Write-back: blocks DRAM evicted are written to the slots the SSD policy gave them
+/// (each synced before it is visible), then leave `demoting`.
+pub(crate) fn demote(v: View<'_>, demoted: Vec<Demotion>) {
+    let Some(ssd) = v.state.tiers().ssd() else {
+        return;
+    };
+    for Demotion { block: d, slot } in demoted {
+        if let Some(r) = slot {
+            let ok = write_record(v, &r, &d.key, &d.bytes)
                 .and_then(|()| r.file.sync())
                 .is_ok();
             let _ = lock(ssd).publish(vec![(r, ok)]);
         }
-        let mut map = lock(&inner.demoting);
+        let mut map = lock(v.state.tiers().demoting());
         if map.get(&d.fp).is_some_and(|e| Arc::ptr_eq(e, &d)) {
             map.remove(&d.fp);
         }
     }
+}
+
+/// Write-back: writes every block only DRAM holds to the SSD tier (as its policy admits
+/// it), syncs, and publishes it, so that every acknowledged put survives a crash (what
+/// `sync()` and `close()` promise). Runs `io_threads` records at a time; the blocks stay
+/// pinned in DRAM meanwhile, so their bytes are read in place. Returns how many blocks
+/// the SSD policy declined (or had no room for): those are still only in DRAM.
+pub(crate) fn flush_dram(v: View<'_>) -> usize {
+    let (Some(d), Some(ssd)) = (v.state.tiers().dram(), v.state.tiers().ssd()) else {
+        return 0;
+    };
+    if v.state.config().writes_through(true) {
+        return 0; // every block DRAM holds had its record written with its put
+    }
+    let pinned = {
+        let mut dg = lock(d);
+        let sg = lock(ssd);
+        dg.pin_where(|fp| !sg.contains(fp))
+    };
+    let mut declined = 0;
+    for chunk in pinned.chunks(v.state.config().io_threads.max(1) * 4) {
+        let mut planned = Vec::with_capacity(chunk.len());
+        for p in chunk {
+            match lock(ssd).put(p.fp, &p.namespace_id, &p.key) {
+                SsdPut::Reserved(r) => planned.push((p, r)),
+                SsdPut::Present => {}
+                _ => declined += 1,
+            }
+        }
+        let cells: Vec<Mutex<Option<(&PinnedBlock, Reservation)>>> =
+            planned.into_iter().map(|x| Mutex::new(Some(x))).collect();
+        let mut written = parallel(cells.len(), v.state.config().io_threads, |i| {
+            let (p, r) = lock(&cells[i]).take().expect("each record is written once");
+            let ptr = lock(d).slot_ptr(p.slot);
+            // SAFETY: the slot is pinned (pin_where), so it is neither reused nor written
+            // while we read it, and it holds block_bytes filled bytes.
+            let bytes =
+                unsafe { std::slice::from_raw_parts(ptr, v.state.config().block_bytes as usize) };
+            let ok = write_record(v, &r, &p.key, bytes).is_ok();
+            (r, ok)
+        });
+        sync_written(&mut written);
+        lock(ssd).publish(written);
+        let mut dg = lock(d);
+        for p in chunk {
+            dg.unpin(p.slot);
+        }
+    }
+    declined
 }
 
 /// Writes one record into its reserved slot: the header from a pooled aligned buffer, the
@@ -119,16 +199,18 @@ pub(crate) fn demote(store: &KvStore, demoted: Vec<Arc<Demoted>>) {
 /// flight while it is hashed, else one `pwritev`. Otherwise header and block are staged
 /// together in one pooled aligned buffer.
 pub(crate) fn write_record(
-    store: &KvStore,
+    v: View<'_>,
     r: &Reservation,
     key: &[u8],
     block: &[u8],
 ) -> std::io::Result<()> {
-    let slot_bytes = store.inner.config.slot_bytes() as usize;
+    let slot_bytes = v.state.config().slot_bytes() as usize;
     let at = r.loc.slot as u64 * slot_bytes as u64;
     let encode = |into: &mut [u8]| {
         let header = RecordHeader {
-            namespace_id: store.namespace_id,
+            // The reservation's namespace: a demoted or flushed block may be another
+            // handle's (a sidecar serves many namespaces from one v).
+            namespace_id: r.namespace_id,
             seq: r.seq,
             payload_len: block.len() as u64,
             payload_checksum: payload_checksum(block),
@@ -139,7 +221,7 @@ pub(crate) fn write_record(
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))
     };
     if !r.file.is_direct() || is_aligned(block) {
-        let mut head = staging(store, RECORD_HEADER_BYTES)?;
+        let mut head = staging(v, RECORD_HEADER_BYTES)?;
         let head = &mut head.as_mut_slice()[..RECORD_HEADER_BYTES];
         // Padding to the slot's end is never read (reads stop at the payload's end), so
         // the slot's tail is left as the file has it. The block is hashed while it is
@@ -148,8 +230,8 @@ pub(crate) fn write_record(
             .file
             .write_record(at, head, block, WRITE_PIECE_BYTES, &mut |h| encode(h));
     }
-    add(&store.inner.counters.staged_writes, 1);
-    let mut buf = staging(store, slot_bytes)?;
+    add(&v.state.counters().staged_writes, 1);
+    let mut buf = staging(v, slot_bytes)?;
     let bytes = &mut buf.as_mut_slice()[..slot_bytes];
     encode(bytes)?;
     let (payload, padding) = bytes[RECORD_HEADER_BYTES..].split_at_mut(block.len());
@@ -168,10 +250,9 @@ pub(crate) fn is_aligned(bytes: &[u8]) -> bool {
 
 /// An aligned buffer from the store's staging pool (reused, so no mapping or page faults
 /// per block; its budget is one slot per I/O thread).
-pub(crate) fn staging(store: &KvStore, len: usize) -> std::io::Result<PooledBuf> {
-    store
-        .inner
-        .staging
+pub(crate) fn staging(v: View<'_>, len: usize) -> std::io::Result<PooledBuf> {
+    v.state
+        .staging()
         .acquire(len)
         .map_err(|e| std::io::Error::other(e.to_string()))
 }

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use crate::store::lock;
+use crate::sync::lock;
 
 /// Jobs a store runs at once. Two: a put and a get of an engine overlap, and each batch
 /// already spreads its blocks over `io_threads`.

@@ -12,13 +12,13 @@
 //! manifest is refused rather than written into, so a typo in a path cannot mix KV
 //! segments into someone's data.
 
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, Write};
-use std::os::unix::io::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::io::Read;
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use sluice_formats::kv::KV_FORMAT_VERSION;
+
+use sluice_engine::{FileLock, LockError, LockMode, LockOpen};
 
 use crate::error::KvError;
 
@@ -60,7 +60,7 @@ pub fn open_or_create(root: &Path, block_bytes: u64) -> Result<Manifest, KvError
         });
     }
     if path.exists() {
-        let m = read(root)?;
+        let m = read_manifest(root)?;
         if m.block_bytes != block_bytes {
             return Err(KvError::Incompatible {
                 path,
@@ -83,7 +83,7 @@ pub fn open_or_create(root: &Path, block_bytes: u64) -> Result<Manifest, KvError
     let m = Manifest {
         format: FORMAT_NAME.into(),
         version: KV_FORMAT_VERSION,
-        store_id: new_store_id(root),
+        store_id: sluice_engine::unique_hex(32),
         block_bytes,
     };
     let json = serde_json::to_vec_pretty(&m).expect("a manifest always serialises");
@@ -95,7 +95,7 @@ pub fn open_or_create(root: &Path, block_bytes: u64) -> Result<Manifest, KvError
 }
 
 /// Reads and checks the manifest of an existing store.
-pub fn read(root: &Path) -> Result<Manifest, KvError> {
+pub fn read_manifest(root: &Path) -> Result<Manifest, KvError> {
     let path = root.join(MANIFEST_NAME);
     // Opened as a regular file only: a FIFO in its place must not hang the open.
     let mut bytes = Vec::new();
@@ -130,60 +130,87 @@ pub fn read(root: &Path) -> Result<Manifest, KvError> {
     Ok(m)
 }
 
-fn new_store_id(root: &Path) -> String {
-    let mut h = blake3::Hasher::new();
-    h.update(root.as_os_str().as_encoded_bytes());
-    h.update(&std::process::id().to_le_bytes());
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    h.update(&now.to_le_bytes());
-    let mut random = [0u8; 16];
-    if let Ok(mut f) = File::open("/dev/urandom") {
-        let _ = f.read_exact(&mut random);
-    }
-    h.update(&random);
-    h.finalize().to_hex()[..32].to_string()
-}
-
 /// The owner lock, held while the store is open.
 pub struct StoreLock {
-    _file: File,
-    pub path: PathBuf,
+    _lock: FileLock,
 }
 
 /// Takes the store's exclusive lock without waiting; [`KvError::Locked`] names the holder.
 pub fn lock(root: &Path) -> Result<StoreLock, KvError> {
-    let path = root.join("lock");
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(KvError::io(&path))?;
-    // SAFETY: flock on a descriptor we own; LOCK_NB never blocks.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            let mut holder = String::new();
-            let _ = file.read_to_string(&mut holder);
-            let holder = holder.trim();
-            return Err(KvError::Locked {
-                path: root.to_path_buf(),
-                holder: if holder.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (pid {holder})")
-                },
-            });
-        }
-        return Err(KvError::Io { path, source: err });
-    }
-    let _ = file.set_len(0);
-    let _ = file.rewind();
-    let _ = write!(file, "{}", std::process::id());
-    Ok(StoreLock { _file: file, path })
+    let path = root.join(LOCK_NAME);
+    let mut lock = FileLock::acquire(&path, LockMode::Exclusive, LockOpen::Create)
+        .map_err(|e| locked_or_io(root, e))?;
+    let _ = lock.write_owner(&std::process::id().to_string());
+    Ok(StoreLock { _lock: lock })
 }
+
+/// A busy lock as [`KvError::Locked`] naming the holder's pid, else an I/O error.
+fn locked_or_io(root: &Path, e: LockError) -> KvError {
+    match e {
+        LockError::Busy { owner, .. } => KvError::Locked {
+            path: root.to_path_buf(),
+            holder: owner.and_then(|o| o.parse().ok()),
+        },
+        LockError::Io { path, source } => KvError::Io { path, source },
+    }
+}
+
+/// `Ok` when no process has the store at `root` open: its lock is taken and released at
+/// once ([`KvError::Locked`] names the holder otherwise).
+pub fn check_store_closed(root: &Path) -> Result<(), KvError> {
+    lock(root).map(drop)
+}
+
+/// How a read-only command (`kv stats`, `kv fsck` without `--repair`) holds the store.
+pub enum ReadLock {
+    /// A shared lock on the lock file, opened read-only: no writer can open the store
+    /// meanwhile, and none had it open.
+    Shared { _lock: FileLock },
+    /// No lock, and why: the lock file is missing or cannot be read (a user with read
+    /// permission only on the store's files). A writer could then run beside the read.
+    Unlocked(String),
+}
+
+impl ReadLock {
+    /// In words, for reports and logs.
+    pub fn describe(&self) -> String {
+        match self {
+            ReadLock::Shared { .. } => "shared (read-only)".into(),
+            ReadLock::Unlocked(why) => format!("none: {why}"),
+        }
+    }
+}
+
+/// Takes a shared lock on the store without writing anything: the lock file is opened
+/// read-only and never created, so this works on a read-only file system and for a user
+/// who may only read the store. [`KvError::Locked`] when a process has it open.
+pub fn lock_shared(root: &Path) -> Result<ReadLock, KvError> {
+    let path = root.join(LOCK_NAME);
+    match FileLock::acquire(&path, LockMode::Shared, LockOpen::ReadOnly) {
+        Ok(lock) => Ok(ReadLock::Shared { _lock: lock }),
+        Err(e @ LockError::Busy { .. }) => Err(locked_or_io(root, e)),
+        Err(LockError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            Ok(unlocked(&path, "there is no lock file".into()))
+        }
+        Err(LockError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::PermissionDenied =>
+        {
+            Ok(unlocked(
+                &path,
+                format!("the lock file cannot be read ({source})"),
+            ))
+        }
+        Err(e) if e.is_unsupported() => Ok(unlocked(&path, format!("flock failed ({e})"))),
+        Err(LockError::Io { path, source }) => Err(KvError::Io { path, source }),
+    }
+}
+
+fn unlocked(path: &Path, why: String) -> ReadLock {
+    tracing::warn!(
+        "{}: {why}; reading the store without its lock (a process writing it meanwhile would make this read inconsistent)",
+        path.display()
+    );
+    ReadLock::Unlocked(why)
+}
+
+const LOCK_NAME: &str = "lock";

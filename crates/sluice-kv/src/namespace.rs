@@ -33,6 +33,27 @@ pub struct Namespace {
 }
 
 impl Namespace {
+    /// Checks the layout fields: a tensor-parallel rank is below its group's size. A size
+    /// of 0 means "not given" and takes rank 0 only. (There is no pipeline size to check
+    /// `pp_stage` against.)
+    pub fn validate(&self) -> Result<(), crate::error::KvError> {
+        let ok = match self.tp_size {
+            0 => self.tp_rank == 0,
+            n => self.tp_rank < n,
+        };
+        if !ok {
+            return Err(crate::error::KvError::config(
+                "tp_rank",
+                self.tp_rank,
+                format!(
+                    "must be below tp_size ({}): ranks are 0 to tp_size - 1",
+                    self.tp_size
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The 16-byte digest stored in every record of this namespace.
     pub fn id(&self) -> [u8; 16] {
         let mut h = blake3::Hasher::new();

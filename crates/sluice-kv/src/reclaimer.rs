@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use crate::foreign::{self, ForeignIndex};
 use crate::ssd_tier::SsdTier;
-use crate::store::lock;
+use crate::sync::lock;
 
 /// How long the thread sleeps without a wake-up before it checks the watermark anyway:
 /// short enough that space freed by evictions is reclaimed soon after a burst of puts.

@@ -30,3 +30,22 @@ mod server;
 
 pub use client::{KvClient, KvClientConfig};
 pub use server::{KvServer, KvServerConfig};
+
+/// The longest path a Unix socket takes: `sun_path` holds 108 bytes, the last a NUL.
+const MAX_SOCKET_PATH_BYTES: usize = 107;
+
+/// Refuses a socket path the kernel cannot bind or connect to, naming it and the limit (a
+/// usage error, not an I/O failure).
+fn check_socket_path(socket: &std::path::Path) -> Result<(), crate::error::KvError> {
+    let len = socket.as_os_str().len();
+    if len <= MAX_SOCKET_PATH_BYTES {
+        return Ok(());
+    }
+    Err(crate::error::KvError::config(
+        "socket",
+        socket.display(),
+        format!(
+            "{len} bytes long, but a Unix socket path is at most {MAX_SOCKET_PATH_BYTES} bytes: use a shorter path"
+        ),
+    ))
+}

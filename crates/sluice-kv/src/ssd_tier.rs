@@ -38,8 +38,11 @@ use crate::config::KvConfig;
 use crate::error::KvError;
 use crate::namespace::{fp_map, Fingerprint, FpMap};
 use crate::segment_io::{SegmentDir, SegmentFile};
+pub use crate::stats::SsdCounters;
+use crate::stats::TierStats;
 
 mod compaction;
+mod recovery;
 pub(crate) use compaction::reclaim_unlocked;
 
 /// Where a block's record lives.
@@ -50,8 +53,8 @@ pub struct SsdLoc {
 }
 
 /// One segment file and its occupancy.
-pub struct Segment {
-    pub file: Arc<dyn SegmentFile>,
+pub(crate) struct Segment {
+    file: Arc<dyn SegmentFile>,
     /// Next free slot (slot 0 is the header).
     next_slot: u32,
     /// Slots whose writes are reserved but not finished.
@@ -86,21 +89,14 @@ pub enum SsdPut {
     Declined,
     /// No space even after reclaiming (the budget is all live or pinned data).
     Full,
+    /// A new segment was needed and could not be created (ENOSPC, EIO): a write error.
+    Failed,
 }
 
-/// Counters the store reports.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SsdCounters {
-    pub corrupt_blocks: u64,
-    pub read_errors: u64,
-    pub write_errors: u64,
-    pub recovered_blocks: u64,
-    pub torn_slots_skipped: u64,
-    pub segments_dropped: u64,
-    pub segments_compacted: u64,
-    pub blocks_moved: u64,
-    /// Sealed segments recovered from their summary, without reading their slots.
-    pub summaries_read: u64,
+/// Why no slot could be reserved.
+enum NoSlot {
+    Full,
+    Failed,
 }
 
 pub struct SsdTier {
@@ -110,7 +106,12 @@ pub struct SsdTier {
     block_bytes: u64,
     slot_bytes: u64,
     slots_per_segment: u32,
+    /// The budget the store was given (`ssd_bytes`): `capacity_blocks` blocks.
     budget_bytes: u64,
+    capacity_blocks: u64,
+    /// The most bytes of segment files: the budget plus the on-disk overhead
+    /// ([`KvConfig::ssd_disk_bytes_limit`]). Every space check below is against this.
+    disk_limit: u64,
     high_bytes: u64,
     low_bytes: u64,
     segments: HashMap<u32, Segment>,
@@ -120,7 +121,7 @@ pub struct SsdTier {
     index: FpMap<SsdLoc>,
     policy: Box<dyn Policy + Send>,
     evicted: Vec<Evicted>,
-    pub counters: SsdCounters,
+    counters: SsdCounters,
 }
 
 impl SsdTier {
@@ -139,11 +140,13 @@ impl SsdTier {
             return Err(KvError::config(
                 "ssd_bytes",
                 config.ssd_bytes,
-                format!("must exceed two segments ({seg_bytes} bytes each) plus a block"),
+                format!("must hold a block of {} bytes", config.block_bytes),
             ));
         }
         let policy = build_policy(&config.ssd_policy, capacity)?;
         let max_blocks = (capacity / slot_bytes) as usize;
+        let disk_limit = config.ssd_disk_bytes_limit();
+        debug_assert_eq!(disk_limit % seg_bytes, 0);
         let mut tier = SsdTier {
             dir,
             root,
@@ -152,8 +155,10 @@ impl SsdTier {
             slot_bytes,
             slots_per_segment: spp as u32,
             budget_bytes: config.ssd_bytes,
-            high_bytes: (config.ssd_bytes as f64 * config.high_watermark) as u64,
-            low_bytes: (config.ssd_bytes as f64 * config.low_watermark) as u64,
+            disk_limit,
+            capacity_blocks: config.ssd_blocks(),
+            high_bytes: (disk_limit as f64 * config.high_watermark) as u64,
+            low_bytes: (disk_limit as f64 * config.low_watermark) as u64,
             segments: HashMap::new(),
             active: None,
             next_segment: 1,
@@ -163,7 +168,7 @@ impl SsdTier {
             evicted: Vec::new(),
             counters: SsdCounters::default(),
         };
-        crate::recovery::recover(&mut tier)?;
+        recovery::recover(&mut tier)?;
         Ok(tier)
     }
 
@@ -232,10 +237,6 @@ impl SsdTier {
         self.index.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
-    }
-
     /// The location and file of `fp`, for a read outside the lock.
     pub fn locate(&self, fp: Fingerprint) -> Option<(SsdLoc, Arc<dyn SegmentFile>)> {
         let loc = *self.index.get(&fp)?;
@@ -265,21 +266,22 @@ impl SsdTier {
             return SsdPut::Declined;
         }
         match self.reserve(fp) {
-            Some(mut r) => {
+            Ok(mut r) => {
                 r.namespace_id = *namespace_id;
                 r.key = key.to_vec();
                 SsdPut::Reserved(r)
             }
-            None => SsdPut::Full,
+            Err(NoSlot::Full) => SsdPut::Full,
+            Err(NoSlot::Failed) => SsdPut::Failed,
         }
     }
 
-    fn reserve(&mut self, fp: Fingerprint) -> Option<Reservation> {
+    fn reserve(&mut self, fp: Fingerprint) -> Result<Reservation, NoSlot> {
         let id = match self.active {
             Some(id) if self.segments[&id].next_slot < self.slots_per_segment => id,
             _ => self.new_segment()?,
         };
-        Some(self.take_slot(id, fp))
+        Ok(self.take_slot(id, fp))
     }
 
     /// Takes the next slot of segment `id` for `fp` (namespace and key filled by the
@@ -313,32 +315,33 @@ impl SsdTier {
         self.segments.len() as u64 * self.segment_file_bytes()
     }
 
-    fn new_segment(&mut self) -> Option<u32> {
+    fn new_segment(&mut self) -> Result<u32, NoSlot> {
         if let Some(old) = self.active.take() {
             self.seal_if_done(old);
         }
         // Puts may fill the budget less one spare segment, which only compaction writes
         // into: with it, reclaiming can always move a segment's live blocks and drop it.
-        let limit = self.budget_bytes - self.segment_file_bytes();
+        let limit = self.disk_limit - self.segment_file_bytes();
         if self.allocated_bytes() + self.segment_file_bytes() > limit {
             self.reclaim(limit - self.segment_file_bytes());
         }
         if let Some(a) = self.active {
             // Compaction left a segment with room: append there.
             if self.segments[&a].next_slot < self.slots_per_segment {
-                return Some(a);
+                return Ok(a);
             }
             // Compaction filled it: seal it, or it could never be reclaimed.
             self.active = None;
             self.seal_if_done(a);
         }
         if self.allocated_bytes() + self.segment_file_bytes() > limit {
-            return None;
+            return Err(NoSlot::Full);
         }
-        self.open_segment()
+        self.open_segment().ok_or(NoSlot::Failed)
     }
 
-    /// Creates the next segment and makes it the active one.
+    /// Creates the next segment and makes it the active one; `None` (counted as a write
+    /// error) when the file cannot be created.
     fn open_segment(&mut self) -> Option<u32> {
         let id = self.next_segment;
         self.next_segment += 1;
@@ -519,7 +522,7 @@ impl SsdTier {
             .map(|a| (self.slots_per_segment - self.segments[&a].next_slot) as u64)
             .unwrap_or(0);
         let spare_segments =
-            (self.budget_bytes - self.allocated_bytes()) / self.segment_file_bytes();
+            self.disk_limit.saturating_sub(self.allocated_bytes()) / self.segment_file_bytes();
         in_active + spare_segments * (self.slots_per_segment as u64 - 1)
     }
 
@@ -529,7 +532,7 @@ impl SsdTier {
         let id = match self.active {
             Some(a) if self.segments[&a].next_slot < self.slots_per_segment => a,
             _ => {
-                if self.allocated_bytes() + self.segment_file_bytes() > self.budget_bytes {
+                if self.allocated_bytes() + self.segment_file_bytes() > self.disk_limit {
                     return None;
                 }
                 if let Some(old) = self.active.take() {
@@ -570,6 +573,16 @@ impl SsdTier {
         self.budget_bytes
     }
 
+    /// Blocks the tier holds (its budget over the block size).
+    pub fn capacity_blocks(&self) -> u64 {
+        self.capacity_blocks
+    }
+
+    /// The most bytes its segment files take on disk.
+    pub fn disk_bytes_limit(&self) -> u64 {
+        self.disk_limit
+    }
+
     pub fn segment_count(&self) -> usize {
         self.segments.len()
     }
@@ -585,6 +598,25 @@ impl SsdTier {
 
     pub fn root(&self) -> &PathBuf {
         &self.root
+    }
+
+    /// What the tier counted: errors, recovery, reclamation.
+    pub(crate) fn counters(&self) -> SsdCounters {
+        self.counters
+    }
+
+    /// What `stats()` shows of this tier.
+    pub(crate) fn tier_stats(&self) -> TierStats {
+        TierStats {
+            policy: self.policy_name().into(),
+            blocks: self.len() as u64,
+            used_bytes: self.used_bytes(),
+            budget_bytes: self.budget_bytes(),
+            capacity_blocks: self.capacity_blocks(),
+            allocated_bytes: self.allocated_bytes(),
+            disk_bytes_limit: Some(self.disk_bytes_limit()),
+            index_bytes: self.index_bytes() as u64,
+        }
     }
 }
 
@@ -626,6 +658,32 @@ pub(crate) fn sealed_marker(segment_path: &std::path::Path) -> PathBuf {
 /// Where a sealed segment's summary lives (`seg-<id>.summary`).
 pub(crate) fn summary_path(segment_path: &std::path::Path) -> PathBuf {
     segment_path.with_extension("summary")
+}
+
+/// The summary of segment `id` at `segment_path`, if there is one: `Err` says why one that
+/// is there cannot be used (it does not decode, or describes another segment, store or
+/// block size).
+pub(crate) fn read_summary(
+    segment_path: &std::path::Path,
+    store_id: [u8; 16],
+    id: u64,
+    block_bytes: u64,
+) -> Option<Result<SegmentSummary, String>> {
+    let bytes = std::fs::read(summary_path(segment_path)).ok()?;
+    Some(match SegmentSummary::decode(&bytes) {
+        Ok(s) if s.store_id == store_id && s.segment_id == id && s.block_bytes == block_bytes => {
+            Ok(s)
+        }
+        Ok(_) => Err("describes another segment".into()),
+        Err(e) => Err(e.to_string()),
+    })
+}
+
+/// Whether a record in `slot` fits in a segment file of `len` bytes: its header and its
+/// payload (the padding after it need not be there). A summary entry past the end of a
+/// truncated file lists a block that is gone.
+pub(crate) fn record_fits(slot: u32, slot_bytes: u64, block_bytes: u64, len: u64) -> bool {
+    slot as u64 * slot_bytes + RECORD_HEADER_BYTES as u64 + block_bytes <= len
 }
 
 /// Writes a segment's summary whole or not at all. Failing costs only speed: without a

@@ -1,12 +1,11 @@
-//! Counters and the snapshot `stats()` returns.
+//! Counters and the snapshot `stats()` returns: plain data, built by the tiers
+//! (`DramTier::tier_stats`, `SsdTier::tier_stats`, `ForeignIndex::stats`) and the store.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 
-use crate::foreign::ForeignCounters;
-use crate::ssd_tier::SsdTier;
-use crate::store::{lock, Inner};
+use crate::load_model::LoadModel;
 
 /// Live counters, bumped without locks.
 #[derive(Default)]
@@ -14,6 +13,7 @@ pub(crate) struct Counters {
     pub lookups: AtomicU64,
     pub puts: AtomicU64,
     pub put_failures: AtomicU64,
+    pub put_declined: AtomicU64,
     pub gets: AtomicU64,
     pub hits_dram: AtomicU64,
     pub hits_ssd: AtomicU64,
@@ -31,9 +31,17 @@ pub struct TierStats {
     pub blocks: u64,
     /// Bytes the policy holds resident.
     pub used_bytes: u64,
+    /// The budget the store was given; the tier holds `capacity_blocks` blocks.
     pub budget_bytes: u64,
-    /// DRAM: the arena; SSD: segment files on disk (never above `budget_bytes`).
+    /// Blocks the tier holds: `budget_bytes / block_bytes`.
+    pub capacity_blocks: u64,
+    /// DRAM: the arena (the budget and a sixteenth of spare slots); SSD: segment files on
+    /// disk (never above `disk_bytes_limit`).
     pub allocated_bytes: u64,
+    /// SSD: the most bytes the segment files take, the budget plus the on-disk overhead
+    /// (record and segment headers, a spare segment, dead space between the watermarks).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_bytes_limit: Option<u64>,
     /// Approximate bytes of the in-memory index.
     pub index_bytes: u64,
 }
@@ -43,8 +51,13 @@ pub struct TierStats {
 pub struct KvStats {
     pub lookups: u64,
     pub puts: u64,
-    /// Puts that no tier took (declined by the policies, or I/O failed).
+    /// Puts not acknowledged because a write or a sync failed (or a segment could not be
+    /// created): real failures, which `write_errors` details.
     pub put_failures: u64,
+    /// Puts not acknowledged by a tier's choice: its policy declined the block, the batch
+    /// was larger than the tier (it keeps the batch's first keys), or a later key of the
+    /// same batch evicted it again.
+    pub put_declined: u64,
     pub gets: u64,
     pub hits_dram: u64,
     pub hits_ssd: u64,
@@ -80,7 +93,7 @@ pub struct KvStats {
     /// Other stores' blocks found in the shared directory.
     pub foreign: Option<ForeignStats>,
     /// Seconds per block a get spends on each tier (what `lookup_worth_loading` uses).
-    pub load_model: crate::store::LoadModel,
+    pub load_model: LoadModel,
 }
 
 /// What the shared directory holds from other stores.
@@ -92,57 +105,53 @@ pub struct ForeignStats {
     pub counters: ForeignCounters,
 }
 
-/// A segment tier's occupancy.
-fn segment_tier_stats(s: &SsdTier) -> TierStats {
-    TierStats {
-        policy: s.policy_name().into(),
-        blocks: s.len() as u64,
-        used_bytes: s.used_bytes(),
-        budget_bytes: s.budget_bytes(),
-        allocated_bytes: s.allocated_bytes(),
-        index_bytes: s.index_bytes() as u64,
-    }
+/// What the index of other stores' blocks counts (in `stats()["foreign"]`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Serialize)]
+pub struct ForeignCounters {
+    /// Other stores seen in the shared directory at the last refresh.
+    pub stores: u64,
+    /// Their sealed segments indexed now.
+    pub segments: u64,
+    /// Summaries that did not decode or hold another block size (skipped).
+    pub skipped_summaries: u64,
+    /// Reads of their blocks that failed or did not verify (each a miss; block dropped).
+    pub read_failures: u64,
+    pub refreshes: u64,
+}
+
+/// What the SSD tier counts.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SsdCounters {
+    pub corrupt_blocks: u64,
+    pub read_errors: u64,
+    pub write_errors: u64,
+    pub recovered_blocks: u64,
+    pub torn_slots_skipped: u64,
+    pub segments_dropped: u64,
+    pub segments_compacted: u64,
+    pub blocks_moved: u64,
+    /// Sealed segments recovered from their summary, without reading their slots.
+    pub summaries_read: u64,
 }
 
 impl KvStats {
-    pub(crate) fn collect(inner: &Inner) -> KvStats {
-        let c = &inner.counters;
+    /// A snapshot from the store's counters, the SSD tier's (and its segment count), each
+    /// tier's occupancy (DRAM, SSD, our shared segments), other stores' blocks, and the load
+    /// model.
+    pub(crate) fn new(
+        c: &Counters,
+        ssd: SsdCounters,
+        segments: u64,
+        [dram, ssd_tier, shared]: [Option<TierStats>; 3],
+        foreign: Option<ForeignStats>,
+        load_model: LoadModel,
+    ) -> KvStats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let dram = inner.dram.as_ref().map(|d| {
-            let d = lock(d);
-            TierStats {
-                policy: d.policy_name().into(),
-                blocks: d.len() as u64,
-                used_bytes: d.used_bytes(),
-                budget_bytes: inner.config.dram_bytes,
-                allocated_bytes: d.arena_bytes() as u64,
-                index_bytes: d.index_bytes() as u64,
-            }
-        });
-        let (ssd, counters, segments) = match inner.ssd.as_ref() {
-            Some(s) => {
-                let s = lock(s);
-                (
-                    Some(segment_tier_stats(&s)),
-                    s.counters,
-                    s.segment_count() as u64,
-                )
-            }
-            None => (None, Default::default(), 0),
-        };
-        let shared = inner.shared.as_ref().map(|s| segment_tier_stats(&lock(s)));
-        let foreign = inner.foreign.as_ref().map(|f| {
-            let f = lock(f);
-            ForeignStats {
-                blocks: f.len() as u64,
-                index_bytes: f.index_bytes() as u64,
-                counters: f.counters,
-            }
-        });
         KvStats {
             lookups: get(&c.lookups),
             puts: get(&c.puts),
             put_failures: get(&c.put_failures),
+            put_declined: get(&c.put_declined),
             gets: get(&c.gets),
             hits_dram: get(&c.hits_dram),
             hits_ssd: get(&c.hits_ssd),
@@ -150,21 +159,21 @@ impl KvStats {
             misses: get(&c.misses),
             put_hits_dram: get(&c.put_hits_dram),
             put_hits_ssd: get(&c.put_hits_ssd),
-            corrupt_blocks: counters.corrupt_blocks,
-            read_errors: counters.read_errors,
-            write_errors: counters.write_errors,
+            corrupt_blocks: ssd.corrupt_blocks,
+            read_errors: ssd.read_errors,
+            write_errors: ssd.write_errors,
             staged_writes: get(&c.staged_writes),
-            recovered_blocks: counters.recovered_blocks,
-            torn_slots_skipped: counters.torn_slots_skipped,
-            summaries_read: counters.summaries_read,
+            recovered_blocks: ssd.recovered_blocks,
+            torn_slots_skipped: ssd.torn_slots_skipped,
+            summaries_read: ssd.summaries_read,
             segments,
-            segments_dropped: counters.segments_dropped,
-            segments_compacted: counters.segments_compacted,
+            segments_dropped: ssd.segments_dropped,
+            segments_compacted: ssd.segments_compacted,
             dram,
-            ssd,
+            ssd: ssd_tier,
             shared,
             foreign,
-            load_model: *lock(&inner.load_model),
+            load_model,
         }
     }
 }

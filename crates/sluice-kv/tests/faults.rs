@@ -178,6 +178,39 @@ fn a_full_disk_fails_puts_cleanly_and_keeps_what_was_stored() {
     }
 }
 
+/// Issue 27 #4: write-through with a DRAM tier and batch durability. A block whose SSD
+/// write failed (ENOSPC) was acknowledged because DRAM held it, and was missing at
+/// reopen. An acknowledgement now means the durable record: a failed SSD write is not
+/// acknowledged, and is counted as a put failure; a later put of it writes it.
+#[test]
+fn a_write_through_put_whose_ssd_write_fails_is_not_acknowledged_though_dram_holds_it() {
+    let dir = tempdir();
+    let faults = vec![KvFault::NoSpaceAfter { bytes: 200_000 }];
+    let (store, faulty) = open_faulty(dir.path(), config(16, 64), faults);
+    let (mut acked, mut refused) = (Vec::new(), Vec::new());
+    for batch in 0..10u64 {
+        let ids: Vec<u64> = (batch * 4..batch * 4 + 4).collect();
+        for (id, ok) in ids.iter().zip(put(&store, &ids)) {
+            match ok {
+                true => acked.push(*id),
+                false => refused.push(*id),
+            }
+        }
+    }
+    let s = store.stats();
+    assert!(!acked.is_empty() && !refused.is_empty(), "{acked:?} {s:?}");
+    assert_eq!(s.put_failures, refused.len() as u64, "{s:?}");
+    assert_eq!(s.put_declined, 0, "{s:?}");
+    // Once the disk has room again, a second put of a refused block writes it through.
+    faulty.set_faults(vec![]);
+    let again = *refused.last().unwrap();
+    assert_eq!(put(&store, &[again]), vec![true]);
+    acked.push(again);
+    drop(store);
+    let store = KvStore::open(dir.path(), config(16, 64)).unwrap();
+    assert_eq!(get(&store, &acked), vec![true; acked.len()]);
+}
+
 #[test]
 fn garbage_and_truncation_in_a_segment_are_skipped_at_reopen() {
     let dir = tempdir();
@@ -240,7 +273,6 @@ fn a_damaged_segment_header_drops_that_segment_only() {
     assert!(!seg1.exists());
 }
 
-/// The child half of the kill -9 test: puts batches and prints each acknowledged id.
 #[test]
 fn a_dropped_store_releases_its_lock_at_once_even_while_reclaiming() {
     let dir = tempdir();
@@ -249,19 +281,43 @@ fn a_dropped_store_releases_its_lock_at_once_even_while_reclaiming() {
     cfg.high_watermark = 0.4;
     cfg.low_watermark = 0.3;
     let (store, faulty) = open_faulty(dir.path(), cfg.clone(), vec![]);
-    for round in 0..6u64 {
+    let limit = cfg.ssd_disk_bytes_limit() as f64;
+    // Twice the tier's 96 blocks: the oldest segments die and the files pass the high
+    // watermark; the reclaimer takes them back under the low one.
+    for round in 0..25u64 {
         put(&store, &(round * 8..round * 8 + 8).collect::<Vec<_>>());
     }
-    std::thread::sleep(Duration::from_millis(400)); // reclaimed to the low watermark
-                                                    // Past the high watermark again, with slow removals: the reclaimer wakes and is still
-                                                    // in its pass when the store is dropped.
-    faulty.set_faults(vec![KvFault::SlowRemove { millis: 500 }]);
-    put(&store, &(48..72).collect::<Vec<_>>());
-    std::thread::sleep(Duration::from_millis(100));
+    // A pass ends once the files are under the low watermark, or when the sparsest
+    // segment is full of live blocks: either way, under the high one.
+    wait_until("a reclaim pass dropped segments", || {
+        let s = store.stats();
+        s.segments_dropped > 0 && s.ssd.unwrap().allocated_bytes as f64 <= limit * 0.4
+    });
+    // Past the high watermark again, with slow removals: the reclaimer wakes and is in
+    // the middle of removing a segment when the store is dropped.
+    faulty.set_faults(vec![KvFault::SlowRemove { millis: 150 }]);
+    let mut next = 200u64;
+    wait_until("past the high watermark", || {
+        put(&store, &(next..next + 8).collect::<Vec<_>>());
+        next += 8;
+        store.stats().ssd.unwrap().allocated_bytes as f64 > limit * 0.4
+    });
+    wait_until("a segment removal in progress", || {
+        faulty.removes_in_progress() > 0
+    });
     drop(store);
     // The next owner gets the store at once: no background thread kept the old one alive.
     let store = KvStore::open(dir.path(), cfg).expect("the dropped store released its lock");
-    assert_eq!(get(&store, &[71]), vec![true]);
+    assert_eq!(get(&store, &[next - 1]), vec![true]);
+}
+
+/// Polls `done` until it holds, for at most 20 s (then fails naming `what`).
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < deadline, "never got there: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 #[test]
@@ -304,12 +360,18 @@ fn puts_and_gets_go_on_while_a_segment_is_compacted_in_the_background() {
     assert_eq!(get(&store, &[0, 10_000, 10_001]), vec![true; 3]);
 }
 
+/// The child half of the kill -9 tests, run by them (as this test binary, with
+/// `--ignored`), never on its own: it puts batches of 4 into the store named by
+/// `SLUICE_KV_TEST_CHILD` and prints each acknowledged id; with `SLUICE_KV_TEST_MODE` =
+/// `write-back` the store has a DRAM tier in front and writes back, and the child calls
+/// `sync()` every 8 batches, printing `synced` once it returned.
 #[test]
-fn kill_child_writer() {
-    let Ok(root) = std::env::var("SLUICE_KV_TEST_CHILD") else {
-        return;
-    };
-    let store = KvStore::open(std::path::Path::new(&root), config(0, 4096)).unwrap();
+#[ignore = "the child of the kill -9 tests: they run it"]
+fn child_process_kill_9_writer() {
+    let root = std::env::var("SLUICE_KV_TEST_CHILD")
+        .expect("run by every_block_acknowledged_before_kill_9_is_found_after_reopen");
+    let write_back = std::env::var("SLUICE_KV_TEST_MODE").as_deref() == Ok("write-back");
+    let store = KvStore::open(std::path::Path::new(&root), child_config(write_back)).unwrap();
     let mut out = std::io::stdout();
     for batch in 0.. {
         let ids: Vec<u64> = (batch * 4..batch * 4 + 4).collect();
@@ -319,32 +381,52 @@ fn kill_child_writer() {
                 writeln!(out, "acked {id}").unwrap();
             }
         }
+        if write_back && batch % 8 == 7 {
+            store.sync().unwrap();
+            writeln!(out, "synced").unwrap();
+        }
         out.flush().unwrap();
     }
 }
 
-#[test]
-fn every_block_acknowledged_before_kill_9_is_found_after_reopen() {
-    let dir = tempdir();
+/// The store the kill -9 child writes: SSD only, or write-back behind a DRAM tier large
+/// enough that nothing the test counts is demoted before the kill (only `sync()` writes
+/// those blocks to SSD).
+fn child_config(write_back: bool) -> sluice_kv::KvConfig {
+    let mut c = config(if write_back { 4096 } else { 0 }, 4096);
+    if write_back {
+        c.write_mode = sluice_kv::WriteMode::WriteBack;
+    }
+    c
+}
+
+/// Runs the child writer until it acknowledged 150 blocks, kills it with SIGKILL mid-put,
+/// and returns what it printed: the acknowledged ids, and (write-back) how many of them
+/// were acknowledged before its last completed `sync()`.
+fn kill_9_a_writer(root: &std::path::Path, mode: &str) -> (Vec<u64>, usize) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "kill_child_writer",
+            "child_process_kill_9_writer",
+            "--ignored",
             "--nocapture",
             "--test-threads=1",
         ])
-        .env("SLUICE_KV_TEST_CHILD", dir.path())
+        .env("SLUICE_KV_TEST_CHILD", root)
+        .env("SLUICE_KV_TEST_MODE", mode)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut acked = Vec::new();
+    let (mut acked, mut synced) = (Vec::new(), 0);
     let lines = BufReader::new(child.stdout.take().unwrap());
     let deadline = Instant::now() + Duration::from_secs(60);
     for line in lines.lines() {
         let line = line.unwrap();
         if let Some(id) = line.strip_prefix("acked ") {
             acked.push(id.parse::<u64>().unwrap());
+        } else if line == "synced" {
+            synced = acked.len();
         }
         if acked.len() >= 150 || Instant::now() > deadline {
             break;
@@ -357,8 +439,29 @@ fn every_block_acknowledged_before_kill_9_is_found_after_reopen() {
         "child acknowledged only {}",
         acked.len()
     );
-    let store = KvStore::open(dir.path(), config(0, 4096)).unwrap();
+    (acked, synced)
+}
+
+#[test]
+fn every_block_acknowledged_before_kill_9_is_found_after_reopen() {
+    let dir = tempdir();
+    let (acked, _) = kill_9_a_writer(dir.path(), "write-through");
+    let store = KvStore::open(dir.path(), child_config(false)).unwrap();
     assert_eq!(get(&store, &acked), vec![true; acked.len()]);
+}
+
+/// Issue 27 #11: write-back with batch durability lost the last batches acknowledged
+/// before a kill -9. In write-back a put acknowledges DRAM residency; a block survives a
+/// crash once DRAM demoted it to SSD, or once `sync()` wrote it there: every block
+/// acknowledged before the last `sync()` is found after the kill.
+#[test]
+fn write_back_blocks_acknowledged_before_a_sync_survive_kill_9() {
+    let dir = tempdir();
+    let (acked, synced) = kill_9_a_writer(dir.path(), "write-back");
+    assert!(synced >= 100, "the child synced after {synced} blocks");
+    let store = KvStore::open(dir.path(), child_config(true)).unwrap();
+    let durable = &acked[..synced];
+    assert_eq!(get(&store, durable), vec![true; durable.len()]);
 }
 
 #[test]
@@ -397,7 +500,8 @@ fn racing_puts_gets_lookups_and_evictions_never_return_wrong_bytes() {
     });
     let s = store.stats();
     assert!(s.dram.unwrap().blocks <= 6);
-    assert!(s.ssd.unwrap().allocated_bytes <= config(6, 48).ssd_bytes);
+    let ssd = s.ssd.unwrap();
+    assert!(ssd.allocated_bytes <= ssd.disk_bytes_limit.unwrap());
 }
 
 /// A 1 MiB-block store: four 256 KiB pieces per record, so reads into aligned buffers are

@@ -86,7 +86,8 @@ fn a_waited_job_is_never_polled_even_when_the_wait_beats_the_worker() {
         let job = store.submit_get(keys(&[1]), empty(1)).unwrap();
         assert_eq!(job.wait(None).unwrap(), vec![true]);
     }
-    std::thread::sleep(Duration::from_millis(50));
+    // Closing waits until every worker has finished with its job, listing included.
+    store.close().unwrap();
     let polled: Vec<u64> = store.poll().iter().map(|j| j.id()).collect();
     assert!(polled.is_empty(), "waited jobs polled again: {polled:?}");
 }

@@ -155,8 +155,12 @@ fn a_dead_server_is_a_miss_and_the_client_reconnects_when_one_is_back() {
     // A new server on the same store: the blocks written through the old one are there.
     let store = KvStore::open(dir.path(), cfg).unwrap();
     let _server = serve(&store, &sock, KvServerConfig::default());
-    std::thread::sleep(Duration::from_millis(80)); // past retry_ms
-    assert_eq!(get(&c, &[1, 2]), vec![true, true]);
+    // Misses until retry_ms has passed since the outage, then the reconnect serves.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while get(&c, &[1, 2]) != vec![true, true] {
+        assert!(Instant::now() < deadline, "the client never reconnected");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let s = c.stats_json().unwrap();
     assert_eq!(
         (
@@ -166,6 +170,40 @@ fn a_dead_server_is_a_miss_and_the_client_reconnects_when_one_is_back() {
         (Some(1), Some(1))
     );
     assert!(s["client"]["failed_open"].as_u64().unwrap() >= 4);
+}
+
+/// Issue 27: a sidecar restarted with another block size left its old clients missing
+/// for ever, with one "Broken pipe" warning and no reason. The client re-handshakes when a
+/// connection breaks, notices the new block size, and every call then fails naming both.
+#[test]
+fn a_server_restarted_with_another_block_size_is_an_error_naming_both_sizes() {
+    let dir = tempdir();
+    let sock = dir.path().join("kv.sock");
+    let store = KvStore::open(&dir.path().join("a"), config(0, 64)).unwrap();
+    let server = serve(&store, &sock, KvServerConfig::default());
+    let c = KvClient::connect(&sock, client_cfg("m")).unwrap();
+    assert_eq!(put(&c, &[1]), vec![true]);
+    drop(server);
+    store.close().unwrap();
+    let mut other = config(0, 0);
+    other.block_bytes = 2 * BLOCK;
+    other.ssd_bytes = 64 * other.block_bytes;
+    let store = KvStore::open(&dir.path().join("b"), other).unwrap();
+    let _server = serve(&store, &sock, KvServerConfig::default());
+    let k = key(2);
+    let block = block_for(&k);
+    for _ in 0..2 {
+        let err = c
+            .put_batch(&[&k], &[&block])
+            .expect_err("an error, not a miss");
+        let text = err.to_string();
+        assert!(
+            matches!(err, sluice_kv::KvError::Incompatible { .. }),
+            "{text}"
+        );
+        assert!(text.contains("16384") && text.contains("8192"), "{text}");
+        assert!(c.lookup(&[&k], false).is_err());
+    }
 }
 
 #[test]

@@ -97,6 +97,11 @@ fn a_second_open_of_an_open_store_is_refused_naming_it() {
         err.to_string().contains(&std::process::id().to_string()),
         "{err}"
     );
+    // Issue 27: the holder is this very process, not "another process".
+    assert!(
+        err.to_string().contains("this process already has it open"),
+        "{err}"
+    );
     first.close().unwrap();
     KvStore::open(dir.path(), config(4, 64)).unwrap();
 }
@@ -169,6 +174,18 @@ fn bad_configurations_are_refused_naming_the_field() {
             },
             "watermark",
         ),
+        // Issue 27: a rank outside its tensor-parallel group was accepted.
+        (
+            KvConfig {
+                namespace: sluice_kv::Namespace {
+                    tp_rank: 5,
+                    tp_size: 2,
+                    ..ns("m")
+                },
+                ..config(4, 64)
+            },
+            "tp_rank",
+        ),
     ];
     for (cfg, field) in cases {
         let err = KvStore::open(dir.path(), cfg).err().unwrap();
@@ -237,23 +254,30 @@ fn a_segment_copied_from_another_store_is_refused() {
     assert!(err.to_string().contains("another store"), "{err}");
 }
 
+/// Segment files stay under the disk limit: the budget plus its documented overhead
+/// (issue 27 #16: the budget counts blocks, the overhead is on top).
 #[test]
-fn ssd_segment_files_never_exceed_the_budget() {
+fn ssd_segment_files_never_exceed_the_disk_limit() {
     let dir = tempdir();
     let cfg = config(0, 64);
-    let budget = cfg.ssd_bytes;
+    let budget = cfg.ssd_disk_bytes_limit();
     let store = KvStore::open(dir.path(), cfg).unwrap();
     for round in 0..20u64 {
         let ids: Vec<u64> = (round * 16..round * 16 + 16).collect();
         put(&store, &ids);
+        // Segment files only; one the reclaim thread removes meanwhile is gone.
         let on_disk: u64 = std::fs::read_dir(dir.path().join("segments"))
             .unwrap()
-            .map(|e| e.unwrap().metadata().unwrap().len())
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "skv"))
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .map(|m| m.len())
             .sum();
         assert!(on_disk <= budget, "round {round}: {on_disk} > {budget}");
         let s = store.stats();
         let ssd = s.ssd.unwrap();
         assert!(ssd.allocated_bytes <= budget && ssd.used_bytes <= budget);
+        assert_eq!(ssd.disk_bytes_limit, Some(budget));
     }
     // The newest blocks are there; everything found reads back exactly.
     assert_eq!(lookup(&store, &[319]), 1);
@@ -294,8 +318,9 @@ fn a_leased_block_stays_readable_after_eviction() {
 #[test]
 fn write_back_demotes_to_ssd_on_dram_eviction() {
     let dir = tempdir();
-    // Three slots: the policy keeps two (one spare for blocks evicted while pinned).
-    let mut cfg = config(3, 64);
+    // Two blocks: the policy keeps two (the arena's spare slot, for blocks evicted while
+    // pinned, is on top of the budget).
+    let mut cfg = config(2, 64);
     cfg.write_mode = WriteMode::WriteBack;
     let store = KvStore::open(dir.path(), cfg).unwrap();
     put(&store, &[1, 2]);
@@ -457,4 +482,103 @@ fn fifos_and_files_in_the_stores_places_are_refused_or_skipped_without_hanging()
     let store = KvStore::open(&store_dir, config(0, 64)).unwrap();
     assert_eq!(get(&store, &[1]), vec![true]);
     assert!(fake.exists());
+}
+
+/// Issue 27 #16: an SSD budget of N blocks holds N blocks. The policy used to get the
+/// budget less two segments, the low watermark and the segment headers (about 0.8 N); the
+/// on-disk overhead is now on top of the budget, and reported.
+#[test]
+fn an_ssd_budget_of_n_blocks_keeps_n_blocks() {
+    for spec in ["lru", "fifo", "s3fifo", "arc"] {
+        let dir = tempdir();
+        let mut cfg = config(0, 0);
+        cfg.ssd_bytes = 200 * BLOCK;
+        cfg.ssd_policy = PolicyConfig::parse(spec).unwrap();
+        let store = KvStore::open(dir.path(), cfg.clone()).unwrap();
+        // The same key sequence through the policy library at the capacity the user gave.
+        let slot = cfg.slot_bytes();
+        let mut model = cfg.ssd_policy.build(200 * slot).unwrap();
+        let mut ev = Vec::new();
+        let mut rng = 7u64;
+        for step in 0..1500 {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let id = (rng >> 33) % 260;
+            let want = model.access(&Request::new(store_fp(&store, id), slot), &mut ev);
+            let live_hit = lookup(&store, &[id]) == 1;
+            assert_eq!(
+                live_hit,
+                want == Access::Hit,
+                "{spec}: step {step}, key {id}"
+            );
+            if live_hit {
+                assert_eq!(get(&store, &[id]), vec![true]);
+            } else {
+                put(&store, &[id]);
+            }
+        }
+        let s = store.stats().ssd.unwrap();
+        assert_eq!(s.capacity_blocks, 200, "{spec}");
+        let limit = s
+            .disk_bytes_limit
+            .expect("an SSD tier reports its disk limit");
+        assert!(s.allocated_bytes <= limit, "{spec}: {s:?}");
+    }
+    // With LRU, 200 distinct blocks put into a 200-block budget are all there.
+    let dir = tempdir();
+    let mut cfg = config(0, 0);
+    cfg.ssd_bytes = 200 * BLOCK;
+    let store = KvStore::open(dir.path(), cfg).unwrap();
+    let ids: Vec<u64> = (0..200).collect();
+    for chunk in ids.chunks(10) {
+        assert_eq!(put(&store, chunk), vec![true; 10]);
+    }
+    assert_eq!(lookup(&store, &ids), 200);
+}
+
+/// Issue 27 #14: a put batch larger than a tier. 900 blocks into a 64 MiB tier used to
+/// drop its own newest keys (no space) and evict its oldest (the policy), so a lookup of
+/// the chain found nothing, and the evictions counted as put failures. A tier now takes a
+/// batch's first keys up to its capacity (lookups are prefix lookups: the first keys of a
+/// chain are the valuable ones) and declines the rest; nothing of that is a failure.
+#[test]
+fn a_put_batch_larger_than_a_tier_keeps_its_prefix_and_counts_no_failures() {
+    for (dram, ssd, mode) in [
+        (0, 100, WriteMode::WriteThrough),
+        (40, 0, WriteMode::WriteThrough),
+        (40, 100, WriteMode::WriteThrough),
+        (40, 100, WriteMode::WriteBack),
+    ] {
+        let what = format!("dram {dram}, ssd {ssd}, {mode:?}");
+        let dir = tempdir();
+        let mut cfg = config(dram, 0);
+        cfg.ssd_bytes = ssd * BLOCK;
+        cfg.write_mode = mode;
+        let store = KvStore::open(dir.path(), cfg).unwrap();
+        // What the batch can keep: the SSD's blocks when puts write through it, else DRAM's
+        // and (write-back) the SSD's for the keys DRAM declined.
+        let kept = match (ssd, mode) {
+            (0, _) => dram,
+            (_, WriteMode::WriteThrough) => ssd,
+            (_, WriteMode::WriteBack) => dram + ssd,
+        } as usize;
+        for ids in [(0..250).collect::<Vec<u64>>(), (1000..3000).collect()] {
+            let ok = put(&store, &ids);
+            assert_eq!(ok.iter().filter(|o| **o).count(), kept, "{what}");
+            assert!(
+                ok[..kept].iter().all(|o| *o),
+                "{what}: the first keys are kept"
+            );
+            assert_eq!(lookup(&store, &ids), kept, "{what}");
+            assert_eq!(get(&store, &ids[..kept]), vec![true; kept], "{what}");
+        }
+        let s = store.stats();
+        assert_eq!(s.put_failures, 0, "{what}: {s:?}");
+        assert_eq!(
+            s.put_declined,
+            (250 + 2000 - 2 * kept) as u64,
+            "{what}: {s:?}"
+        );
+    }
 }

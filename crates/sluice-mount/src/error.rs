@@ -53,10 +53,16 @@ impl sluice_engine::Classify for MountError {
             }
             MountError::Remote(e) => e.class(),
             MountError::Thread(_) => ErrorClass::Io,
-            MountError::Daemon { code, .. } => ErrorClass::ALL
-                .into_iter()
-                .find(|c| c.exit_code() == *code && *code != sluice_engine::EXIT_FAILED)
-                .unwrap_or(ErrorClass::Failed),
+            MountError::Daemon { .. } => ErrorClass::Failed,
+        }
+    }
+
+    /// A daemon's status is what the same command in the foreground would have exited
+    /// with (1 to 4), passed on.
+    fn exit_status(&self) -> Option<i32> {
+        match self {
+            MountError::Daemon { code, .. } => Some(if (1..=4).contains(code) { *code } else { 1 }),
+            _ => None,
         }
     }
 }

@@ -97,7 +97,7 @@ fn apply(
 /// The integer an option holds, or `None` when it holds none. A bool is not one: Python
 /// counts `True` as the int 1, but it never means a count or a size. An int too large
 /// for any option is a `ConfigError` naming it (not Python's `OverflowError`).
-fn integer(name: &str, value: &Bound<'_, PyAny>) -> PyResult<Option<i128>> {
+pub(crate) fn integer(name: &str, value: &Bound<'_, PyAny>) -> PyResult<Option<i128>> {
     if value.is_instance_of::<PyBool>() {
         return Ok(None);
     }
@@ -146,7 +146,7 @@ pub(crate) fn byte_size(name: &str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
 }
 
 /// `repr(value)`, for messages.
-fn repr(value: &Bound<'_, PyAny>) -> String {
+pub(crate) fn repr(value: &Bound<'_, PyAny>) -> String {
     value
         .repr()
         .map_or_else(|_| "<unprintable>".into(), |r| r.to_string())

@@ -7,17 +7,14 @@
 
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
+use pyo3::types::PyDict;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_kv::{
-    BlockStore, DirectIo, Durability, JobBuffer, KvClient, KvClientConfig, KvConfig, KvError,
-    KvJob, KvStore, Namespace, RecomputeModel, WriteMode,
-};
-use sluice_policy::PolicyConfig;
+use sluice_kv::{BlockStore, JobBuffer, KvClient, KvError, KvJob, KvStore};
 
-use crate::config::byte_size;
 use crate::errors::config_error;
+use crate::kv_options::{client_config, store_config, KvFsckReport, KvStatsReport, Options};
 
 /// An open store (`sluice.kv.open`), or a connection to a `sluice kv serve` sidecar
 /// (`sluice.kv.connect`): the Python wrapper is the same for both.
@@ -30,80 +27,15 @@ fn kv_to_py(err: KvError) -> PyErr {
     crate::errors::err(err)
 }
 
-fn parse<T: serde::de::DeserializeOwned>(
-    field: &str,
-    value: &str,
-    accepted: &[&str],
-) -> PyResult<T> {
-    serde_json::from_value(serde_json::Value::String(value.to_string())).map_err(|_| {
-        config_error(format!(
-            "kv: {field} = {value:?}: use one of {}",
-            accepted.join(", ")
-        ))
-    })
-}
-
-fn policy(field: &str, spec: &str) -> PyResult<PolicyConfig> {
-    PolicyConfig::parse(spec).map_err(|e| config_error(format!("kv: {field} = {spec:?}: {e}")))
-}
-
-/// Opens (or creates) a store. Sizes are bytes; the Python wrapper parses "8GiB".
+/// Opens (or creates) a store; `options` holds `sluice.kv.open`'s keyword arguments
+/// (parsed in `kv_options`, sizes as ints or strings like "8GiB").
 #[pyfunction]
-#[pyo3(signature = (path, block_bytes, dram_bytes, ssd_bytes, namespace, dram_policy, ssd_policy, write_mode, durability, direct, io_threads, lease_timeout_ms, key_bytes, segment_bytes, recompute=None, shared=None, engine="auto"))]
-#[allow(clippy::too_many_arguments)]
 pub fn kv_open(
     py: Python<'_>,
     path: std::path::PathBuf,
-    block_bytes: &Bound<'_, PyAny>,
-    dram_bytes: &Bound<'_, PyAny>,
-    ssd_bytes: &Bound<'_, PyAny>,
-    namespace: (String, String, u32, u32, u32, String, String),
-    dram_policy: &str,
-    ssd_policy: &str,
-    write_mode: &str,
-    durability: &str,
-    direct: &str,
-    io_threads: usize,
-    lease_timeout_ms: u64,
-    key_bytes: Option<usize>,
-    segment_bytes: &Bound<'_, PyAny>,
-    recompute: Option<(f64, u64)>,
-    shared: Option<(std::path::PathBuf, Bound<'_, PyAny>, String, u64)>,
-    engine: &str,
+    options: Bound<'_, PyDict>,
 ) -> PyResult<PyKvStore> {
-    let block_bytes = byte_size("block_bytes", block_bytes)?;
-    let dram_bytes = byte_size("dram", dram_bytes)?;
-    let ssd_bytes = byte_size("ssd", ssd_bytes)?;
-    let segment_bytes = if segment_bytes.is_none() {
-        None
-    } else {
-        Some(byte_size("segment_bytes", segment_bytes)?)
-    };
-    let mut config = KvConfig::new(block_bytes, namespace_of(namespace));
-    config.dram_bytes = dram_bytes;
-    config.ssd_bytes = ssd_bytes;
-    config.dram_policy = policy("dram_policy", dram_policy)?;
-    config.ssd_policy = policy("ssd_policy", ssd_policy)?;
-    config.write_mode =
-        parse::<WriteMode>("write_mode", write_mode, &["write-through", "write-back"])?;
-    config.durability = parse::<Durability>("durability", durability, &["batch", "none"])?;
-    config.direct = parse::<DirectIo>("direct", direct, &["auto", "on", "off"])?;
-    config.engine = engine
-        .parse()
-        .map_err(|e| config_error(format!("kv: engine = {engine:?}: {e}")))?;
-    config.recompute = recompute.map(recompute_model);
-    config.io_threads = io_threads;
-    config.lease_timeout_ms = lease_timeout_ms;
-    config.key_bytes = key_bytes;
-    if let Some(s) = segment_bytes {
-        config.segment_bytes = s;
-    }
-    if let Some((dir, bytes, shared_policy, refresh_ms)) = shared {
-        config.shared_dir = Some(dir);
-        config.shared_bytes = byte_size("shared", &bytes)?;
-        config.shared_policy = policy("shared_policy", &shared_policy)?;
-        config.shared_refresh_ms = refresh_ms;
-    }
+    let config = store_config(Options::new(options))?;
     let store = py
         .detach(|| KvStore::open(&path, config))
         .map_err(kv_to_py)?;
@@ -112,49 +44,15 @@ pub fn kv_open(
     })
 }
 
-/// The namespace fields as Python passes them.
-type NamespaceFields = (String, String, u32, u32, u32, String, String);
-
-fn namespace_of(fields: NamespaceFields) -> Namespace {
-    let (model, dtype, tp_rank, tp_size, pp_stage, kv_format, salt) = fields;
-    Namespace {
-        model,
-        dtype,
-        tp_rank,
-        tp_size,
-        pp_stage,
-        kv_format,
-        salt,
-    }
-}
-
-fn recompute_model((tokens_per_s, block_tokens): (f64, u64)) -> RecomputeModel {
-    RecomputeModel {
-        tokens_per_s,
-        block_tokens,
-    }
-}
-
-/// Connects to a `sluice kv serve` sidecar (`sluice.kv.connect` wraps it).
+/// Connects to a `sluice kv serve` sidecar; `options` holds `sluice.kv.connect`'s
+/// keyword arguments.
 #[pyfunction]
-#[pyo3(signature = (socket, namespace, shm_bytes, connections, retry_ms, timeout_ms, recompute=None))]
-#[allow(clippy::too_many_arguments)]
 pub fn kv_connect(
     py: Python<'_>,
     socket: std::path::PathBuf,
-    namespace: NamespaceFields,
-    shm_bytes: &Bound<'_, PyAny>,
-    connections: usize,
-    retry_ms: u64,
-    timeout_ms: u64,
-    recompute: Option<(f64, u64)>,
+    options: Bound<'_, PyDict>,
 ) -> PyResult<PyKvStore> {
-    let mut config = KvClientConfig::new(namespace_of(namespace));
-    config.shm_bytes = byte_size("shm", shm_bytes)?;
-    config.connections = connections;
-    config.retry_ms = retry_ms;
-    config.timeout_ms = timeout_ms;
-    config.recompute = recompute.map(recompute_model);
+    let config = client_config(Options::new(options))?;
     let client = py
         .detach(|| KvClient::connect(&socket, config))
         .map_err(kv_to_py)?;
@@ -377,10 +275,10 @@ impl PyKvStore {
         py.detach(|| self.store.sync()).map_err(kv_to_py)
     }
 
-    /// The counters, as JSON text.
-    fn stats_json(&self, py: Python<'_>) -> PyResult<String> {
-        let v = py.detach(|| self.store.stats_json()).map_err(kv_to_py)?;
-        Ok(v.to_string())
+    /// The counters, as a typed report (`to_dict()` for all of it).
+    fn stats(&self, py: Python<'_>) -> PyResult<KvStatsReport> {
+        let report = py.detach(|| self.store.stats_json()).map_err(kv_to_py)?;
+        Ok(KvStatsReport::new(report))
     }
 
     fn close(&self, py: Python<'_>) -> PyResult<()> {
@@ -393,12 +291,12 @@ impl PyKvStore {
     }
 }
 
-/// Verifies every block of a closed store (`sluice kv fsck`); returns the report as JSON.
+/// Verifies every block of a closed store (`sluice kv fsck`); returns the typed report.
 #[pyfunction]
 #[pyo3(signature = (path, repair=false))]
-pub fn kv_fsck(py: Python<'_>, path: std::path::PathBuf, repair: bool) -> PyResult<String> {
+pub fn kv_fsck(py: Python<'_>, path: std::path::PathBuf, repair: bool) -> PyResult<KvFsckReport> {
     let report = py
-        .detach(|| sluice_kv::fsck::fsck(&path, repair))
+        .detach(|| sluice_kv::fsck(&path, repair))
         .map_err(kv_to_py)?;
-    Ok(serde_json::to_string(&report).unwrap_or_else(|_| "{}".into()))
+    Ok(KvFsckReport::new(report))
 }

@@ -12,6 +12,7 @@ mod config;
 mod convert;
 mod errors;
 mod kv;
+mod kv_options;
 mod sim;
 mod stream;
 mod warm;
@@ -57,5 +58,8 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kv::kv_open, m)?)?;
     m.add_function(wrap_pyfunction!(kv::kv_connect, m)?)?;
     m.add_function(wrap_pyfunction!(kv::kv_fsck, m)?)?;
+    m.add_function(wrap_pyfunction!(kv_options::kv_defaults, m)?)?;
+    m.add_class::<kv_options::KvStatsReport>()?;
+    m.add_class::<kv_options::KvFsckReport>()?;
     Ok(())
 }

@@ -34,18 +34,18 @@ class StoreOptions:
     # 10 GiB: enough for a smoke run of an 8B model (5k chunks of 2 MiB); set it to the
     # disk budget in production.
     ssd: ByteSize = "10GiB"
-    policy: str = "lru"
+    policy: str = sluice.kv.DEFAULTS["policy"]
     # Bumped by the operator to invalidate every block (a new engine build, a new
     # tokenizer) without deleting the directory.
     salt: str = ""
-    durability: str = "batch"
-    direct: str = "auto"
+    durability: str = sluice.kv.DEFAULTS["durability"]
+    direct: str = sluice.kv.DEFAULTS["direct"]
     # A directory other nodes mount too (NFS, Lustre): the shared tier. Each node writes
     # `shared` bytes of segments there and reads those other nodes sealed.
     shared_dir: str = ""
     shared: ByteSize = 0
-    io_threads: int = 8
-    lease_timeout_ms: int = 10_000
+    io_threads: int = sluice.kv.DEFAULTS["io_threads"]
+    lease_timeout_ms: int = sluice.kv.DEFAULTS["lease_timeout_ms"]
 
     @classmethod
     def from_config(cls, config: dict[str, Any], engine: str, extra: tuple[str, ...] = ()):

@@ -16,7 +16,7 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use sluice_engine::AlignedBuf;
-use sluice_kv::{DirectIo, Fingerprint, KvConfig, KvError, KvStore, Namespace};
+use sluice_kv::{Fingerprint, KvConfig, KvError, KvStore, Namespace};
 use sluice_policy::PolicyConfig;
 use sluice_sim::source::TraceOptions;
 use sluice_sim::tiered::{simulate_tiers, TierSpec, TieredStats};
@@ -47,6 +47,9 @@ pub enum KvCliError {
     /// fsck found bad blocks (reported, and dropped with --repair).
     #[error("{0}")]
     Damaged(String),
+    /// A stop signal (SIGINT, SIGTERM, SIGHUP) ended the run; exit 128 + the signal.
+    #[error("interrupted by signal {0} (the store the bench made is removed unless --keep-store)")]
+    Interrupted(i32),
 }
 
 impl sluice_engine::Classify for KvCliError {
@@ -57,7 +60,16 @@ impl sluice_engine::Classify for KvCliError {
             KvCliError::Sim(e) => e.class(),
             KvCliError::Usage(_) => ErrorClass::Config,
             KvCliError::Io { source, .. } => ErrorClass::of_io(source),
-            KvCliError::WrongBytes(_) | KvCliError::Damaged(_) => ErrorClass::Failed,
+            KvCliError::WrongBytes(_) | KvCliError::Damaged(_) | KvCliError::Interrupted(_) => {
+                ErrorClass::Failed
+            }
+        }
+    }
+
+    fn exit_status(&self) -> Option<i32> {
+        match self {
+            KvCliError::Interrupted(signal) => Some(128 + signal),
+            _ => None,
         }
     }
 }
@@ -71,7 +83,7 @@ pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> KvCliError +
 
 /// `sluice kv stats PATH`.
 pub fn stats(args: &KvStatsArgs) -> Result<(), KvCliError> {
-    let s = sluice_kv::fsck::summary(&args.path)?;
+    let s = sluice_kv::store_summary(&args.path)?;
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
         return Ok(());
@@ -94,6 +106,12 @@ pub fn stats(args: &KvStatsArgs) -> Result<(), KvCliError> {
         gib(s.segment_bytes)
     );
     outln!("free slots   {} (empty or torn)", s.empty_or_torn_slots);
+    if s.block_bytes_total > 0 {
+        outln!(
+            "overhead     {:.2}x the blocks' bytes on disk (record and segment headers, free and dead slots)",
+            s.segment_bytes as f64 / s.block_bytes_total as f64
+        );
+    }
     for (ns, n) in &s.namespaces {
         outln!("namespace    {ns}: {n} blocks");
     }
@@ -102,7 +120,10 @@ pub fn stats(args: &KvStatsArgs) -> Result<(), KvCliError> {
 
 /// `sluice kv fsck PATH [--repair]`: exit 0 when every block verifies.
 pub fn fsck(args: &KvFsckArgs) -> Result<(), KvCliError> {
-    let r = sluice_kv::fsck::fsck(&args.path, args.repair)?;
+    let r = sluice_kv::fsck(&args.path, args.repair)?;
+    if let Some(why) = r.lock.strip_prefix("none: ") {
+        errln!("note: checked without the store's lock ({why})");
+    }
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
     } else {
@@ -215,16 +236,18 @@ fn policy(flag: &str, spec: &str) -> Result<PolicyConfig, KvCliError> {
     PolicyConfig::parse(spec).map_err(|e| KvCliError::Usage(format!("--{flag} {spec:?}: {e}")))
 }
 
-/// `--direct`'s value.
-fn direct_io(v: &str) -> Result<DirectIo, KvCliError> {
-    match v {
-        "auto" => Ok(DirectIo::Auto),
-        "on" => Ok(DirectIo::On),
-        "off" => Ok(DirectIo::Off),
-        other => Err(KvCliError::Usage(format!(
-            "--direct {other:?}: use one of auto, on, off"
-        ))),
-    }
+/// A named option's value (`--direct`, `--write-mode`, `--durability`), parsed as the
+/// store names it; a bad one is a usage error naming the flag and what it takes.
+pub(crate) fn named<T: std::str::FromStr<Err = KvError>>(
+    flag: &str,
+    v: &str,
+) -> Result<T, KvCliError> {
+    v.parse().map_err(|e: KvError| match e {
+        KvError::Config { expected, .. } => {
+            KvCliError::Usage(format!("--{flag} {v:?}: {expected}"))
+        }
+        other => KvCliError::Kv(other),
+    })
 }
 
 /// The tier flags into a store config.
@@ -234,7 +257,7 @@ pub(crate) fn apply_tiers(c: &mut KvConfig, t: &KvTierArgs) -> Result<(), KvCliE
     let shared = t.policy.as_str();
     c.dram_policy = policy("dram-policy", t.dram_policy.as_deref().unwrap_or(shared))?;
     c.ssd_policy = policy("ssd-policy", t.ssd_policy.as_deref().unwrap_or(shared))?;
-    c.direct = direct_io(&t.direct)?;
+    c.direct = named("direct", &t.direct)?;
     if let Some(n) = t.io_threads {
         c.io_threads = n;
     }
@@ -298,34 +321,33 @@ pub fn bench(args: &KvBenchArgs) -> Result<(), KvCliError> {
     let config = store_config(args, block_bytes, model_name.as_deref().unwrap_or("custom"))?;
     std::fs::create_dir_all(&args.out).map_err(io_err(&args.out))?;
     let store_dir = args.store.clone().unwrap_or_else(|| args.out.join("store"));
-    let fresh = match std::fs::read_dir(&store_dir) {
-        Ok(mut d) => d.next().is_none(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
-        Err(e) => return Err(io_err(&store_dir)(e)),
-    };
-    if !fresh {
-        return Err(KvCliError::Usage(format!(
-            "{}: not empty; a bench starts from an empty store (remove it, or pass another \
-             --store)",
-            store_dir.display()
-        )));
-    }
+    clear_store_dir(&store_dir)?;
     errln!(
-        "replaying {} requests ({} blocks of {} bytes) into {} (dram {}, ssd {})",
+        "replaying {} requests ({} blocks of {} bytes) into {} ({})",
         trace.request_starts.len().max(1),
         trace.records.len(),
         block_bytes,
         store_dir.display(),
-        args.tiers.dram,
-        args.tiers.ssd
+        describe_tiers(&config)
     );
+    // From here on a stop signal ends the replay at the next request, and the store this
+    // bench made is removed on the way out (unless --keep-store).
+    let stop = StopOnSignal::install();
     let store = KvStore::open(&store_dir, config.clone())?;
+    let marker = store_dir.join(BENCH_MARKER);
+    std::fs::write(&marker, std::process::id().to_string()).map_err(io_err(&marker))?;
     let outcome = replay(args, &store, &trace, block_bytes);
     let closed = store.close();
     let stats = store.stats();
     drop(store);
-    if !args.keep_store {
-        let _ = std::fs::remove_dir_all(&store_dir);
+    match args.keep_store {
+        false => {
+            let _ = std::fs::remove_dir_all(&store_dir);
+        }
+        // A kept store is the user's now: the next bench will not replace it.
+        true => {
+            let _ = std::fs::remove_file(&marker);
+        }
     }
     let replay = outcome?;
     closed?;
@@ -333,6 +355,8 @@ pub fn bench(args: &KvBenchArgs) -> Result<(), KvCliError> {
         true => Some(simulate_like_store(&trace, &config)?),
         false => None,
     };
+    stop.check()?;
+    drop(stop);
     let report = report_json(args, block_bytes, &config, &replay, &stats, sim.as_ref());
     let path = args.out.join("bench.json");
     let text = serde_json::to_string_pretty(&report).unwrap_or_default();
@@ -350,6 +374,99 @@ pub fn bench(args: &KvBenchArgs) -> Result<(), KvCliError> {
         super::sim::draw_plots_with(&args.out, "sluice.kv");
     }
     Ok(())
+}
+
+/// The tiers' capacities and what they take beyond their budgets, for the first line of
+/// `kv bench` and `kv serve`: "dram 64 blocks (68 slots), ssd 256 blocks, up to 1.2 GiB on
+/// disk".
+pub(crate) fn describe_tiers(c: &KvConfig) -> String {
+    let mut parts = Vec::new();
+    if c.dram_bytes > 0 {
+        parts.push(format!(
+            "dram {} blocks ({} slots with the spares)",
+            c.dram_policy_blocks(),
+            c.dram_arena_slots()
+        ));
+    }
+    if c.ssd_bytes > 0 {
+        parts.push(format!(
+            "ssd {} blocks, up to {:.2} GiB on disk",
+            c.ssd_blocks(),
+            c.ssd_disk_bytes_limit() as f64 / (1u64 << 30) as f64
+        ));
+    }
+    parts.join(", ")
+}
+
+/// A file `kv bench` writes into the store it creates, naming its pid, and removes with
+/// the store: a store that still has it was left by a bench killed mid-run.
+const BENCH_MARKER: &str = "sluice-kv-bench.pid";
+
+/// Makes sure `dir` is empty or absent before a bench creates its store there. A store a
+/// killed bench left (it has [`BENCH_MARKER`], and no process has it open) is removed,
+/// saying so; anything else that is not empty is refused, never written into.
+fn clear_store_dir(dir: &Path) -> Result<(), KvCliError> {
+    let mut entries = match std::fs::read_dir(dir) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err(dir)(e)),
+    };
+    if entries.next().is_none() {
+        return Ok(());
+    }
+    let marker = dir.join(BENCH_MARKER);
+    let is_store = dir.join(sluice_kv::MANIFEST_NAME).is_file();
+    if !(is_store && marker.is_file()) {
+        return Err(KvCliError::Usage(format!(
+            "{}: not empty; a bench starts from an empty store (remove it, or pass another \
+             --store)",
+            dir.display()
+        )));
+    }
+    // Refused while a running bench (or anything else) has it open.
+    sluice_kv::check_store_closed(dir)?;
+    let pid = std::fs::read_to_string(&marker).unwrap_or_default();
+    errln!(
+        "{}: replacing the store a previous `sluice kv bench` left (pid {}, stopped before it \
+         could remove it)",
+        dir.display(),
+        pid.trim()
+    );
+    std::fs::remove_dir_all(dir).map_err(io_err(dir))
+}
+
+/// The signal that stopped the bench (0: none yet).
+static STOPPED_BY: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn on_stop_signal(signal: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    STOPPED_BY.store(signal, std::sync::atomic::Ordering::Release);
+}
+
+/// SIGINT, SIGTERM and SIGHUP caught for the length of a bench: the replay stops at the
+/// next request and the bench cleans up. The old handlers come back when it is dropped.
+struct StopOnSignal(Option<super::signals::SavedHandlers>);
+
+impl StopOnSignal {
+    fn install() -> StopOnSignal {
+        STOPPED_BY.store(0, std::sync::atomic::Ordering::Release);
+        StopOnSignal(Some(super::signals::install(on_stop_signal)))
+    }
+
+    /// `Err(Interrupted)` once a stop signal came.
+    fn check(&self) -> Result<(), KvCliError> {
+        match STOPPED_BY.load(std::sync::atomic::Ordering::Acquire) {
+            0 => Ok(()),
+            signal => Err(KvCliError::Interrupted(signal)),
+        }
+    }
+}
+
+impl Drop for StopOnSignal {
+    fn drop(&mut self) {
+        if let Some(saved) = self.0.take() {
+            saved.restore();
+        }
+    }
 }
 
 /// Keeps the first `limit` requests of a trace.
@@ -383,6 +500,10 @@ fn replay(
     let mut w = Window::default();
     let mut last = store.stats();
     for (i, range) in reqs.iter().enumerate() {
+        if let sig @ 1.. = STOPPED_BY.load(std::sync::atomic::Ordering::Acquire) {
+            bar.finish_and_clear();
+            return Err(KvCliError::Interrupted(sig));
+        }
         let ids: Vec<u64> = trace.records[range.clone()].iter().map(|x| x.id).collect();
         let keys: Vec<[u8; 8]> = ids.iter().map(|id| id.to_le_bytes()).collect();
         let key_refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
@@ -482,7 +603,7 @@ fn simulate_like_store(trace: &Trace, config: &KvConfig) -> Result<TieredStats, 
         tiers.push(TierSpec {
             name: "ssd".into(),
             policy: config.ssd_policy.clone(),
-            capacity_blocks: config.ssd_policy_capacity() / config.slot_bytes(),
+            capacity_blocks: config.ssd_blocks(),
         });
     }
     Ok(simulate_tiers(&t, &tiers)?)
@@ -557,7 +678,9 @@ fn report_json(
             "dram_policy": config.dram_policy.kind().name(),
             "ssd_policy": config.ssd_policy.kind().name(),
             "dram_capacity_blocks": config.dram_policy_blocks(),
-            "ssd_capacity_blocks": config.ssd_policy_capacity() / config.slot_bytes(),
+            "dram_arena_bytes": config.dram_arena_slots() * block_bytes,
+            "ssd_capacity_blocks": config.ssd_blocks(),
+            "ssd_disk_bytes_limit": config.ssd_disk_bytes_limit(),
             "io_threads": config.io_threads,
             "direct": format!("{:?}", config.direct).to_lowercase(),
         },

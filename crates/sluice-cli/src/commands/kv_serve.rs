@@ -4,9 +4,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use sluice_kv::{Durability, KvConfig, KvServer, KvServerConfig, KvStore, Namespace, WriteMode};
+use sluice_kv::{KvConfig, KvServer, KvServerConfig, KvStore, Namespace};
 
-use super::kv::{apply_tiers, parse_size, KvCliError};
+use super::kv::{apply_tiers, named, parse_size, KvCliError};
 use crate::KvServeArgs;
 
 /// Set by the stop signals.
@@ -45,13 +45,12 @@ pub fn serve(args: &KvServeArgs) -> Result<(), KvCliError> {
     STOP.store(false, Ordering::Release);
     let handlers = super::signals::install(on_signal);
     errln!(
-        "sluice kv serve: {} on {} (pid {}, {}-byte blocks, dram {}, ssd {}); stop with Ctrl-C or SIGTERM",
+        "sluice kv serve: {} on {} (pid {}, {}-byte blocks, {}); stop with Ctrl-C or SIGTERM",
         args.path.display(),
         args.socket.display(),
         std::process::id(),
         store.config().block_bytes,
-        args.tiers.dram,
-        args.tiers.ssd
+        super::kv::describe_tiers(store.config())
     );
     let served = server.run(&|| STOP.load(Ordering::Acquire));
     drop(server);
@@ -76,7 +75,7 @@ pub fn serve(args: &KvServeArgs) -> Result<(), KvCliError> {
 fn store_config(args: &KvServeArgs) -> Result<KvConfig, KvCliError> {
     let block_bytes = match &args.block_bytes {
         Some(b) => parse_size("block-bytes", b)?,
-        None => match sluice_kv::manifest::read(&args.path) {
+        None => match sluice_kv::read_manifest(&args.path) {
             Ok(m) => m.block_bytes,
             Err(_) => {
                 return Err(KvCliError::Usage(format!(
@@ -88,24 +87,8 @@ fn store_config(args: &KvServeArgs) -> Result<KvConfig, KvCliError> {
     };
     let mut c = KvConfig::new(block_bytes, Namespace::default());
     apply_tiers(&mut c, &args.tiers)?;
-    c.write_mode = match args.write_mode.as_str() {
-        "write-through" => WriteMode::WriteThrough,
-        "write-back" => WriteMode::WriteBack,
-        other => {
-            return Err(KvCliError::Usage(format!(
-                "--write-mode {other:?}: use write-through or write-back"
-            )))
-        }
-    };
-    c.durability = match args.durability.as_str() {
-        "batch" => Durability::Batch,
-        "none" => Durability::None,
-        other => {
-            return Err(KvCliError::Usage(format!(
-                "--durability {other:?}: use batch or none"
-            )))
-        }
-    };
+    c.write_mode = named("write-mode", &args.write_mode)?;
+    c.durability = named("durability", &args.durability)?;
     c.validate()?;
     Ok(c)
 }

@@ -8,13 +8,18 @@ use std::time::Instant;
 use sluice_formats::kv::{payload_checksum, RecordHeader, RECORD_HEADER_BYTES};
 
 use crate::dram_tier::Demoted;
-use crate::lower::{Lower, RecordLoc};
+use crate::load_model::GetTiers;
 use crate::namespace::Fingerprint;
 use crate::segment_io::SegmentFile;
 use crate::ssd_tier::{Reservation, SsdPut};
-use crate::store::{add, lock, KvStore};
+use crate::state::View;
+use crate::sync::{add, lock};
+use crate::tiers::{Lower, RecordLoc};
 
-use super::{demote, dram_put, fill_slot, is_aligned, parallel, staging, write_record};
+use super::{
+    demote, dram_put, fill_slot, is_aligned, parallel, reserve_demotions, staging, write_record,
+    Demotion,
+};
 
 /// Gets a batch in three steps:
 /// 1. every key is located, **in key order**, and the policies see its hit then: DRAM, or
@@ -28,21 +33,20 @@ use super::{demote, dram_put, fill_slot, is_aligned, parallel, staging, write_re
 ///
 /// Returns per key whether it was served, and how many keys each tier served.
 pub(crate) fn get_batch(
-    store: &KvStore,
+    v: View<'_>,
     keys: &[&[u8]],
     bufs: &mut [&mut [u8]],
 ) -> (Vec<bool>, GetTiers) {
-    let inner = &store.inner;
     let started = Instant::now();
-    let plans = plan_gets(store, keys);
+    let plans = plan_gets(v, keys);
     let planned = plans.len();
     let cells: Vec<Mutex<Option<GetPlan>>> =
         plans.into_iter().map(|p| Mutex::new(Some(p))).collect();
     let bufs_cells: Vec<Mutex<&mut [u8]>> = bufs.iter_mut().map(|b| Mutex::new(&mut **b)).collect();
-    let fetched = parallel(planned, inner.config.io_threads, |i| {
+    let fetched = parallel(planned, v.state.config().io_threads, |i| {
         let plan = lock(&cells[i]).take().expect("each plan runs once");
         let mut buf = lock(&bufs_cells[i]);
-        fetch_one(store, plan, keys[i], &mut buf)
+        fetch_one(v, plan, keys[i], &mut buf)
     });
     let mut ok = Vec::with_capacity(keys.len());
     let mut tiers = GetTiers::default();
@@ -58,25 +62,16 @@ pub(crate) fn get_batch(
         }
     }
     ok.resize(keys.len(), false);
-    store.record_load(&tiers, started.elapsed());
-    add(&inner.counters.hits_dram, tiers.dram);
-    add(&inner.counters.hits_ssd, tiers.ssd);
-    add(&inner.counters.hits_shared, tiers.shared);
-    add(&inner.counters.gets, keys.len() as u64);
+    v.state.record_load(&tiers, started.elapsed());
+    add(&v.state.counters().hits_dram, tiers.dram);
+    add(&v.state.counters().hits_ssd, tiers.ssd);
+    add(&v.state.counters().hits_shared, tiers.shared);
+    add(&v.state.counters().gets, keys.len() as u64);
     add(
-        &inner.counters.misses,
+        &v.state.counters().misses,
         ok.iter().filter(|o| !**o).count() as u64,
     );
     (ok, tiers)
-}
-
-/// How many keys of a get batch each tier served.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct GetTiers {
-    pub dram: u64,
-    pub ssd: u64,
-    /// Our segments in the shared directory, or another store's.
-    pub shared: u64,
 }
 
 /// Where step 2 of a get took a key's bytes from (now in the caller's buffer), if anywhere.
@@ -101,39 +96,42 @@ enum GetPlan {
         fp: Fingerprint,
         at: RecordLoc,
         promote: Option<u32>,
-        demoted: Vec<Arc<Demoted>>,
+        demoted: Vec<Demotion>,
         to_ssd: Option<Reservation>,
     },
 }
 
 /// Step 1 of a get: each key located and its hit counted with its tier's policy, in key
 /// order, up to the first key found nowhere.
-fn plan_gets(store: &KvStore, keys: &[&[u8]]) -> Vec<GetPlan> {
-    let inner = &store.inner;
+fn plan_gets(v: View<'_>, keys: &[&[u8]]) -> Vec<GetPlan> {
     let mut plans = Vec::with_capacity(keys.len());
     for key in keys {
-        let fp = store.fingerprint(key);
-        let Some(source) = find(store, fp, key) else {
-            store.release_lease(fp);
+        let fp = v.fingerprint(key);
+        let Some(source) = find(v, fp, key) else {
+            v.state.release_lease(fp);
             break;
         };
         let plan = match source {
             Source::Dram(slot) => {
-                let d = inner.dram.as_ref().expect("a DRAM source implies the tier");
+                let d = v
+                    .state
+                    .tiers()
+                    .dram()
+                    .expect("a DRAM source implies the tier");
                 lock(d).touch(fp);
                 GetPlan::Dram(fp, slot)
             }
             Source::Demoting(d) => GetPlan::Demoting(fp, d),
             Source::Lower(at) => {
-                store.touch_lower(fp, at.tier);
+                v.state.tiers().touch_lower(fp, at.tier);
                 let mut demoted = Vec::new();
-                let promote = match inner.dram.is_some() {
-                    true => dram_put(store, fp, key, &mut demoted).slot(),
+                let promote = match v.state.tiers().dram().is_some() {
+                    true => dram_put(v, fp, key, true, &mut demoted).slot(),
                     false => None,
                 };
-                let to_ssd = match (at.tier, &inner.ssd) {
+                let to_ssd = match (at.tier, v.state.tiers().ssd()) {
                     (Lower::Shared | Lower::Foreign, Some(ssd)) => {
-                        match lock(ssd).put(fp, &store.namespace_id, key) {
+                        match lock(ssd).put(fp, &v.namespace_id, key) {
                             SsdPut::Reserved(r) => Some(r),
                             _ => None,
                         }
@@ -151,6 +149,11 @@ fn plan_gets(store: &KvStore, keys: &[&[u8]]) -> Vec<GetPlan> {
         };
         plans.push(plan);
     }
+    for plan in &mut plans {
+        if let GetPlan::Lower { demoted, .. } = plan {
+            reserve_demotions(v, demoted);
+        }
+    }
     plans
 }
 
@@ -163,11 +166,14 @@ enum Source {
 
 /// Step 2 of a get for one key: copy or read its bytes into `buf`, fill its promotion
 /// slot, end its lease.
-fn fetch_one(store: &KvStore, plan: GetPlan, key: &[u8], buf: &mut [u8]) -> Fetched {
-    let inner = &store.inner;
+fn fetch_one(v: View<'_>, plan: GetPlan, key: &[u8], buf: &mut [u8]) -> Fetched {
     let (fp, got) = match plan {
         GetPlan::Dram(fp, slot) => {
-            let d = inner.dram.as_ref().expect("a DRAM plan implies the tier");
+            let d = v
+                .state
+                .tiers()
+                .dram()
+                .expect("a DRAM plan implies the tier");
             let src = lock(d).slot_ptr(slot);
             // SAFETY: step 1 pinned the slot, so nobody writes or reuses it during the copy.
             unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) };
@@ -185,8 +191,8 @@ fn fetch_one(store: &KvStore, plan: GetPlan, key: &[u8], buf: &mut [u8]) -> Fetc
             demoted,
             to_ssd,
         } => {
-            let read = read_from_lower(store, fp, key, &at, buf);
-            if let (Some(slot), Some(d)) = (promote, &inner.dram) {
+            let read = read_from_lower(v, fp, key, &at, buf);
+            if let (Some(slot), Some(d)) = (promote, v.state.tiers().dram()) {
                 if read {
                     fill_slot(d, slot, buf);
                 } else {
@@ -194,9 +200,9 @@ fn fetch_one(store: &KvStore, plan: GetPlan, key: &[u8], buf: &mut [u8]) -> Fetc
                 }
             }
             if let Some(r) = to_ssd {
-                copy_to_ssd(store, r, key, buf, read);
+                copy_to_ssd(v, r, key, buf, read);
             }
-            demote(store, demoted);
+            demote(v, demoted);
             let got = match (read, at.tier) {
                 (false, _) => Fetched::Miss,
                 (true, Lower::Ssd) => Fetched::Ssd,
@@ -205,44 +211,42 @@ fn fetch_one(store: &KvStore, plan: GetPlan, key: &[u8], buf: &mut [u8]) -> Fetc
             (fp, got)
         }
     };
-    store.release_lease(fp);
+    v.state.release_lease(fp);
     got
 }
 
 /// Locates `fp`: DRAM (pinned), then SSD, then a lease taken by an earlier lookup.
-fn find(store: &KvStore, fp: Fingerprint, key: &[u8]) -> Option<Source> {
-    let inner = &store.inner;
-    if let Some(d) = &inner.dram {
-        if let Some(slot) = lock(d).pin(fp, &store.namespace_id, key) {
+fn find(v: View<'_>, fp: Fingerprint, key: &[u8]) -> Option<Source> {
+    if let Some(d) = v.state.tiers().dram() {
+        if let Some(slot) = lock(d).pin(fp, &v.namespace_id, key) {
             return Some(Source::Dram(slot));
         }
     }
-    let demoting = lock(&inner.demoting).get(&fp).cloned();
-    if let Some(d) = demoting.filter(|d| &*d.key == key && d.namespace_id == store.namespace_id) {
+    let demoting = lock(v.state.tiers().demoting()).get(&fp).cloned();
+    if let Some(d) = demoting.filter(|d| &*d.key == key && d.namespace_id == v.namespace_id) {
         return Some(Source::Demoting(d));
     }
-    if let Some(at) = store.locate_lower(fp) {
+    if let Some(at) = v.state.tiers().locate_lower(fp) {
         return Some(Source::Lower(at));
     }
-    let leases = lock(&inner.leases);
-    let lease = leases.get(&fp)?;
-    if let (Some(slot), Some(d)) = (lease.dram_slot, &inner.dram) {
-        lock(d).pin_slot(slot);
-        return Some(Source::Dram(slot));
+    match v.state.leased(fp)? {
+        (Some(slot), _) => Some(Source::Dram(slot)),
+        (None, lower) => lower.map(Source::Lower),
     }
-    lease.lower.clone().map(Source::Lower)
 }
 
 /// A block read from the shared directory goes into the local SSD tier too (its policy
 /// admitted it at planning), written and synced before it is published: the next get of
 /// it is local.
-fn copy_to_ssd(store: &KvStore, r: Reservation, key: &[u8], bytes: &[u8], read: bool) {
-    let Some(ssd) = &store.inner.ssd else { return };
+fn copy_to_ssd(v: View<'_>, r: Reservation, key: &[u8], bytes: &[u8], read: bool) {
+    let Some(ssd) = v.state.tiers().ssd() else {
+        return;
+    };
     if !read {
         lock(ssd).abandon(r);
         return;
     }
-    let ok = write_record(store, &r, key, bytes)
+    let ok = write_record(v, &r, key, bytes)
         .and_then(|()| r.file.sync())
         .is_ok();
     let _ = lock(ssd).publish(vec![(r, ok)]);
@@ -251,13 +255,13 @@ fn copy_to_ssd(store: &KvStore, r: Reservation, key: &[u8], bytes: &[u8], read: 
 /// Reads one record into `buf`; a record that fails verification or cannot be read is
 /// dropped from the index that pointed to it and counted, and the key is a miss.
 fn read_from_lower(
-    store: &KvStore,
+    v: View<'_>,
     fp: Fingerprint,
     key: &[u8],
     at: &RecordLoc,
     buf: &mut [u8],
 ) -> bool {
-    let (why, corrupt) = match read_record(store, key, at.loc.slot, &*at.file, buf) {
+    let (why, corrupt) = match read_record(v, key, at.loc.slot, &*at.file, buf) {
         Ok(()) => return true,
         Err(ReadFailure::Corrupt(why)) => (why, true),
         Err(ReadFailure::Io(e)) => (format!("read failed: {e}"), false),
@@ -268,7 +272,7 @@ fn read_from_lower(
         at.loc.segment,
         at.loc.slot
     );
-    store.drop_lower(fp, at, corrupt);
+    v.state.tiers().drop_lower(fp, at, corrupt);
     false
 }
 
@@ -280,19 +284,19 @@ enum ReadFailure {
 /// Reads and verifies one record into `buf`: O_DIRECT straight into `buf` when it is
 /// aligned, else through a pooled aligned bounce buffer (copied out once verified).
 fn read_record(
-    store: &KvStore,
+    v: View<'_>,
     key: &[u8],
     slot: u32,
     file: &dyn SegmentFile,
     buf: &mut [u8],
 ) -> Result<(), ReadFailure> {
-    let slot_bytes = store.inner.config.slot_bytes();
+    let slot_bytes = v.state.config().slot_bytes();
     let at = slot as u64 * slot_bytes;
     let want = RECORD_HEADER_BYTES + buf.len();
     let short = |n: usize| ReadFailure::Corrupt(format!("short read: {n} of {want} bytes"));
     let direct_ok = !file.is_direct() || is_aligned(buf);
     if direct_ok {
-        let mut head = staging(store, RECORD_HEADER_BYTES).map_err(ReadFailure::Io)?;
+        let mut head = staging(v, RECORD_HEADER_BYTES).map_err(ReadFailure::Io)?;
         let head = &mut head.as_mut_slice()[..RECORD_HEADER_BYTES];
         // The payload is hashed piece by piece as it lands, so the checksum costs little
         // more than the read itself.
@@ -305,9 +309,9 @@ fn read_record(
         if n < want {
             return Err(short(n));
         }
-        return verify_hashed(store, key, head, buf.len(), hasher.finalize().as_bytes());
+        return verify_hashed(v, key, head, buf.len(), hasher.finalize().as_bytes());
     }
-    let mut bounce = staging(store, slot_bytes as usize).map_err(ReadFailure::Io)?;
+    let mut bounce = staging(v, slot_bytes as usize).map_err(ReadFailure::Io)?;
     let bounce = &mut bounce.as_mut_slice()[..slot_bytes as usize];
     let n = file
         .read_vectored_at(&mut [IoSliceMut::new(bounce)], at)
@@ -316,7 +320,7 @@ fn read_record(
         return Err(short(n));
     }
     let (head, payload) = bounce[..want].split_at(RECORD_HEADER_BYTES);
-    verify(store, key, head, payload)?;
+    verify(v, key, head, payload)?;
     buf.copy_from_slice(payload);
     Ok(())
 }
@@ -327,20 +331,20 @@ fn read_record(
 const HASH_PIECE_BYTES: usize = 256 << 10;
 
 /// Checks a record's header against the key asked for and its payload against the hash.
-fn verify(store: &KvStore, key: &[u8], head: &[u8], payload: &[u8]) -> Result<(), ReadFailure> {
-    verify_hashed(store, key, head, payload.len(), &payload_checksum(payload))
+fn verify(v: View<'_>, key: &[u8], head: &[u8], payload: &[u8]) -> Result<(), ReadFailure> {
+    verify_hashed(v, key, head, payload.len(), &payload_checksum(payload))
 }
 
 /// [`verify`] given the payload's length and hash.
 fn verify_hashed(
-    store: &KvStore,
+    v: View<'_>,
     key: &[u8],
     head: &[u8],
     payload_len: usize,
     payload_hash: &[u8; 32],
 ) -> Result<(), ReadFailure> {
     let h = RecordHeader::decode(head).map_err(|e| ReadFailure::Corrupt(e.to_string()))?;
-    if h.key != key || h.namespace_id != store.namespace_id {
+    if h.key != key || h.namespace_id != v.namespace_id {
         return Err(ReadFailure::Corrupt("the record holds another key".into()));
     }
     if h.payload_len != payload_len as u64 {

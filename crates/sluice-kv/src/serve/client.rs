@@ -23,12 +23,13 @@ use sluice_formats::kv_wire::{
 };
 
 use super::frame::{read_frame, write_frame};
+use crate::args::{check_buffers, check_keys};
 use crate::block_store::BlockStore;
 use crate::config::RecomputeModel;
 use crate::error::KvError;
 use crate::jobs::{JobBuffer, JobKind, JobQueue, KvJob};
 use crate::namespace::Namespace;
-use crate::store::{check_buffers, check_keys, lock};
+use crate::sync::lock;
 
 /// How a client connects. Every default says why it has its value.
 #[derive(Debug, Clone)]
@@ -104,6 +105,8 @@ struct ClientInner {
     /// starts page-aligned and the server can write it to disk with O_DIRECT as it is.
     stride: usize,
     server_pid: AtomicU32,
+    /// Set when a reconnect found the server storing blocks of another size.
+    server_block_bytes: Mutex<Option<u64>>,
     pool: Mutex<Pool>,
     freed: Condvar,
     /// While the server is unreachable: when the next call may try again.
@@ -140,6 +143,8 @@ impl KvClient {
         if config.connections == 0 {
             return Err(KvError::config("connections", 0, "at least 1"));
         }
+        config.namespace.validate()?;
+        super::check_socket_path(socket)?;
         let (conn, block_bytes, pid) = open_conn(socket, &config).map_err(|e| match e {
             CallError::Io(e) => KvError::io(socket)(e),
             CallError::Refused(kind, message) => refused(socket, kind, message),
@@ -158,6 +163,7 @@ impl KvClient {
             block_bytes,
             stride,
             server_pid: AtomicU32::new(pid),
+            server_block_bytes: Mutex::new(None),
             pool: Mutex::new(Pool {
                 idle: vec![conn],
                 open: 1,
@@ -185,55 +191,91 @@ impl KvClient {
     }
 
     /// Runs `f` on a connection. `Ok(None)`: the server is unreachable (the caller fails
-    /// open); errors are refusals of the request itself.
+    /// open); errors are refusals of the request itself, or a server that now stores
+    /// blocks of another size.
+    ///
+    /// A pooled connection that breaks may only be stale (the server restarted since it
+    /// was opened): the request is tried once more on a fresh connection, which also
+    /// re-handshakes, before the server counts as unreachable. Requests are idempotent
+    /// (a put of a stored block is a no-op), so running one twice is harmless.
     fn call<T>(
         &self,
-        f: impl FnOnce(&mut Conn) -> Result<T, CallError>,
+        mut f: impl FnMut(&mut Conn) -> Result<T, CallError>,
     ) -> Result<Option<T>, KvError> {
         let inner = &self.inner;
         inner.counters.requests.fetch_add(1, Ordering::Relaxed);
-        let Some(mut conn) = self.acquire()? else {
-            inner.counters.failed_open.fetch_add(1, Ordering::Relaxed);
-            return Ok(None);
-        };
-        match f(&mut conn) {
-            Ok(v) => {
-                self.release(Some(conn));
-                Ok(Some(v))
-            }
-            Err(CallError::Refused(kind, message)) => {
-                // After a protocol error the server hangs up: drop the connection.
-                let keep = kind != WireErrorKind::BadRequest;
-                self.release(keep.then_some(conn));
-                Err(refused(&inner.socket, kind, message))
-            }
-            Err(CallError::Io(e)) => {
-                self.release(None);
-                self.outage(&e.to_string());
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let Some((mut conn, fresh)) = self.acquire()? else {
+                self.check_block_size()?;
                 inner.counters.failed_open.fetch_add(1, Ordering::Relaxed);
-                Ok(None)
+                return Ok(None);
+            };
+            match f(&mut conn) {
+                Ok(v) => {
+                    self.release(Some(conn));
+                    return Ok(Some(v));
+                }
+                Err(CallError::Refused(kind, message)) => {
+                    // After a protocol error the server hangs up: drop the connection.
+                    let keep = kind != WireErrorKind::BadRequest;
+                    self.release(keep.then_some(conn));
+                    return Err(refused(&inner.socket, kind, message));
+                }
+                Err(CallError::Io(_)) if !fresh && tries == 1 => {
+                    self.release(None);
+                    // Its idle siblings were opened to the same server: stale too.
+                    lock(&inner.pool).drop_idle();
+                }
+                Err(CallError::Io(e)) => {
+                    self.release(None);
+                    self.outage(&e.to_string());
+                    inner.counters.failed_open.fetch_add(1, Ordering::Relaxed);
+                    return Ok(None);
+                }
             }
         }
     }
 
-    /// An idle connection, or a new one, or `None` while the server is unreachable.
-    fn acquire(&self) -> Result<Option<Conn>, KvError> {
+    /// `Err` naming both sizes once a reconnect found the server storing blocks of another
+    /// size (restarted with another `--block-bytes`): this client's buffers and regions
+    /// are sized for the old one, so it can never be served again.
+    fn check_block_size(&self) -> Result<(), KvError> {
+        let Some(now) = *lock(&self.inner.server_block_bytes) else {
+            return Ok(());
+        };
+        Err(KvError::Incompatible {
+            path: self.inner.socket.clone(),
+            detail: format!(
+                "the kv server now stores {now}-byte blocks, but this client was connected \
+                 for {}-byte blocks (the server was restarted with another --block-bytes): \
+                 connect again for the new size, or restart the server with --block-bytes {}",
+                self.inner.block_bytes, self.inner.block_bytes
+            ),
+        })
+    }
+
+    /// An idle connection (`false`) or a new one (`true`), or `None` while the server is
+    /// unreachable or stores blocks of another size.
+    fn acquire(&self) -> Result<Option<(Conn, bool)>, KvError> {
         let inner = &self.inner;
         if inner.closed.load(Ordering::Acquire) {
             return Err(KvError::Closed);
         }
+        self.check_block_size()?;
         if lock(&inner.retry_at).is_some_and(|t| Instant::now() < t) {
             return Ok(None);
         }
         let mut pool = lock(&inner.pool);
         loop {
             if let Some(c) = pool.idle.pop() {
-                return Ok(Some(c));
+                return Ok(Some((c, false)));
             }
             if pool.open < inner.config.connections {
                 pool.open += 1;
                 drop(pool);
-                return Ok(self.reconnect());
+                return Ok(self.reconnect().map(|c| (c, true)));
             }
             pool = inner.freed.wait(pool).unwrap_or_else(|p| p.into_inner());
         }
@@ -257,10 +299,12 @@ impl KvClient {
             }
             Ok((_, block_bytes, _)) => {
                 self.release(None);
-                self.outage(&format!(
-                    "the server now stores {block_bytes}-byte blocks, not {}",
+                *lock(&inner.server_block_bytes) = Some(block_bytes);
+                tracing::error!(
+                    "kv client: the server at {} now stores {block_bytes}-byte blocks; this client was connected for {}-byte blocks, so every call fails until it connects again",
+                    inner.socket.display(),
                     inner.block_bytes
-                ));
+                );
                 None
             }
             Err(CallError::Io(e)) => {
@@ -330,7 +374,10 @@ impl KvClient {
 
     fn put_chunk(&self, keys: &[&[u8]], blocks: &[&[u8]]) -> Result<Option<Vec<bool>>, KvError> {
         let stride = self.inner.stride;
-        let req_keys: Vec<Vec<u8>> = keys.iter().map(|k| k.to_vec()).collect();
+        let req = Request::Put {
+            keys: keys.iter().map(|k| k.to_vec()).collect(),
+            offsets: (0..keys.len() as u64).map(|i| i * stride as u64).collect(),
+        };
         self.call(|c| {
             for (i, b) in blocks.iter().enumerate() {
                 // SAFETY: `per_request` keeps every block inside the region, and this
@@ -343,11 +390,6 @@ impl KvClient {
                     )
                 };
             }
-            let offsets = (0..keys.len() as u64).map(|i| i * stride as u64).collect();
-            let req = Request::Put {
-                keys: req_keys,
-                offsets,
-            };
             flags(exchange(c, &req)?, keys.len())
         })
     }

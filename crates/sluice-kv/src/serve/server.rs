@@ -23,7 +23,8 @@ use super::frame::{read_frame, write_frame};
 use crate::config::RecomputeModel;
 use crate::error::KvError;
 use crate::namespace::Namespace;
-use crate::store::{lock, KvStore};
+use crate::store::KvStore;
+use crate::sync::lock;
 
 /// How a server runs. Every default says why it has its value.
 #[derive(Debug, Clone)]
@@ -86,6 +87,7 @@ impl KvServer {
         socket: &Path,
         config: KvServerConfig,
     ) -> Result<KvServer, KvError> {
+        super::check_socket_path(socket)?;
         clear_stale_socket(socket)?;
         let listener = UnixListener::bind(socket).map_err(KvError::io(socket))?;
         std::fs::set_permissions(socket, std::fs::Permissions::from_mode(config.socket_mode))
@@ -401,14 +403,16 @@ impl Session {
                 ))
             }
         };
+        let namespace = namespace_of(namespace);
+        namespace
+            .validate()
+            .map_err(|e| error(WireErrorKind::Config, e.to_string()))?;
         let fd = fd.ok_or_else(|| bad("the Hello carries no shared region".into()))?;
         let block_bytes = self.store.config().block_bytes as usize;
         let max = usize::try_from(self.max_shm_bytes).unwrap_or(usize::MAX);
         let region = SharedMemory::from_fd(fd, block_bytes, max)
             .map_err(|e| error(WireErrorKind::Config, format!("shared region: {e}")))?;
-        let store = self
-            .store
-            .with_namespace(&namespace_of(namespace), recompute);
+        let store = self.store.with_namespace(&namespace, recompute);
         Ok((store, region))
     }
 

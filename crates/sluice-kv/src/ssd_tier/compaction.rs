@@ -25,7 +25,7 @@ use sluice_formats::kv_summary::SummaryEntry;
 use super::{copy_record, sync_written, Reservation, SsdLoc, SsdTier};
 use crate::namespace::Fingerprint;
 use crate::segment_io::SegmentFile;
-use crate::store::lock;
+use crate::sync::lock;
 
 /// One record to move: where it is, and the slot reserved for it.
 struct Move {

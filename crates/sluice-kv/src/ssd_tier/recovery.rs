@@ -25,10 +25,10 @@ use sluice_formats::kv::{
 };
 use sluice_formats::kv_summary::{SegmentSummary, SummaryEntry};
 
+use super::{sealed_marker, summary_path, write_summary, SsdLoc, SsdTier};
 use crate::error::KvError;
 use crate::namespace::Fingerprint;
 use crate::segment_io::SegmentFile;
-use crate::ssd_tier::{sealed_marker, summary_path, write_summary, SsdLoc, SsdTier};
 
 /// A record found in a segment.
 struct Found {
@@ -56,21 +56,30 @@ pub(crate) fn recover(tier: &mut SsdTier) -> Result<(), KvError> {
             Err(e) => return Err(KvError::Io { path, source: e }),
         };
         let len = dir.len(id).map_err(KvError::io(&path))?;
-        match read_segment_header(&*file) {
-            Ok(h) => check_header(tier, &h, &path)?,
-            Err(reason) => {
-                tracing::warn!("{}: {reason}; removing the segment", path.display());
-                drop(file);
-                let _ = dir.remove(id);
-                let _ = std::fs::remove_file(sealed_marker(&path));
-                continue;
+        let damage = match read_segment_header(&*file) {
+            Ok(h) if h.segment_id != id => Some(format!(
+                "its header names segment {} (a copy of another segment's file)",
+                h.segment_id
+            )),
+            Ok(h) => {
+                check_header(tier, &h, &path)?;
+                None
             }
+            Err(reason) => Some(reason),
+        };
+        if let Some(reason) = damage {
+            tracing::warn!("{}: {reason}; removing the segment", path.display());
+            drop(file);
+            let _ = dir.remove(id);
+            let _ = std::fs::remove_file(sealed_marker(&path));
+            let _ = std::fs::remove_file(summary_path(&path));
+            continue;
         }
         let sealed = sealed_marker(&path).exists();
         let used = match sealed.then(|| read_summary(tier, &path, id)).flatten() {
             Some(summary) => {
                 tier.counters.summaries_read += 1;
-                from_summary(summary, id32, &mut found)
+                from_summary(tier, summary, id32, len, &path, &mut found)
             }
             None => {
                 let mut here = Vec::new();
@@ -183,38 +192,39 @@ fn scan_segment(
 
 /// The summary of segment `id` at `path`, if it is there and describes this segment.
 fn read_summary(tier: &SsdTier, path: &std::path::Path, id: u64) -> Option<SegmentSummary> {
+    let read = super::read_summary(path, tier.store_id(), id, tier.block_bytes())?;
+    let slots = tier.slots_per_segment();
+    let why = match read {
+        Ok(s) if s.entries.iter().all(|e| e.slot >= 1 && e.slot < slots) => return Some(s),
+        Ok(_) => "describes another segment".to_string(),
+        Err(why) => why,
+    };
     let file = summary_path(path);
-    let bytes = std::fs::read(&file).ok()?;
-    match SegmentSummary::decode(&bytes) {
-        Ok(s)
-            if s.store_id == tier.store_id()
-                && s.segment_id == id
-                && s.block_bytes == tier.block_bytes()
-                && s.entries
-                    .iter()
-                    .all(|e| e.slot >= 1 && e.slot < tier.slots_per_segment()) =>
-        {
-            Some(s)
-        }
-        Ok(_) => {
-            tracing::warn!(
-                "{}: describes another segment; scanning instead",
-                file.display()
-            );
-            None
-        }
-        Err(e) => {
-            tracing::warn!("{}: {e}; scanning the segment instead", file.display());
-            None
-        }
-    }
+    tracing::warn!("{}: {why}; scanning the segment instead", file.display());
+    None
 }
 
-/// A summary's records; the slots in use (header included).
-fn from_summary(summary: SegmentSummary, id: u32, found: &mut Vec<Found>) -> u32 {
+/// A summary's records that the segment file still holds; the slots in use (header
+/// included). A record the summary lists past the end of a truncated file is gone: it is
+/// counted as a skipped slot, so lookups never count it.
+fn from_summary(
+    tier: &mut SsdTier,
+    summary: SegmentSummary,
+    id: u32,
+    len: u64,
+    path: &std::path::Path,
+    found: &mut Vec<Found>,
+) -> u32 {
     let mut used = 1;
+    let (slot_bytes, block_bytes) = (tier.slot_bytes(), tier.block_bytes());
+    let listed = summary.entries.len();
+    let mut lost = 0;
     for entry in summary.entries {
         used = used.max(entry.slot + 1);
+        if !super::record_fits(entry.slot, slot_bytes, block_bytes, len) {
+            lost += 1;
+            continue;
+        }
         found.push(Found {
             loc: SsdLoc {
                 segment: id,
@@ -222,6 +232,13 @@ fn from_summary(summary: SegmentSummary, id: u32, found: &mut Vec<Found>) -> u32
             },
             entry,
         });
+    }
+    if lost > 0 {
+        tracing::warn!(
+            "{}: the file ends at {len} bytes, before {lost} of the {listed} records its summary lists; those blocks are gone",
+            path.display()
+        );
+        tier.counters.torn_slots_skipped += lost;
     }
     used
 }

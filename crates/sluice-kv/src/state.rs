@@ -1,0 +1,210 @@
+//! [`StoreState`]: what every handle on one open store shares (its configuration, its
+//! tiers, the lookups' leases, the counters, the staging buffers and the load model),
+//! behind methods. The data path (`io_path`) works on a [`View`] of it: the state seen
+//! through one namespace. The public [`KvStore`](crate::KvStore) wraps both, with the
+//! parts only an owner has (the directory lock, the reclaim thread, the job queue).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use sluice_engine::{BufferPool, BufferPoolConfig};
+
+use crate::config::KvConfig;
+use crate::load_model::{GetTiers, LoadModel};
+use crate::namespace::{fp_map, Fingerprint, FpMap};
+use crate::stats::{Counters, KvStats};
+use crate::sync::lock;
+use crate::tiers::{RecordLoc, Tiers};
+
+/// A lease taken by `lookup`: what the later get may read even if the block is evicted.
+pub(crate) struct Lease {
+    pub dram_slot: Option<u32>,
+    /// The record in a lower tier, when DRAM does not hold the block.
+    pub lower: Option<RecordLoc>,
+    pub count: u32,
+    pub expires: Instant,
+}
+
+/// The state of one open store, shared by every handle (namespace) on it.
+pub(crate) struct StoreState {
+    config: KvConfig,
+    root: PathBuf,
+    tiers: Tiers,
+    leases: Mutex<FpMap<Lease>>,
+    counters: Counters,
+    /// Aligned staging for SSD records (writes, unaligned reads, record headers): one slot
+    /// per I/O thread, reused, so the data path maps no memory per block.
+    staging: BufferPool,
+    closed: AtomicBool,
+    /// Measured seconds per block served from each tier, for `lookup_worth_loading`.
+    load_model: Mutex<LoadModel>,
+}
+
+impl StoreState {
+    pub(crate) fn new(config: KvConfig, root: &Path, tiers: Tiers) -> StoreState {
+        let staging = BufferPool::new(BufferPoolConfig::bounded(
+            config.io_threads as u64 * config.slot_bytes(),
+        ));
+        StoreState {
+            load_model: Mutex::new(LoadModel::new(config.block_bytes)),
+            config,
+            root: root.to_path_buf(),
+            tiers,
+            leases: Mutex::new(fp_map(0)),
+            counters: Counters::default(),
+            staging,
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn config(&self) -> &KvConfig {
+        &self.config
+    }
+
+    pub(crate) fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub(crate) fn tiers(&self) -> &Tiers {
+        &self.tiers
+    }
+
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    pub(crate) fn staging(&self) -> &BufferPool {
+        &self.staging
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Marks the store closed; `true` if it already was.
+    pub(crate) fn mark_closed(&self) -> bool {
+        self.closed.swap(true, Ordering::AcqRel)
+    }
+
+    /// The seconds per block gets measured on each tier.
+    pub(crate) fn load_model(&self) -> LoadModel {
+        *lock(&self.load_model)
+    }
+
+    /// A get batch's timing, for the load model.
+    pub(crate) fn record_load(&self, tiers: &GetTiers, elapsed: Duration) {
+        lock(&self.load_model).record(tiers, elapsed);
+    }
+
+    /// Leases `keys` (of `namespace_id`, fingerprints `fps`) from the first until one is
+    /// found in no tier; returns how many. The lease table and each tier are locked once
+    /// for the whole chain, in the store's lock order (leases, DRAM, SSD, ...).
+    pub(crate) fn lease_prefix(
+        &self,
+        namespace_id: &[u8; 16],
+        keys: &[&[u8]],
+        fps: &[Fingerprint],
+    ) -> usize {
+        let expires = Instant::now() + Duration::from_millis(self.config.lease_timeout_ms);
+        let mut leases = lock(&self.leases);
+        let mut tiers = self.tiers.residency();
+        let mut n = 0;
+        for (fp, key) in fps.iter().zip(keys) {
+            if let Some(l) = leases.get_mut(fp) {
+                l.count += 1;
+                l.expires = expires;
+                n += 1;
+                continue;
+            }
+            let (dram_slot, lower) = tiers.pin_or_locate(*fp, namespace_id, key);
+            if dram_slot.is_none() && lower.is_none() {
+                break;
+            }
+            let lease = Lease {
+                dram_slot,
+                lower,
+                count: 1,
+                expires,
+            };
+            leases.insert(*fp, lease);
+            n += 1;
+        }
+        n
+    }
+
+    /// What a lease on `fp` holds, for a get that finds the block in no tier any more: a
+    /// DRAM slot (pinned once more for the get) or a lower tier's record.
+    pub(crate) fn leased(&self, fp: Fingerprint) -> Option<(Option<u32>, Option<RecordLoc>)> {
+        let leases = lock(&self.leases);
+        let lease = leases.get(&fp)?;
+        if let (Some(slot), Some(d)) = (lease.dram_slot, self.tiers.dram()) {
+            lock(d).pin_slot(slot);
+            return Some((Some(slot), None));
+        }
+        Some((None, lease.lower.clone()))
+    }
+
+    /// Releases one lease count of `fp` (after its get).
+    pub(crate) fn release_lease(&self, fp: Fingerprint) {
+        let mut leases = lock(&self.leases);
+        let Some(l) = leases.get_mut(&fp) else { return };
+        l.count = l.count.saturating_sub(1);
+        if l.count == 0 {
+            let l = leases.remove(&fp).expect("just found");
+            self.unpin_lease(l);
+        }
+    }
+
+    /// Ends every lease past its timeout (once per call, not per key).
+    pub(crate) fn expire_leases(&self) {
+        let now = Instant::now();
+        let mut leases = lock(&self.leases);
+        let expired: Vec<Fingerprint> = leases
+            .iter()
+            .filter(|(_, l)| l.expires <= now)
+            .map(|(fp, _)| *fp)
+            .collect();
+        for fp in expired {
+            if let Some(l) = leases.remove(&fp) {
+                self.unpin_lease(l);
+            }
+        }
+    }
+
+    fn unpin_lease(&self, lease: Lease) {
+        if let (Some(slot), Some(d)) = (lease.dram_slot, self.tiers.dram()) {
+            lock(d).unpin(slot);
+        }
+    }
+
+    /// A snapshot of the counters and each tier's occupancy.
+    pub(crate) fn stats(&self) -> KvStats {
+        let (dram, ssd, shared, foreign) = self.tiers.stats(&self.config);
+        let (counters, segments) = self.tiers.ssd_counters();
+        KvStats::new(
+            &self.counters,
+            counters,
+            segments,
+            [dram, ssd, shared],
+            foreign,
+            self.load_model(),
+        )
+    }
+}
+
+/// The store's state seen through one namespace: what the data path works on.
+#[derive(Clone, Copy)]
+pub(crate) struct View<'a> {
+    pub state: &'a StoreState,
+    /// The digest of the handle's namespace: in every fingerprint and record it writes,
+    /// compared on every read.
+    pub namespace_id: [u8; 16],
+}
+
+impl View<'_> {
+    pub(crate) fn fingerprint(&self, key: &[u8]) -> Fingerprint {
+        Fingerprint::of(&self.namespace_id, key)
+    }
+}

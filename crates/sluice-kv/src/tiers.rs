@@ -1,0 +1,345 @@
+//! [`Tiers`]: the tiers of one store, and what the data path asks of them together.
+//!
+//! - DRAM: a slot arena ([`DramTier`]); in write-back, the blocks it evicted on their way
+//!   to SSD wait in `demoting`, so a get that checks DRAM, then `demoting`, then SSD
+//!   always finds a block that is moving.
+//! - Below DRAM: the local SSD tier, this store's own segments in the shared directory,
+//!   and the segments other stores sealed there. All three hold the same records
+//!   (`sluice_formats::kv`), so a get reads and verifies a block the same way wherever it
+//!   lies; what differs is who may evict it (our policies, or another store) and what a
+//!   failed read drops (an index entry of ours, or of the foreign index). A hit in the
+//!   shared directory is promoted into DRAM and the local SSD as their policies decide,
+//!   so a block read from a network file system once is local the next time.
+//!
+//! Locks are taken in one order everywhere: the lease table (the store's), DRAM, SSD, our
+//! shared segments, the foreign index.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::config::KvConfig;
+use crate::dram_tier::{Demoted, DramTier};
+use crate::error::KvError;
+use crate::foreign::{self, ForeignIndex};
+use crate::namespace::{fp_map, Fingerprint, FpMap};
+use crate::reclaimer::Tended;
+use crate::segment_io::{FsSegmentDir, SegmentDir, SegmentFile};
+use crate::ssd_tier::{SsdLoc, SsdTier};
+use crate::stats::{ForeignStats, TierStats};
+use crate::sync::lock;
+
+/// A tier below DRAM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lower {
+    /// The local SSD tier.
+    Ssd,
+    /// This store's segments in the shared directory.
+    Shared,
+    /// Another store's segments in the shared directory (read-only).
+    Foreign,
+}
+
+/// Where a record lies, with the file to read it from.
+#[derive(Clone)]
+pub(crate) struct RecordLoc {
+    pub tier: Lower,
+    pub loc: SsdLoc,
+    pub file: Arc<dyn SegmentFile>,
+}
+
+/// Which tier holds a block.
+pub(crate) enum Tier {
+    Dram,
+    Ssd,
+    /// The shared directory: our segments there, or another store's.
+    Shared,
+}
+
+/// The tiers of one store.
+pub(crate) struct Tiers {
+    dram: Option<Mutex<DramTier>>,
+    /// Shared with the reclaim thread (which holds nothing else of the store).
+    ssd: Option<Arc<Mutex<SsdTier>>>,
+    /// This store's own segments in the shared directory.
+    shared: Option<Arc<Mutex<SsdTier>>>,
+    /// Other stores' segments in the shared directory.
+    foreign: Option<Arc<Mutex<ForeignIndex>>>,
+    /// Write-back: blocks DRAM evicted whose SSD copy is not published yet. Entered under
+    /// the DRAM lock in the same step as the eviction, left after the SSD publish.
+    demoting: Mutex<FpMap<Arc<Demoted>>>,
+}
+
+impl Tiers {
+    /// Opens every tier `config` sizes: the SSD tier over `dir` (recovering its blocks),
+    /// and the shared tier under `config.shared_dir`.
+    pub(crate) fn open(
+        config: &KvConfig,
+        dir: Arc<dyn SegmentDir>,
+        seg_root: PathBuf,
+        store_id: [u8; 16],
+    ) -> Result<Tiers, KvError> {
+        let dram = match config.dram_bytes {
+            0 => None,
+            b => Some(Mutex::new(DramTier::new(
+                b,
+                config.block_bytes,
+                &config.dram_policy,
+            )?)),
+        };
+        let ssd = match config.ssd_bytes {
+            0 => None,
+            _ => Some(Arc::new(Mutex::new(SsdTier::open(
+                dir, seg_root, store_id, config,
+            )?))),
+        };
+        let (shared, foreign) = open_shared(config, store_id)?;
+        Ok(Tiers {
+            dram,
+            ssd,
+            shared,
+            foreign,
+            demoting: Mutex::new(fp_map(0)),
+        })
+    }
+
+    pub(crate) fn dram(&self) -> Option<&Mutex<DramTier>> {
+        self.dram.as_ref()
+    }
+
+    pub(crate) fn ssd(&self) -> Option<&Arc<Mutex<SsdTier>>> {
+        self.ssd.as_ref()
+    }
+
+    /// This store's own segments in the shared directory.
+    pub(crate) fn shared(&self) -> Option<&Arc<Mutex<SsdTier>>> {
+        self.shared.as_ref()
+    }
+
+    /// Write-back: blocks on their way from DRAM to SSD.
+    pub(crate) fn demoting(&self) -> &Mutex<FpMap<Arc<Demoted>>> {
+        &self.demoting
+    }
+
+    /// The tiers of segment files this store writes: the SSD, then our shared segments.
+    pub(crate) fn segment_tiers(&self) -> [Option<&Arc<Mutex<SsdTier>>>; 2] {
+        [self.ssd.as_ref(), self.shared.as_ref()]
+    }
+
+    /// What the reclaim thread looks after, or `None` when there is nothing for it to do.
+    pub(crate) fn tended(&self, refresh: Duration) -> Option<Tended> {
+        let tended = Tended {
+            tiers: self.ssd.iter().chain(self.shared.iter()).cloned().collect(),
+            shared: self.shared.clone(),
+            foreign: self.foreign.clone(),
+            refresh,
+        };
+        (!tended.tiers.is_empty() || tended.foreign.is_some()).then_some(tended)
+    }
+
+    /// Whether a segment tier is over its high watermark (the reclaimer should run).
+    pub(crate) fn needs_reclaim(&self) -> bool {
+        let mut tiers = self.ssd.iter().chain(self.shared.iter());
+        tiers.any(|s| lock(s).needs_reclaim())
+    }
+
+    /// Syncs every segment tier's unsealed segments.
+    pub(crate) fn sync_segments(&self) -> Result<(), KvError> {
+        for t in self.ssd.iter().chain(self.shared.iter()) {
+            let t = lock(t);
+            t.sync_all().map_err(KvError::io(t.root()))?;
+        }
+        Ok(())
+    }
+
+    /// Every tier's index, locked (DRAM first) for a run of residency checks.
+    pub(crate) fn residency(&self) -> Residency<'_> {
+        Residency {
+            dram: self.dram.as_ref().map(lock),
+            ssd: self.ssd.as_deref().map(lock),
+            shared: self.shared.as_deref().map(lock),
+            foreign: self.foreign.as_deref().map(lock),
+        }
+    }
+
+    /// The first lower tier holding `fp`: SSD, then our shared segments, then another
+    /// store's.
+    pub(crate) fn locate_lower(&self, fp: Fingerprint) -> Option<RecordLoc> {
+        let segment_tiers = [(Lower::Ssd, &self.ssd), (Lower::Shared, &self.shared)];
+        for (tier, t) in segment_tiers {
+            if let Some((loc, file)) = t.as_ref().and_then(|t| lock(t).locate(fp)) {
+                return Some(RecordLoc { tier, loc, file });
+            }
+        }
+        let (slot, file) = lock(self.foreign.as_ref()?).locate(fp)?;
+        Some(RecordLoc {
+            tier: Lower::Foreign,
+            loc: SsdLoc { segment: 0, slot },
+            file,
+        })
+    }
+
+    /// A read from `at` failed (`corrupt`: it did not verify): the block is dropped from
+    /// the index that pointed there.
+    pub(crate) fn drop_lower(&self, fp: Fingerprint, at: &RecordLoc, corrupt: bool) {
+        let tier = match at.tier {
+            Lower::Ssd => &self.ssd,
+            Lower::Shared => &self.shared,
+            Lower::Foreign => {
+                if let Some(f) = &self.foreign {
+                    lock(f).drop_block(fp);
+                }
+                return;
+            }
+        };
+        if let Some(t) = tier {
+            lock(t).drop_block(fp, at.loc, corrupt);
+        }
+    }
+
+    /// Counts a hit with the policy of the tier it came from (other stores' tiers have
+    /// no policy of ours).
+    pub(crate) fn touch_lower(&self, fp: Fingerprint, tier: Lower) {
+        let t = match tier {
+            Lower::Ssd => &self.ssd,
+            Lower::Shared => &self.shared,
+            Lower::Foreign => return,
+        };
+        if let Some(t) = t {
+            lock(t).touch(fp);
+        }
+    }
+
+    /// Each tier's occupancy, for `stats()`: DRAM, SSD, our shared segments, other
+    /// stores' blocks.
+    pub(crate) fn stats(
+        &self,
+        config: &KvConfig,
+    ) -> (
+        Option<TierStats>,
+        Option<TierStats>,
+        Option<TierStats>,
+        Option<ForeignStats>,
+    ) {
+        let dram = self.dram.as_ref().map(|d| lock(d).tier_stats(config));
+        let ssd = self.ssd.as_ref().map(|s| lock(s).tier_stats());
+        let shared = self.shared.as_ref().map(|s| lock(s).tier_stats());
+        let foreign = self.foreign.as_ref().map(|f| lock(f).stats());
+        (dram, ssd, shared, foreign)
+    }
+
+    /// The SSD tier's counters (zero without one), and its segment count.
+    pub(crate) fn ssd_counters(&self) -> (crate::ssd_tier::SsdCounters, u64) {
+        match &self.ssd {
+            Some(s) => {
+                let s = lock(s);
+                (s.counters(), s.segment_count() as u64)
+            }
+            None => Default::default(),
+        }
+    }
+}
+
+/// Opens the shared tier `config` asks for (none without `shared_dir`): this store's own
+/// segments under `<shared_dir>/<store id>/` (when it has a shared budget) and the index of
+/// other stores' segments beside them. The directory is created if absent; one that
+/// cannot be created or listed is an error naming it.
+#[allow(clippy::type_complexity)]
+fn open_shared(
+    config: &KvConfig,
+    store_id: [u8; 16],
+) -> Result<
+    (
+        Option<Arc<Mutex<SsdTier>>>,
+        Option<Arc<Mutex<ForeignIndex>>>,
+    ),
+    KvError,
+> {
+    let Some(root) = &config.shared_dir else {
+        return Ok((None, None));
+    };
+    let own_name: String = store_id.iter().map(|b| format!("{b:02x}")).collect();
+    let own_dir = root.join(&own_name);
+    std::fs::create_dir_all(root).map_err(KvError::io(root))?;
+    std::fs::read_dir(root).map_err(KvError::io(root))?;
+    let own = match config.shared_bytes {
+        0 => None, // a reader: nothing of ours in the directory
+        _ => {
+            std::fs::create_dir_all(&own_dir).map_err(KvError::io(&own_dir))?;
+            let dir =
+                FsSegmentDir::new(&own_dir, config.direct).with_io_uring(config.use_io_uring()?);
+            let dir = Arc::new(dir);
+            let tier = SsdTier::open(dir, own_dir, store_id, &config.shared_tier_config())?;
+            Some(Arc::new(Mutex::new(tier)))
+        }
+    };
+    let index = ForeignIndex::new(root, own_name.into(), config.block_bytes, config.direct);
+    let index = Arc::new(Mutex::new(index));
+    foreign::refresh(&index);
+    Ok((own, Some(index)))
+}
+
+/// Every tier's lock, held for a run of residency checks (see [`Tiers::residency`]).
+pub(crate) struct Residency<'a> {
+    dram: Option<MutexGuard<'a, DramTier>>,
+    ssd: Option<MutexGuard<'a, SsdTier>>,
+    shared: Option<MutexGuard<'a, SsdTier>>,
+    foreign: Option<MutexGuard<'a, ForeignIndex>>,
+}
+
+impl Residency<'_> {
+    pub(crate) fn tier_of(&self, fp: Fingerprint) -> Option<Tier> {
+        if self.dram.as_ref().is_some_and(|d| d.contains(fp)) {
+            return Some(Tier::Dram);
+        }
+        if self.ssd.as_ref().is_some_and(|s| s.contains(fp)) {
+            return Some(Tier::Ssd);
+        }
+        let shared = self.shared.as_ref().is_some_and(|s| s.contains(fp));
+        if shared || self.foreign.as_ref().is_some_and(|f| f.contains(fp)) {
+            return Some(Tier::Shared);
+        }
+        None
+    }
+
+    pub(crate) fn contains(&self, fp: Fingerprint) -> bool {
+        self.tier_of(fp).is_some()
+    }
+
+    /// Whether one of this store's segment tiers (the SSD, our shared segments) holds a
+    /// record of `fp`.
+    pub(crate) fn in_segment_tier(&self, fp: Fingerprint) -> bool {
+        self.ssd.as_ref().is_some_and(|s| s.contains(fp))
+            || self.shared.as_ref().is_some_and(|s| s.contains(fp))
+    }
+
+    /// With the locks held: pins `fp`'s DRAM slot if DRAM holds exactly (`namespace_id`,
+    /// `key`), else finds its record in a lower tier (for a lease).
+    pub(crate) fn pin_or_locate(
+        &mut self,
+        fp: Fingerprint,
+        namespace_id: &[u8; 16],
+        key: &[u8],
+    ) -> (Option<u32>, Option<RecordLoc>) {
+        let dram_slot = self
+            .dram
+            .as_mut()
+            .and_then(|d| d.pin(fp, namespace_id, key));
+        if dram_slot.is_some() {
+            return (dram_slot, None);
+        }
+        let at = |tier, t: Option<(SsdLoc, _)>| t.map(|(loc, file)| RecordLoc { tier, loc, file });
+        let lower = at(Lower::Ssd, self.ssd.as_ref().and_then(|s| s.locate(fp)))
+            .or_else(|| {
+                at(
+                    Lower::Shared,
+                    self.shared.as_ref().and_then(|s| s.locate(fp)),
+                )
+            })
+            .or_else(|| {
+                let (slot, file) = self.foreign.as_mut()?.locate(fp)?;
+                at(Lower::Foreign, Some((SsdLoc { segment: 0, slot }, file)))
+            });
+        (None, lower)
+    }
+}
