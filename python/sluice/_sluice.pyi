@@ -292,6 +292,11 @@ class _CkptVerifyReport(TypedDict):
     bytes: int
     problems: list[tuple[str, str, str]]
 
+class _CkptCleanup(TypedDict):
+    chunks_removed: int
+    bytes_freed: int
+    chunks_left: int
+
 class _CkptGcReport(TypedDict):
     checkpoints_removed: list[str]
     chunks_removed: int
@@ -350,6 +355,8 @@ class CkptSave:
     def replica_lengths(self) -> list[int]: ...
     def finish(self, replica: tuple[int, int] | None = None) -> _CkptSaveSummary: ...
     def cancel(self, why: str) -> None: ...
+    def token(self) -> str:
+        """The save's token: its commit directory under ``.pending/``."""
     def close(self) -> None: ...
 
 class CkptFetch:
@@ -359,6 +366,8 @@ class CkptFetch:
     def read(self, all_needs: list[bytes], rank: int) -> None: ...
     def transfers(self, rank: int) -> list[tuple[bool, int, int, int]]: ...
     def finish(self) -> _CkptFetchReport: ...
+    def close(self) -> None:
+        """Lets go of the store (the reads are done or abandoned)."""
 
 class CkptStore:
     """An open checkpoint store; its lock is held shared until ``close``."""
@@ -420,3 +429,7 @@ def ckpt_table_keep(table: bytes, rank: int, keep: set[str]) -> bytes:
 
 def ckpt_gc(root: str, keep: int) -> _CkptGcReport:
     """Keeps the ``keep`` newest checkpoints of a store."""
+
+def ckpt_collect_failed(root: str, token: str) -> _CkptCleanup | None:
+    """After grouped save ``token`` failed: removes its ranks' new chunks and its commit
+    files if the store is free now; None when another holder has it."""

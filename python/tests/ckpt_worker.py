@@ -141,10 +141,50 @@ def main() -> None:
     back1 = ck.load(zeros_like(sd), f"{store}/s1")
     result["s2_exact"] = equal(sd, back2)
     result["s1_exact"] = equal(state(rank), back1)
+    result["disagree"] = disagreements(rank, sd, store)
+    # A replicated save whose state goes, and whose group is destroyed, as soon as save()
+    # returns: the exchange is done by then (issue 27: it ran in the background, reading
+    # memory that could be freed, on a group that could be gone).
+    sd4 = {"t": torch.randn(512, 256, generator=torch.Generator().manual_seed(rank)).t()}
+    h4 = ck.save(sd4, f"{store}/s4", chunk_bytes=CHUNK, replicate=True)
+    del sd4
     dist.barrier()
     with open(out, "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()
+    result["s4"] = h4.durable.result()["unique_bytes"]
+    result["s4_problems"] = ck.verify(f"{store}/s4")["problems"]
+    with open(out, "w") as f:
+        json.dump(result, f)
+
+
+def disagreements(rank: int, sd: dict, store: str) -> dict:
+    """Grouped calls the ranks do not make alike, or that one rank fails before the
+    collective: every rank raises (issue 27: some hung, some saved a mix)."""
+    out = {}
+    cases = {
+        "replicate": lambda: ck.save(sd, f"{store}/d1", replicate=rank == 0, blocking=True),
+        "name": lambda: ck.save(sd, f"{store}/d2-{rank}", blocking=True),
+        "save_vs_load": lambda: (
+            ck.save(sd, f"{store}/d3", blocking=True)
+            if rank == 0
+            else ck.load(zeros_like(sd), f"{store}/s1")
+        ),
+        "bad_leaf": lambda: ck.save(
+            {**sd, "q": torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.qint8)}
+            if rank == 1
+            else sd,
+            f"{store}/d4",
+            blocking=True,
+        ),
+    }
+    for what, call in cases.items():
+        try:
+            call()
+            out[what] = "ok"
+        except Exception as e:
+            out[what] = f"{type(e).__name__}: {e}"
+    return out
 
 
 if __name__ == "__main__":

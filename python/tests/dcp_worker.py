@@ -7,7 +7,8 @@ MODE ``save``: ``dcp.save`` of a mixed state (a DTensor sharded over the world, 
 replicated tensor, a tied pair, zero-filled moments, a bf16 tensor, a step counter) as
 ``s1``; then a few rows change and ``dcp.async_save`` writes ``s2`` through the writer as
 stager. The state is scribbled over as soon as staging completes: ``s2`` must still hold
-the values of the moment it was staged.
+the values of the moment it was staged. Then a ``dcp.save`` of ``s3`` that rank 1 cannot
+serialize must fail on every rank.
 MODE ``load``: ``dcp.load`` of ``s1`` and ``s2`` into this world's sharding (resharding
 when the world differs from the saver's), checked bit-exact against the expected state.
 """
@@ -125,6 +126,16 @@ def main() -> None:
         resp.upload_completion.result()
         result["order"] = order
         result["response"] = type(resp).__name__
+        # Rank 1's state cannot be serialized (a lambda): every rank raises, none waits
+        # on the others' collective (issue 27: the others hung until the timeout).
+        bad = sharded(full_state(1), mesh)
+        if rank == 1:
+            bad["optim"]["schedule"] = lambda step: step
+        try:
+            dcp.save(bad, storage_writer=ck.StorageWriter(f"{store}/s3", chunk_bytes=CHUNK))
+            result["bad"] = "saved"
+        except BaseException as e:  # DCP's CheckpointException is a BaseException
+            result["bad"] = f"{type(e).__name__}: {e}"
     else:
         for name, version in (("s1", 1), ("s2", 2)):
             sd = blank(sharded(full_state(version), mesh))

@@ -213,6 +213,16 @@ def test_manifests_from_a_newer_version_or_damaged_are_refused(store):
     ck.save({"w": torch.ones(n), "b": torch.ones(4)}, store / "s1", blocking=True)
     path = store / "s1" / "manifest.json"
     m = json.loads(path.read_text())
+    # Issue 27: a manifest edited or damaged after it was written (here a shape, which
+    # would load bytes under the wrong layout) fails its checksum.
+    edited = json.loads(json.dumps(m))
+    edited["entries"]["w"]["shape"] = [n // 2, 2]
+    path.write_text(json.dumps(edited))
+    with pytest.raises(StoreFormatError, match="checksum mismatch"):
+        ck.load({"w": torch.zeros(n // 2, 2)}, store / "s1")
+    with pytest.raises(StoreFormatError, match=r'checkpoint "s1" is damaged.*remove'):
+        ck.ls(store)
+    del m["checksum"]  # manifests written before the checksum have none: still read
     m["version"] = 99
     path.write_text(json.dumps(m))
     with pytest.raises(StoreFormatError, match="version 99"):
@@ -280,10 +290,42 @@ def test_empty_state_dicts_and_bad_arguments(store):
         ck.save({"w": torch.empty(2, device="meta")}, store / "x")
     with pytest.raises(ConfigError, match="keep"):
         ck.gc(store, -1)
+    # Issue 27: values that reached the native layer as panics, overflows or TypeErrors.
+    bad_options = [
+        ("bandwidth", {"bandwidth": "fast"}),
+        ("bandwidth", {"bandwidth": float("nan")}),
+        ("timeout", {"timeout": float("inf")}),
+        ("timeout", {"timeout": 1e300}),
+        ("timeout", {"timeout": "1h"}),
+        ("replicate", {"replicate": "yes"}),
+        ("blocking", {"blocking": 1}),
+        ("chunk_bytes", {"chunk_bytes": 1024}),
+        ("chunk_bytes", {"chunk_bytes": "2GiB", "staging_bytes": "4GiB"}),
+    ]
+    for what, kw in bad_options:
+        with pytest.raises(ConfigError, match=what):
+            ck.save(sd, store / "x", **kw)
+    with pytest.raises(ConfigError, match="keep"):
+        ck.gc(store, 2**64)
+    with pytest.raises(ConfigError, match="quantized"):
+        ck.save({"q": torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.qint8)}, store / "x")
+    with pytest.raises(ConfigError, match="file-system path"):
+        ck.save(sd, 42)
+    with pytest.raises(ConfigError, match="strict"):
+        ck.load(sd, store / "empty", strict="no")
     (store.parent / "file").write_text("x")
     with pytest.raises(ConfigError, match="not a directory"):
         ck.save(sd, store.parent / "file" / "s1")
     assert [r["name"] for r in ck.ls(store)] == ["empty"]  # nothing else was published
+    ck.save(sd, os.fsencode(store / "bytes-path"), blocking=True)  # paths as bytes too
+    back = {"w": torch.zeros(2)}
+    ck.load(back, os.fsencode(store / "bytes-path"))
+    assert torch.equal(back["w"], sd["w"])
+    frozen = np.zeros(2, np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(ConfigError, match="read-only"):
+        ck.load({"w": frozen}, store / "bytes-path")
+    assert [r["name"] for r in ck.ls(store)] == ["empty", "bytes-path"]
     with pytest.raises(SluiceFileNotFoundError, match="not a checkpoint store"):
         ck.ls(store.parent / "typo")
     with pytest.raises(SluiceFileNotFoundError, match="not a checkpoint store"):
@@ -415,9 +457,18 @@ def test_grouped_save_writes_each_unique_chunk_once_and_loads_bit_exact(store, t
         assert r["s1_exact"] and r["s2_exact"]
         assert r["order"] == ["staged", "durable"]
         assert r["over_budget"].startswith("ConfigError") and "replicate" in r["over_budget"]
+    for r in results:
+        d = r["disagree"]
+        assert d["replicate"].startswith("ConfigError") and "replicate=" in d["replicate"], d
+        assert d["name"].startswith("ConfigError") and "d2-1" in d["name"], d
+        assert d["save_vs_load"].startswith("ConfigError") and "op='load'" in d["save_vs_load"]
+        assert "quantized" in d["bad_leaf"] or "rank 1 failed" in d["bad_leaf"], d
+        # The replicated save whose group was destroyed once save() returned.
+        assert r["s4"] > 0 and r["s4_problems"] == [], r
     names = [x["name"] for x in ck.ls(store)]
-    assert names == ["s1", "s2"]
-    assert not (store / ".pending" / "s2").exists()
+    assert names == ["s1", "s2", "s4"]
+    # Failed saves leave no commit files, and no chunk only they wrote.
+    assert not (store / ".pending").exists() or not any((store / ".pending").iterdir())
 
 
 def test_a_rank_killed_mid_grouped_save_fails_it_and_the_last_checkpoint_loads(store, tmp_path):
@@ -428,6 +479,10 @@ def test_a_rank_killed_mid_grouped_save_fails_it_and_the_last_checkpoint_loads(s
     # Noticed when rank 1's process ended, not at the 30-minute timeout (issue 27, #5).
     assert "rank 1 is gone" in r0["s2"] and "not published" in r0["s2"], r0
     assert [x["name"] for x in ck.ls(store)] == ["s1"]
+    # The last rank to let go of the store removed the failed save's commit files and the
+    # chunks it recorded writing (issue 27: they stayed until a gc).
+    pending = store / ".pending"
+    assert not pending.exists() or not any(pending.iterdir()), list(pending.rglob("*"))
     codes, results = run_world(2, store, "load", tmp_path)
     assert codes == [0, 0] and all(r["s1_loads"] for r in results), results
     # Read once across the group: the ranks' reads add up to the unique bytes.
@@ -487,6 +542,7 @@ def test_dcp_save_reshards_world_4_to_2_and_async_save_resolves_staged_then_dura
     assert codes == [0] * 4, results
     for r in results:
         assert r["order"] == ["staged", "durable"] and r["response"] == "AsyncSaveResponse"
+        assert r["bad"] != "saved" and ("lambda" in r["bad"] or "rank 1" in r["bad"]), r
     listing = {c["name"]: c for c in ck.ls(store)}
     assert set(listing) == {"s1", "s2"}
     # The tied pair and the zero moments are stored once.

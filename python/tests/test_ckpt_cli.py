@@ -42,6 +42,8 @@ def test_ls_inspect_and_diff_describe_the_store(sluice_bin, saved):
     assert rows[1]["shared_bytes"] == (1 << 20) - CHUNK
     out = cli(sluice_bin, "inspect", str(saved / "s1"))
     assert out.returncode == 0 and "dedup ratio 1.88" in out.stdout, out.stdout
+    step = next(line for line in out.stdout.splitlines() if line.startswith("step "))
+    assert "in pack " in step, out.stdout  # a packed entry, not "0 chunks"
     m = json.loads(cli(sluice_bin, "inspect", str(saved / "s1"), "--json").stdout)
     assert m["entries"]["w"]["shape"] == [256, 1024]
     d = json.loads(cli(sluice_bin, "diff", str(saved / "s1"), str(saved / "s2"), "--json").stdout)

@@ -6,11 +6,15 @@ tensors."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +22,7 @@ import pytest
 import sluice.ckpt as ck
 import torch
 from sluice import _sluice
-from sluice.errors import ConfigError, SluiceIOError
+from sluice.errors import ConfigError, SluiceError, SluiceIOError
 
 CHUNK = 64 << 10
 
@@ -140,7 +144,118 @@ def test_a_save_that_fails_at_exit_says_so(tiny_fs):
     )
     assert "failed; the checkpoint was not published" in done.stderr, done.stderr
     assert "No space left" in done.stderr
+    # Issue 27: the exit status said success, and the failure was reported twice.
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count("not published") == 1, done.stderr
     assert ck.ls(store) == []
+
+
+SLOW_SAVES = """
+import threading, sluice.ckpt.saving as saving
+release = threading.Event()
+_finish = saving._finish
+def slow_finish(*a):  # a save whose writing takes as long as the test wants
+    release.wait()
+    _finish(*a)
+saving._finish = slow_finish
+"""
+
+
+def test_ctrl_c_while_the_exit_waits_for_a_save_exits_130_at_once(tmp_path):
+    store = tmp_path / "ckpt"
+    body = (
+        SLOW_SAVES
+        + f"""
+import torch, sluice.ckpt as ck
+ck.save({{"w": torch.ones(1024)}}, {str(store / "s1")!r})
+"""
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", body], stderr=subprocess.PIPE, text=True, env=dict(os.environ)
+    )
+    try:
+        for line in p.stderr:
+            if "waiting for the save" in line:
+                break
+        p.send_signal(signal.SIGINT)
+        rest = p.communicate(timeout=30)[1]
+    finally:
+        p.kill()
+    assert p.returncode == 130, rest
+    assert "interrupted" in rest and "was not published" in rest, rest
+    assert ck.ls(store) == []
+
+
+def test_cancel_stops_a_save_in_flight_quietly_and_is_a_no_op_once_done(
+    tmp_path, monkeypatch, caplog
+):
+    from sluice.ckpt import saving
+
+    release = threading.Event()
+    finish = saving._finish
+
+    def slow_finish(*a):
+        release.wait(30)
+        finish(*a)
+
+    monkeypatch.setattr(saving, "_finish", slow_finish)
+    store = tmp_path / "ckpt"
+    h = ck.save({"w": torch.ones(1024)}, store / "s1")
+    assert h.cancel() is True
+    release.set()
+    with pytest.raises(SluiceError, match="cancelled"):
+        h.result(timeout=30)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"], caplog.text
+    done = ck.save({"w": torch.ones(1024)}, store / "s2", blocking=True)
+    assert done.cancel() is False  # durable already: nothing to stop, nothing undone
+    assert [r["name"] for r in ck.ls(store)] == ["s2"]
+
+
+def test_a_save_or_load_waits_for_a_gc_that_holds_the_store(tmp_path):
+    # Issue 27: a save started while gc ran failed at once with StoreLockedError.
+    store = tmp_path / "ckpt"
+    ck.save({"w": torch.ones(8)}, store / "s1", blocking=True)
+    fd = os.open(store / "lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as gc holds it
+    threading.Timer(0.5, os.close, [fd]).start()
+    t0 = time.monotonic()
+    ck.save({"w": torch.full((8,), 2.0)}, store / "s2", blocking=True)
+    assert time.monotonic() - t0 >= 0.4
+    assert [r["name"] for r in ck.ls(store)] == ["s1", "s2"]
+
+
+def test_a_lost_or_truncated_chunk_is_written_again_by_the_next_save(tmp_path):
+    # Issue 27: the next save trusted the newest manifest and skipped chunks that were no
+    # longer there; its publish then failed on them, and so did every later save.
+    store = tmp_path / "ckpt"
+    sd = {"a": torch.randn(64, 1024), "b": torch.randn(64, 1024)}  # 256 KiB each
+    ck.save(sd, store / "s1", chunk_bytes=CHUNK, blocking=True)
+    m = ck.manifest(store / "s1")["entries"]
+    lost, cut = m["a"]["chunks"][0]["d"], m["b"]["chunks"][1]["d"]
+    (store / "chunks" / lost[:2] / lost).unlink()
+    with open(store / "chunks" / cut[:2] / cut, "r+b") as f:
+        f.truncate(100)
+    r = ck.save(sd, store / "s2", chunk_bytes=CHUNK, blocking=True).result()
+    assert r["written_bytes"] == 2 * CHUNK, r
+    back = {"a": torch.zeros(64, 1024), "b": torch.zeros(64, 1024)}
+    ck.load(back, store / "s2")
+    assert torch.equal(back["a"], sd["a"]) and torch.equal(back["b"], sd["b"])
+    assert ck.verify(store / "s1")["problems"] == []  # s1's chunks are whole again
+
+
+def test_a_failed_load_lets_go_of_the_store_while_its_error_is_held(tmp_path):
+    # Issue 27: the load's reads kept the store's lock until garbage collection freed the
+    # frames its exception referenced, so gc refused the store meanwhile.
+    store = tmp_path / "ckpt"
+    sd = {"w": torch.randn(64, 1024)}
+    ck.save(sd, store / "s1", chunk_bytes=CHUNK, blocking=True)
+    d = ck.manifest(store / "s1")["entries"]["w"]["chunks"][0]["d"]
+    (store / "chunks" / d[:2] / d).unlink()
+    try:
+        ck.load({"w": torch.zeros(64, 1024)}, store / "s1")
+    except SluiceError as e:
+        held = e  # its traceback holds the load's frames
+    assert ck.gc(store, 0)["checkpoints_removed"] == ["s1"], held
 
 
 @pytest.fixture

@@ -441,5 +441,10 @@ def test_a_full_file_system_fails_puts_and_keeps_every_acknowledged_block(tmp_pa
             out = [np.zeros(BLOCK, np.uint8) for _ in acked]
             assert store.get_batch_into(acked, out) == [True] * len(acked)
             assert all((o == d).all() for o, d in zip(out, blocks_for(acked)))
+        # A closed store lets go of its files though `store` still refers to it: the
+        # file system unmounts (it was "busy" before issue 27's fix).
+        umount = subprocess.run(["umount", str(fs)], capture_output=True, text=True)
+        assert umount.returncode == 0, umount.stderr
     finally:
-        subprocess.run(["umount", str(fs)], check=False)
+        if os.path.ismount(fs):
+            subprocess.run(["umount", "--lazy", str(fs)], check=False)

@@ -2,8 +2,8 @@
 //!
 //! The ranks meet through files in the store, so nothing of the commit runs as a
 //! collective in the background, where it would contend with training's own. Under
-//! `<store>/.pending/<name>-<token>/` (the token is the save's, so two saves of one name
-//! never mix):
+//! `<store>/.pending/<token>/` (the token is the save's, so two saves never mix, and any
+//! checkpoint name fits beside it):
 //! - `alive-R`: rank R holds an exclusive `flock` on it from before its share is written
 //!   until it is done with the save. A rank that can lock it knows R's process is gone:
 //!   the kernel drops the lock when a process dies, however it dies.
@@ -11,6 +11,8 @@
 //!   With `replicate`, R's successor writes it for R if R died holding only a staged
 //!   share (the successor holds a copy).
 //! - `failed`: why the save failed; a rank that gives up writes it, so no other waits.
+//! - `created-R`: after a failure, the chunks rank R created (32 bytes each), for whichever
+//!   rank can take the store alone to remove ([`crate::CkptStore::collect_failed`]).
 //!
 //! The publisher (rank 0; rank 1 if rank 0 died and its share was stood in for) waits for
 //! every `rank-R.json`, then publishes the manifest, whose `extra.save_id` is the token.
@@ -27,6 +29,11 @@ use sluice_engine::{atomic_write, FileLock, LockError, LockMode, LockOpen};
 use crate::error::CkptError;
 use crate::manifest::Manifest;
 use crate::path::PENDING_DIR;
+
+/// Where save `token`'s commit files are.
+pub(crate) fn pending_dir(root: &Path, token: &str) -> PathBuf {
+    root.join(PENDING_DIR).join(token)
+}
 
 /// How often the files are looked at while waiting: a rank that died is noticed this
 /// long after, and 64 ranks' markers cost a few hundred `stat`s a second.
@@ -73,7 +80,7 @@ impl Commit {
                 format!("{rank} of a group of {world}"),
             ));
         }
-        let dir = root.join(PENDING_DIR).join(format!("{name}-{token}"));
+        let dir = pending_dir(root, token);
         std::fs::create_dir_all(&dir).map_err(CkptError::io(&dir))?;
         let path = dir.join(format!("alive-{rank}"));
         let alive = match FileLock::acquire(&path, LockMode::Exclusive, LockOpen::Create) {
@@ -106,6 +113,20 @@ impl Commit {
             alive,
             aborted: Arc::new((Mutex::new(None), Condvar::new())),
         })
+    }
+
+    /// The save's commit directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Records, after a failure, the chunks this rank created (best effort).
+    pub fn record_created(&self, created: &[crate::Digest]) {
+        let bytes: Vec<u8> = created.iter().flat_map(|d| d.0).collect();
+        let path = self.dir.join(format!("created-{}", self.rank));
+        if let Err(e) = atomic_write(&path, &bytes) {
+            tracing::debug!("{}: {e}", path.display());
+        }
     }
 
     pub fn rank(&self) -> usize {
@@ -281,12 +302,14 @@ impl Commit {
         let pred = (self.rank + self.world - 1) % self.world;
         let deadline = Instant::now() + self.timeout;
         loop {
-            if self.is_marked(pred) {
+            // Published already: every share was durable (the publisher then removed the
+            // commit files and let go of its lock, which must not read as a death).
+            if self.is_marked(pred) || self.published_by_this_save() {
                 return Ok(false);
             }
             if self.is_gone(pred) {
-                // Its marker may have landed just before it exited.
-                return Ok(!self.is_marked(pred));
+                // Its marker, or the manifest, may have landed just before it exited.
+                return Ok(!self.is_marked(pred) && !self.published_by_this_save());
             }
             if let Some(Seen::Failed(why)) = self.trouble(&[]) {
                 return Err(self.failure(Seen::Failed(why)));
@@ -329,14 +352,18 @@ impl Commit {
             };
             let pending: Vec<usize> = (0..self.world).filter(|r| !self.is_marked(*r)).collect();
             let gone_publisher = publishers.iter().all(|p| self.is_gone(*p));
-            match self.trouble(&pending) {
-                Some(seen) => return Err(self.failure(seen)),
-                None if gone_publisher && !self.published_by_this_save() => {
-                    return Err(self.failure(Seen::Gone(publishers[0])))
-                }
-                None => {}
+            let outcome = match self.trouble(&pending) {
+                Some(seen) => Err(self.failure(seen)),
+                None if gone_publisher => Err(self.failure(Seen::Gone(publishers[0]))),
+                None => self.pause(deadline, || "the checkpoint was not published".to_string()),
+            };
+            if let Err(e) = outcome {
+                // It may have been published just now (the files went with it).
+                return match self.published_by_this_save() {
+                    true => Ok(()),
+                    false => Err(e),
+                };
             }
-            self.pause(deadline, || "the checkpoint was not published".to_string())?;
         }
     }
 

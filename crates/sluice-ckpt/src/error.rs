@@ -114,7 +114,7 @@ impl std::fmt::Display for ChunkDamage {
         match self {
             ChunkDamage::Hashes(d) => write!(f, "its bytes hash to {d}"),
             ChunkDamage::Short { len } => write!(f, "it is only {len} bytes long"),
-            ChunkDamage::Long => write!(f, "it is longer than its length"),
+            ChunkDamage::Long => write!(f, "it holds more bytes than the chunk's length"),
         }
     }
 }

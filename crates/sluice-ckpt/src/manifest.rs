@@ -86,6 +86,24 @@ pub struct Manifest {
     pub extra: serde_json::Value,
 }
 
+/// The manifest file's `checksum`: BLAKE3 (hex) of the manifest's JSON value with
+/// `checksum` removed, written compact with keys sorted (serde_json's map), so any reader
+/// of the same value computes the same bytes. Written with every manifest; checked when
+/// read where present (manifests written before it have none).
+const CHECKSUM: &str = "checksum";
+
+/// The digest a manifest's `checksum` holds: of its JSON value, `checksum` removed,
+/// written compact with keys sorted (serde_json's map), so any reader of the same value
+/// computes the same bytes.
+fn canonical_digest(value: &serde_json::Value) -> String {
+    let mut v = value.clone();
+    if let Some(map) = v.as_object_mut() {
+        map.remove(CHECKSUM);
+    }
+    let bytes = serde_json::to_vec(&v).expect("a JSON value always serializes");
+    Digest::of(&bytes).to_string()
+}
+
 impl Manifest {
     pub fn new(chunk_bytes: u64, world_size: u32) -> Manifest {
         Manifest {
@@ -190,6 +208,15 @@ impl Manifest {
                 supported: VERSION,
             });
         }
+        if let Some(stored) = value.get(CHECKSUM) {
+            let computed = canonical_digest(&value);
+            if stored.as_str() != Some(computed.as_str()) {
+                return Err(bad(format!(
+                    "checksum mismatch: the manifest was changed or damaged after it was \
+                     written (it records {stored}, its bytes hash to {computed:?})"
+                )));
+            }
+        }
         let m: Manifest = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
         m.check().map_err(bad)?;
         Ok(m)
@@ -229,9 +256,18 @@ impl Manifest {
     /// Publishes the manifest into `dir` (created if absent), whole or not at all.
     pub fn write(&self, dir: &Path) -> Result<(), CkptError> {
         std::fs::create_dir_all(dir).map_err(CkptError::io(dir))?;
-        let bytes = serde_json::to_vec_pretty(self).expect("a manifest always serializes");
         let path = Manifest::path_in(dir);
-        Ok(sluice_engine::atomic_write(&path, &bytes)?)
+        Ok(sluice_engine::atomic_write(&path, &self.to_bytes())?)
+    }
+
+    /// The manifest file's bytes: pretty JSON with its `checksum`.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut value = serde_json::to_value(self).expect("a manifest always serializes");
+        let sum = canonical_digest(&value);
+        if let Some(map) = value.as_object_mut() {
+            map.insert(CHECKSUM.into(), sum.into());
+        }
+        serde_json::to_vec_pretty(&value).expect("a JSON value always serializes")
     }
 
     /// Every distinct chunk the checkpoint references (packs included), with its length.

@@ -96,6 +96,9 @@ pub struct SaveJob {
     commit: Option<Commit>,
     streamed: Vec<StreamedTask>,
     sends: Vec<(ChunkRef, usize)>,
+    /// The share, whose packs' bytes the replica sends read after the write job has let
+    /// go of them (once staged): held for as long as the job.
+    _share: Arc<Share>,
 }
 
 impl SaveJob {
@@ -147,7 +150,7 @@ impl SaveJob {
             .map(|&(chunk, src)| WriteTask { chunk, src })
             .collect();
         let pool = StagingPool::new(opts.staging_bytes, opts.chunk_bytes)?;
-        let keep: Box<dyn Send> = Box::new((keep, share));
+        let keep: Box<dyn Send> = Box::new((keep, Arc::clone(&share)));
         // SAFETY: the caller's contract; the share (owning the packs) is in `keep`.
         let write = unsafe {
             WriteJob::start_with_pushes(
@@ -168,6 +171,7 @@ impl SaveJob {
             commit,
             streamed,
             sends: host,
+            _share: share,
         })
     }
 
@@ -193,6 +197,11 @@ impl SaveJob {
     /// Waits until this rank's share is staged (the live state may change again).
     pub fn wait_staged(&self, timeout: Option<Duration>) -> Option<Result<f64, CkptError>> {
         self.write.wait_staged(timeout)
+    }
+
+    /// The save's token: its commit directory's name and the manifest's `save_id`.
+    pub fn token(&self) -> &str {
+        &self.plan.token
     }
 
     /// Stops the save; its waits report `why`.
@@ -225,10 +234,13 @@ impl SaveJob {
         let mut created: Vec<Digest> = Vec::new();
         let outcome = self.commit_after_durable(saver, replica, &mut created);
         if let Err(e) = &outcome {
+            created.extend(self.write.created());
             if let Some(c) = &self.commit {
                 c.mark_failed(&e.to_string());
+                // The other ranks hold the store too: whichever can take it alone once all
+                // are done removes every rank's chunks (`CkptStore::collect_failed`).
+                c.record_created(&created);
             }
-            created.extend(self.write.created());
             self.store.remove_created(&created);
         }
         outcome
@@ -302,6 +314,24 @@ impl SaveJob {
                 "replica",
                 format!("{} bytes held for a {total}-byte share", replica.len),
             ));
+        }
+        // The copy came over the network: each chunk is checked against its name before it
+        // is written under it (a wrong byte here would become a durable, "verified" lie).
+        let mut at = replica.addr;
+        for c in &chunks {
+            // SAFETY: the front end holds `replica.len` bytes at `replica.addr` until
+            // `finish` returns; `total == replica.len` was checked above.
+            let bytes = unsafe { std::slice::from_raw_parts(at as *const u8, c.len as usize) };
+            let got = Digest::of(bytes);
+            if got != c.digest {
+                return Err(CkptError::CorruptChunk {
+                    digest: c.digest,
+                    found: crate::ChunkDamage::Hashes(got),
+                    entry: format!("rank {}'s replicated share", self.opts.rank),
+                    path: self.store.root().to_path_buf(),
+                });
+            }
+            at += c.len as usize;
         }
         let mut at = replica.addr;
         let tasks: Vec<WriteTask> = chunks

@@ -285,11 +285,12 @@ impl CkptStore {
             }
         }
         std::fs::create_dir_all(&dir).map_err(CkptError::io(&dir))?;
-        let bytes = serde_json::to_vec_pretty(manifest).expect("a manifest always serializes");
+        let bytes = manifest.to_bytes();
         if let Err(e) = crate::steps::atomic_write(self.steps(), &path, &bytes) {
             if std::fs::read(&path).is_ok_and(|on_disk| on_disk == bytes) {
                 let _ = std::fs::remove_file(&path);
             }
+            let _ = std::fs::remove_dir(&dir); // the directory it made, if nothing is in it
             return Err(e.into());
         }
         Ok(())
@@ -377,7 +378,7 @@ impl CkptStore {
     }
 
     /// Every chunk some published checkpoint references.
-    fn live_chunks(&self) -> Result<BTreeSet<Digest>, CkptError> {
+    pub(crate) fn live_chunks(&self) -> Result<BTreeSet<Digest>, CkptError> {
         Ok(self
             .list()?
             .iter()
@@ -465,6 +466,18 @@ impl CkptStore {
                     out.push((published, name, m));
                 }
                 Err(CkptError::NoCheckpoint { .. }) => {} // a save that never finished
+                // Which chunks a damaged checkpoint uses is unknown: rather than guess (and
+                // let `gc` remove them), the listing stops and says what to do.
+                Err(CkptError::BadManifest { path: file, detail }) => {
+                    return Err(CkptError::BadManifest {
+                        path: file,
+                        detail: format!(
+                            "{detail}; checkpoint {name:?} is damaged: restore its \
+                             manifest.json, or remove {} to go on without it",
+                            path.display()
+                        ),
+                    })
+                }
                 Err(err) => return Err(err),
             }
         }
@@ -524,6 +537,16 @@ fn create(root: &Path, steps: &dyn StoreSteps) -> Result<(), CkptError> {
     match names_in(root) {
         Ok(found) => {
             let foreign: Vec<String> = found.into_iter().filter(|n| !ours(n)).collect();
+            // Another rank or process made the store since this one looked (a group's
+            // ranks all open a new store at once): it is a store now.
+            let marker = root.join(MARKER_FILE);
+            if foreign.iter().any(|n| n == MARKER_FILE) {
+                if let Ok(b) = std::fs::read(&marker) {
+                    if check_marker(&marker, &b).is_ok() {
+                        return Ok(());
+                    }
+                }
+            }
             if !foreign.is_empty() {
                 return Err(CkptError::ForeignDirectory {
                     path: root.to_path_buf(),

@@ -308,20 +308,18 @@ fn a_rank_that_fails_tells_the_others_and_a_stuck_one_times_out() {
     drop(states);
 }
 
-#[test]
-fn a_replicated_share_of_a_rank_that_died_is_written_by_its_successor() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().to_path_buf();
-    let states = vec![state(0, 1), state(1, 1), state(2, 1)];
-    let (shares, tables, plan) = plan_world(&CkptStore::open(&root).unwrap(), &states);
+/// A replicated save of `states` into `root`: every rank's job (staged), and each rank's
+/// share as the replica exchange copies it to the next rank.
+fn replicated(root: &Path, states: &[Vec<(String, Vec<u8>)>]) -> (Vec<SaveJob>, Vec<Vec<u8>>) {
+    let world = states.len();
+    let (shares, tables, plan) = plan_world(&CkptStore::open(root).unwrap(), states);
     let opts = |rank| SaveOptions {
         replicate: true,
-        ..options("s1", rank, 3, Duration::from_secs(1800))
+        ..options("s1", rank, world, Duration::from_secs(1800))
     };
-    let jobs: Vec<SaveJob> = (0..3)
-        .map(|r| rank_job(&root, &shares[r], &tables, &plan, opts(r)))
+    let jobs: Vec<SaveJob> = (0..world)
+        .map(|r| rank_job(root, &shares[r], &tables, &plan, opts(r)))
         .collect();
-    // Each rank's share, as the replica exchange would copy it to the next rank.
     let copies: Vec<Vec<u8>> = jobs
         .iter()
         .map(|j| {
@@ -337,6 +335,43 @@ fn a_replicated_share_of_a_rank_that_died_is_written_by_its_successor() {
     for j in &jobs {
         j.wait_staged(None).unwrap().unwrap();
     }
+    (jobs, copies)
+}
+
+fn replica_of(held: &[u8]) -> Replica {
+    Replica {
+        addr: held.as_ptr() as usize,
+        len: held.len() as u64,
+    }
+}
+
+#[test]
+fn a_replica_damaged_in_transit_is_refused_not_written_as_the_share() {
+    // Issue 27: the successor wrote the copy it received under the chunks' names without
+    // checking them, so a byte changed on the way became a durable, "verified" checkpoint.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let states = vec![state(0, 1), state(1, 1)];
+    let (jobs, mut copies) = replicated(&root, &states);
+    let mut jobs = jobs.into_iter();
+    let (r0, r1) = (jobs.next().unwrap(), jobs.next().unwrap());
+    drop(r1); // dies once staged: rank 0 holds its share, damaged
+    let at = copies[1].len() / 2;
+    copies[1][at] ^= 0x40;
+    let err = r0
+        .finish(&Saver::new(), Some(replica_of(&copies[1])))
+        .unwrap_err();
+    assert!(matches!(err, CkptError::CorruptChunk { .. }), "{err}");
+    assert!(err.to_string().contains("replicated share"), "{err}");
+    assert!(CkptStore::open(&root).unwrap().list().unwrap().is_empty());
+}
+
+#[test]
+fn a_replicated_share_of_a_rank_that_died_is_written_by_its_successor() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let states = vec![state(0, 1), state(1, 1), state(2, 1)];
+    let (jobs, copies) = replicated(&root, &states);
     let mut jobs = jobs.into_iter();
     let (r0, r1, r2) = (
         jobs.next().unwrap(),
@@ -346,23 +381,12 @@ fn a_replicated_share_of_a_rank_that_died_is_written_by_its_successor() {
     drop(r1); // dies once staged: rank 2 holds its share
     let held = copies[1].clone();
     let t2 = std::thread::spawn(move || {
-        let replica = Replica {
-            addr: held.as_ptr() as usize,
-            len: held.len() as u64,
-        };
-        let out = r2.finish(&Saver::new(), Some(replica));
+        let out = r2.finish(&Saver::new(), Some(replica_of(&held)));
         drop(held);
         out
     });
-    let held0 = copies[2].clone();
     let s0 = r0
-        .finish(
-            &Saver::new(),
-            Some(Replica {
-                addr: held0.as_ptr() as usize,
-                len: held0.len() as u64,
-            }),
-        )
+        .finish(&Saver::new(), Some(replica_of(&copies[2])))
         .unwrap();
     let s2 = t2.join().unwrap().unwrap();
     assert_eq!(s2.stood_in_for, Some(1));

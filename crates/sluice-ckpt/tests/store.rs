@@ -254,3 +254,29 @@ fn a_fifo_in_place_of_the_marker_or_the_lock_is_refused_not_waited_on() {
         assert!(e.to_string().contains(name), "{e}");
     }
 }
+
+#[test]
+fn ranks_that_create_one_new_store_at_once_all_open_it() {
+    // Issue 27: a group's ranks open a new store together; one that found the directory
+    // empty and then the marker another had just written refused it as a foreign
+    // directory ("holds files Sluice did not write").
+    for round in 0..20 {
+        let dir = tmp();
+        let root = dir.path().join("store");
+        let barrier = std::sync::Barrier::new(32);
+        std::thread::scope(|s| {
+            let opened: Vec<_> = (0..32)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        CkptStore::open(&root).map(drop)
+                    })
+                })
+                .collect();
+            for t in opened {
+                let r = t.join().unwrap();
+                assert!(r.is_ok(), "round {round}: {}", r.unwrap_err());
+            }
+        });
+    }
+}

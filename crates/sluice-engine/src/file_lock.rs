@@ -92,7 +92,19 @@ impl FileLock {
         if open == LockOpen::Create {
             opts.write(true).create(true).truncate(false);
         }
-        let file = opts.open(path).map_err(io)?;
+        let file = opts.open(path).map_err(|e| {
+            io(match e.raw_os_error() {
+                // What open(2) says of a socket, and of a link that loops: named plainly.
+                Some(libc::ENXIO) => {
+                    io::Error::new(io::ErrorKind::InvalidInput, "not a regular file (a socket)")
+                }
+                Some(libc::ELOOP) => io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "a symbolic link that loops (too many levels of links)",
+                ),
+                _ => e,
+            })
+        })?;
         if !file.metadata().map_err(io)?.is_file() {
             return Err(io(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -231,5 +243,23 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         let e = FileLock::acquire(&p, LockMode::Shared, LockOpen::Create).unwrap_err();
         assert!(e.to_string().contains("not a regular file"), "{e}");
+    }
+
+    #[test]
+    fn a_socket_or_a_link_loop_in_place_of_the_lock_is_named_as_such() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let e = FileLock::acquire(&sock, LockMode::Shared, LockOpen::Create).unwrap_err();
+        assert!(
+            e.to_string().contains("not a regular file (a socket)"),
+            "{e}"
+        );
+
+        let a = dir.path().join("a");
+        std::os::unix::fs::symlink(dir.path().join("b"), &a).unwrap();
+        std::os::unix::fs::symlink(&a, dir.path().join("b")).unwrap();
+        let e = FileLock::acquire(&a, LockMode::Shared, LockOpen::Create).unwrap_err();
+        assert!(e.to_string().contains("symbolic link that loops"), "{e}");
     }
 }

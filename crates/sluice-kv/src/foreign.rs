@@ -49,6 +49,13 @@ pub struct ForeignIndex {
 }
 
 impl ForeignIndex {
+    /// Closes every other store's segment file this index opened (the store is closed).
+    pub fn release_files(&mut self) {
+        self.entries.clear();
+        self.summaries.clear();
+        self.files.clear();
+    }
+
     pub fn new(root: &Path, own: OsString, block_bytes: u64, direct: DirectIo) -> ForeignIndex {
         ForeignIndex {
             root: root.to_path_buf(),

@@ -122,7 +122,13 @@ pub struct SsdTier {
     policy: Box<dyn Policy + Send>,
     evicted: Vec<Evicted>,
     counters: SsdCounters,
+    /// Segment creations failed in a row (a full disk fails every put's try: logged at
+    /// the first, then every [`CREATE_FAILURES_LOGGED_EVERY`]th, then when it works again).
+    create_failures: u64,
 }
+
+/// See [`SsdTier::create_failures`].
+const CREATE_FAILURES_LOGGED_EVERY: u64 = 1000;
 
 impl SsdTier {
     /// Opens the tier over `dir`, recovering every block its segments hold.
@@ -167,6 +173,7 @@ impl SsdTier {
             policy,
             evicted: Vec::new(),
             counters: SsdCounters::default(),
+            create_failures: 0,
         };
         recovery::recover(&mut tier)?;
         Ok(tier)
@@ -348,12 +355,28 @@ impl SsdTier {
         let file = match self.create_segment(id) {
             Ok(f) => f,
             Err(e) => {
-                let path = self.dir.path_of(id.into());
-                tracing::warn!("{}: cannot create segment: {e}", path.display());
+                if self.create_failures % CREATE_FAILURES_LOGGED_EVERY == 0 {
+                    let path = self.dir.path_of(id.into());
+                    tracing::warn!(
+                        "{}: cannot create segment: {e} ({} failed in a row; puts that need \
+                         a new segment are refused until one can be created)",
+                        path.display(),
+                        self.create_failures + 1
+                    );
+                }
+                self.create_failures += 1;
                 self.counters.write_errors += 1;
                 return None;
             }
         };
+        if self.create_failures > 0 {
+            tracing::info!(
+                "{}: segments can be created again, after {} failures",
+                self.root.display(),
+                self.create_failures
+            );
+            self.create_failures = 0;
+        }
         let seg = Segment {
             file,
             next_slot: 1,
@@ -557,6 +580,15 @@ impl SsdTier {
     }
 
     /// Syncs every segment that may hold unsynced writes.
+    /// Closes every segment file (the store is closed: nothing reads or writes here
+    /// again), so that the directory's file system can be unmounted or removed while the
+    /// closed store object is still referenced.
+    pub fn release_files(&mut self) {
+        self.segments.clear();
+        self.index.clear();
+        self.active = None;
+    }
+
     pub fn sync_all(&self) -> std::io::Result<()> {
         for seg in self.segments.values().filter(|s| !s.sealed) {
             seg.file.sync()?;

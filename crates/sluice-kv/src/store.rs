@@ -320,6 +320,9 @@ impl KvStore {
             r.stop();
         }
         let synced = self.flush_and_sync();
+        // Its files go with it (a closed store still referenced must not keep its file
+        // system busy); only then does the next owner get the lock.
+        self.state().tiers().release_files();
         lock(&self.inner.owner_lock).take();
         synced
     }

@@ -143,6 +143,16 @@ impl Tiers {
         tiers.any(|s| lock(s).needs_reclaim())
     }
 
+    /// Closes every segment file the tiers hold (the store is closed and synced).
+    pub(crate) fn release_files(&self) {
+        for t in self.ssd.iter().chain(self.shared.iter()) {
+            lock(t).release_files();
+        }
+        if let Some(f) = &self.foreign {
+            lock(f).release_files();
+        }
+    }
+
     /// Syncs every segment tier's unsealed segments.
     pub(crate) fn sync_segments(&self) -> Result<(), KvError> {
         for t in self.ssd.iter().chain(self.shared.iter()) {

@@ -115,6 +115,35 @@ fn calls_after_close_fail_with_closed() {
     assert!(matches!(store.lookup(&[&k], false), Err(KvError::Closed)));
 }
 
+/// This process's open descriptors on files under `dir`.
+fn open_files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter(|target| target.starts_with(dir))
+        .collect()
+}
+
+#[test]
+fn close_lets_go_of_every_file_while_the_store_is_still_referenced() {
+    // Issue 27: a closed store kept its segment files open until the object was dropped,
+    // so the file system under it could not be unmounted (`umount`: target is busy).
+    let dir = tempdir();
+    let store = KvStore::open(dir.path(), config(4, 64)).unwrap();
+    put(&store, &(0..32).collect::<Vec<u64>>());
+    assert!(!open_files_under(dir.path()).is_empty());
+    store.close().unwrap();
+    assert_eq!(
+        open_files_under(dir.path()),
+        Vec::<std::path::PathBuf>::new()
+    );
+    drop(store);
+    // Nothing was lost by letting go early.
+    let store = KvStore::open(dir.path(), config(4, 64)).unwrap();
+    assert_eq!(lookup(&store, &(0..32).collect::<Vec<u64>>()), 32);
+}
+
 #[test]
 fn keys_and_buffers_of_the_wrong_size_are_refused_naming_the_value() {
     let dir = tempdir();

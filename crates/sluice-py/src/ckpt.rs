@@ -206,9 +206,13 @@ impl PySave {
     }
 }
 
+/// A wait's bound: None (or one too long to represent) waits without one.
 fn timeout(t: Option<f64>) -> Option<Duration> {
-    t.map(|s| Duration::from_secs_f64(s.max(0.0)))
+    t.and_then(|s| Duration::try_from_secs_f64(s.max(0.0)).ok())
 }
+
+/// The longest `timeout` a save takes (about 116 days): deadlines past it would overflow.
+const MAX_TIMEOUT_S: f64 = 1e7;
 
 #[pymethods]
 impl PySave {
@@ -286,6 +290,11 @@ impl PySave {
         to_py(py, &summary)
     }
 
+    /// The save's token (its commit directory under `.pending/`).
+    fn token(&self) -> PyResult<String> {
+        Ok(self.job()?.token().to_string())
+    }
+
     /// Stops the save (its waits then raise); returns at once.
     fn cancel(&self, why: &str) -> PyResult<()> {
         self.job()?.cancel(why);
@@ -314,8 +323,19 @@ impl Drop for PySave {
 #[pyclass(name = "CkptFetch", module = "sluice._sluice")]
 pub struct PyFetch {
     fetch: Mutex<Fetch>,
-    store: Arc<CkptStore>,
+    /// The store, its lock held shared until [`PyFetch::close`] (or the object goes).
+    store: Mutex<Option<Arc<CkptStore>>>,
     plan: Mutex<Option<(ReadPlan, Vec<Vec<ChunkRef>>)>>,
+}
+
+impl PyFetch {
+    fn store(&self) -> PyResult<Arc<CkptStore>> {
+        self.store
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| config_error("sluice.ckpt: the load's reads were closed"))
+    }
 }
 
 #[pymethods]
@@ -336,9 +356,10 @@ impl PyFetch {
             .collect::<Result<Vec<_>, _>>()
             .map_err(ckpt_to_py)?;
         let plan = ReadPlan::new(&needs);
+        let store = self.store()?;
         py.detach(|| {
             let mut f = self.fetch.lock().unwrap_or_else(|p| p.into_inner());
-            f.read(&self.store, &plan, rank, threads())
+            f.read(&store, &plan, rank, threads())
         })
         .map_err(ckpt_to_py)?;
         *self.plan.lock().unwrap_or_else(|p| p.into_inner()) = Some((plan, needs));
@@ -357,6 +378,11 @@ impl PyFetch {
             .into_iter()
             .map(|t| (t.send, t.peer, t.addr, t.len))
             .collect())
+    }
+
+    /// Lets go of the store (a `gc` may then take it); the reads are done or abandoned.
+    fn close(&self) {
+        self.store.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 
     /// Copies every chunk to its other places; what this rank read and received.
@@ -439,9 +465,10 @@ impl PyCkptStore {
         let plan = SavePlan::decode(&plan).map_err(ckpt_to_py)?;
         let extra = serde_json::from_str(extra)
             .map_err(|e| config_error(format!("sluice.ckpt: manifest extra: {e}")))?;
-        if !(timeout_s.is_finite() && timeout_s > 0.0) {
+        if !(timeout_s > 0.0 && timeout_s <= MAX_TIMEOUT_S) {
             return Err(config_error(format!(
-                "timeout: must be a positive number of seconds, got {timeout_s}"
+                "timeout: must be a positive number of seconds up to {MAX_TIMEOUT_S}, \
+                 got {timeout_s}"
             )));
         }
         let opts = SaveOptions {
@@ -535,7 +562,7 @@ impl PyCkptStore {
             .map_err(ckpt_to_py)?;
         Ok(PyFetch {
             fetch: Mutex::new(fetch),
-            store,
+            store: Mutex::new(Some(store)),
             plan: Mutex::new(None),
         })
     }
@@ -559,6 +586,24 @@ impl PyCkptStore {
     /// Releases the store's lock (once the last save using it is closed too).
     fn close(&self) {
         self.store.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+}
+
+/// After grouped save `token` failed: removes the chunks its ranks created that no
+/// checkpoint references, if the store is free now (every rank, and every other save or
+/// load, let go of it); None when it is not (the last rank to let go succeeds, and `gc`
+/// collects what none could).
+#[pyfunction]
+pub fn ckpt_collect_failed<'py>(
+    py: Python<'py>,
+    root: PathBuf,
+    token: String,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let r = py.detach(|| CkptStore::open_exclusive(&root).and_then(|s| s.collect_failed(&token)));
+    match r {
+        Ok(report) => to_py(py, &report).map(Some),
+        Err(sluice_ckpt::CkptError::Busy { .. }) => Ok(None),
+        Err(e) => Err(ckpt_to_py(e)),
     }
 }
 

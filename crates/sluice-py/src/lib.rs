@@ -53,6 +53,7 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ckpt::ckpt_totals, m)?)?;
     m.add_function(wrap_pyfunction!(ckpt::ckpt_table_keep, m)?)?;
     m.add_function(wrap_pyfunction!(ckpt::ckpt_gc, m)?)?;
+    m.add_function(wrap_pyfunction!(ckpt::ckpt_collect_failed, m)?)?;
     m.add_class::<kv::PyKvStore>()?;
     m.add_class::<kv::PyKvJob>()?;
     m.add_function(wrap_pyfunction!(kv::kv_open, m)?)?;

@@ -54,7 +54,11 @@ from .saving import (
     ByteSize,
     Replica,
     SaveHandle,
+    check_flag,
     check_sizes,
+    check_timeout,
+    fs_path,
+    open_store,
     run,
     stage,
 )
@@ -82,7 +86,7 @@ __all__ = [
 def split(path: PathLike) -> tuple[Path, str]:
     """STORE/NAME -> (store root, checkpoint name), checked by the native layer: a path
     that names no checkpoint, climbs with '..', or is an object URL is a ConfigError."""
-    root, name = _sluice.ckpt_path(os.fspath(path))
+    root, name = _sluice.ckpt_path(fs_path(path))
     return Path(root), name
 
 
@@ -110,26 +114,40 @@ def save(
     other's shares; a rank whose process died is noticed at once.
 
     ``replicate=True`` (grouped saves) also sends this rank's share to the next rank's
-    memory before ``staged`` resolves, and holds the previous rank's share: should a rank
-    die before its share is durable, its successor writes the share, and the checkpoint
-    is still published. It holds up to ``staging_bytes`` more host memory."""
+    memory before ``save`` returns, and holds the previous rank's share: should a rank die
+    before its share is durable, its successor writes the share, and the checkpoint is
+    still published. It holds up to ``staging_bytes`` more host memory.
+
+    Every rank of the group must make the same call (path, ``replicate``, ``chunk_bytes``):
+    ranks that differ, or that fail before the collective, make every rank raise."""
     root, name = split(path)
     chunk, staging = check_sizes(chunk_bytes, staging_bytes, bandwidth)
-    if isinstance(timeout, bool) or not (isinstance(timeout, (int, float)) and timeout > 0):
-        raise ConfigError(f"timeout: must be a positive number of seconds, got {timeout!r}")
+    timeout = check_timeout(timeout)
+    check_flag(blocking, "blocking")
+    check_flag(replicate, "replicate")
     grp = Group.of(group)
     prefix = f"{grp.rank}/" if grp.world > 1 else ""
     # Device tensors stream through the staging budget (small ones are copied and packed);
     # a replica needs them in host memory.
     stream_from = None if replicate else _sluice.ckpt_pack_below(chunk)
-    state = leaves(state_dict, prefix, stream_from)
-    staged = stage(state, root, name, grp, chunk, staging, bandwidth, timeout, replicate)
+    state: list[Any] = []
+    failed: Optional[BaseException] = None
+    try:
+        state = leaves(state_dict, prefix, stream_from)
+    except BaseException as e:  # raised by every rank together, in the stage's collective
+        failed = e
+    staged = stage(
+        state, root, name, grp, chunk, staging, bandwidth, timeout, replicate, failed=failed
+    )
     replica: Optional[Replica] = None
     if replicate and grp.world > 1:
         try:
-            replica = Replica(grp, staged.job, timeout)
-        except BaseException:
-            staged.job.cancel("the replica could not start")
+            replica = Replica.exchange(grp, staged.job, timeout, root / name)
+        except BaseException as e:
+            staged.job.cancel(f"the replica exchange failed: {e}")
+            staged.failed = True
+            if staged.pushes is not None:
+                staged.pushes.join()
             staged.close()
             raise
     handle = SaveHandle(root, name)
@@ -141,8 +159,9 @@ def save(
 
 def _read(root: PathLike, call: Any) -> Any:
     """``call(store)``'s answer, the existing store at ``root`` open (read-only) for it."""
-    _sluice.ckpt_check_store(os.fspath(root))
-    store = _sluice.ckpt_open(os.fspath(root))
+    root = fs_path(root, "store")
+    _sluice.ckpt_check_store(root)
+    store = open_store(Path(root))
     try:
         return call(store)
     finally:
@@ -172,10 +191,11 @@ def gc(store: PathLike, keep: int) -> dict[str, Any]:
     chunk no kept checkpoint references. Removes only what the store wrote: a checkpoint
     directory holding other files keeps them (``directories_left``). Raises
     ``StoreLockedError`` while a save or load has the store open."""
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+    if isinstance(keep, bool) or not isinstance(keep, int) or not 0 <= keep < 2**63:
         raise ConfigError(f"keep: expected a count >= 0, got {keep!r}")
-    _sluice.ckpt_check_store(os.fspath(store))
-    return _sluice.ckpt_gc(os.fspath(store), keep)
+    root = fs_path(store, "store")
+    _sluice.ckpt_check_store(root)
+    return _sluice.ckpt_gc(root, keep)
 
 
 def __getattr__(name: str) -> Any:

@@ -52,7 +52,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from .. import _sluice
 from ..errors import ConfigError, SluiceError, StoreFormatError, TensorNotFoundError
 from . import saving, state
-from .group import Group
+from .group import Group, failure, raise_first
 from .loading import grouped_read
 
 #: The entry that holds DCP's pickled global metadata.
@@ -114,7 +114,7 @@ class _Located:
 
     def reset(self, checkpoint_id: Any = None) -> None:
         if checkpoint_id is not None:
-            self.path = os.fspath(checkpoint_id)
+            self.path = saving.fs_path(checkpoint_id, "checkpoint_id")
 
     def _where(self) -> tuple[Path, str]:
         if self.path is None:
@@ -175,7 +175,11 @@ class StorageWriter(_Located, _DcpWriter, AsyncStager):
         self.__dict__.update(values)
         self._lock = threading.Lock()
 
-    def _stage(self, leaves: list[state.Leaf], grp: Group) -> _Save:
+    def _stage(
+        self, leaves: list[state.Leaf], grp: Group, failed: Optional[BaseException]
+    ) -> _Save:
+        """Stages this rank's leaves (collective; ``failed``, this rank's error from
+        before, makes every rank raise)."""
         root, name = self._where()
         staged = saving.stage(
             leaves,
@@ -187,6 +191,8 @@ class StorageWriter(_Located, _DcpWriter, AsyncStager):
             self.bandwidth,
             extra={"format": "torch.distributed.checkpoint"},
             publish=False,
+            failed=failed,
+            op="dcp.save",
         )
         return _Save(staged, leaves, grp.world)
 
@@ -198,20 +204,35 @@ class StorageWriter(_Located, _DcpWriter, AsyncStager):
         once that share no longer needs the live tensors."""
         from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-        self._where()
+        root, name = self._where()
         grp = Group.of(self.group)
         planner = DefaultSavePlanner()
-        planner.set_up_planner(state_dict, storage_meta=None, is_coordinator=grp.rank == 0)
-        items = planner.create_local_plan().items
+        items: list[Any] = []
+        leaves: list[state.Leaf] = []
+        failed: Optional[BaseException] = None
+        try:
+            planner.set_up_planner(state_dict, storage_meta=None, is_coordinator=grp.rank == 0)
+            items = planner.create_local_plan().items
+        except BaseException as e:  # every rank raises together, below
+            failed = e
         if grp.world > 1:
             # DCP's own dedup, as its coordinator will run it on the same plans: each
             # replicated item is hashed and staged by the one rank DCP will give it to.
             from torch.distributed.checkpoint._dedup_save_plans import dedup_save_plans
 
-            plans = grp.all_gather(SavePlan(items))
+            gathered = grp.all_gather((SavePlan(items), failure(failed)))
+            raise_first(root / name, failed, [g[1] for g in gathered])
+            plans = [g[0] for g in gathered]
             items = dedup_save_plans(plans, planner.dedup_save_to_lowest_rank)[grp.rank].items
-        leaves = [_leaf(entry_key(it.index), planner.resolve_data(it), self.chunk) for it in items]
-        save = self._stage(leaves, grp)
+        elif failed is not None:
+            raise failed
+        try:
+            leaves = [
+                _leaf(entry_key(it.index), planner.resolve_data(it), self.chunk) for it in items
+            ]
+        except BaseException as e:
+            failed = e
+        save = self._stage(leaves, grp, failed)
         with self._lock:
             if self._staged is not None:
                 self._staged.close()
@@ -274,10 +295,16 @@ class StorageWriter(_Located, _DcpWriter, AsyncStager):
             )
         if save is None:
             # dcp.save: this rank's items, hashed and planned with the other ranks here.
-            leaves = [
-                _leaf(k, planner.resolve_data(it), self.chunk) for k, it in zip(keys, plan.items)
-            ]
-            save = self._stage(leaves, Group.of(self.group))
+            leaves: list[state.Leaf] = []
+            failed: Optional[BaseException] = None
+            try:
+                leaves = [
+                    _leaf(k, planner.resolve_data(it), self.chunk)
+                    for k, it in zip(keys, plan.items)
+                ]
+            except BaseException as e:  # every rank raises together, in the stage
+                failed = e
+            save = self._stage(leaves, Group.of(self.group), failed)
         else:
             # async_save: staged before DCP planned; every item DCP gave this rank must be
             # one staged (the live tensors may have changed since, so nothing is re-read).
@@ -291,6 +318,7 @@ class StorageWriter(_Located, _DcpWriter, AsyncStager):
         try:
             save.staged.job.finish()  # durable: the chunks are written and synced
         except BaseException:
+            save.staged.failed = True
             save.close()
             raise
         if self.is_coordinator:
@@ -360,7 +388,7 @@ class StorageReader(_Located, _DcpReader):
     def _entries(self) -> dict[str, Any]:
         if self._manifest is None:
             root, name = self._where()
-            store = _sluice.ckpt_open(str(root))
+            store = saving.open_store(root)
             try:
                 self._manifest = store.manifest(name)
             finally:
@@ -378,7 +406,7 @@ class StorageReader(_Located, _DcpReader):
                 "load it with sluice.ckpt.load"
             )
         buf = np.empty(e["nbytes"], np.uint8)
-        store = _sluice.ckpt_open(str(root))
+        store = saving.open_store(root)
         try:  # one process alone: the grouped read without a group
             grouped_read(store, name, root / name, [(METADATA_KEY, buf)], Group(0, 1, None))
         finally:
@@ -437,11 +465,11 @@ class StorageReader(_Located, _DcpReader):
                     buffers[key] = _buffer(where, key, e, item)
                     dests.append((key, buffers[key]))
                 work.append((item, buffers[key], None))
-            store = _sluice.ckpt_open(str(root))
+            store = saving.open_store(root)
         except BaseException as e:  # raised by every rank together, in the grouped read
             failed = e
         try:
-            grouped_read(store, name, where, dests, grp, failed)
+            grouped_read(store, name, where, dests, grp, failed, op="dcp.load")
         finally:
             if store is not None:
                 store.close()

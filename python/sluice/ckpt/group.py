@@ -9,16 +9,30 @@ rank that has given up.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
-import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import ConfigError, SluiceError
 
 _side_groups: dict[tuple[int, ...], Any] = {}
-#: Background transfers on a side group are posted one batch at a time.
-side_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _collective(what: str) -> Iterator[None]:
+    """torch.distributed's errors (a rank gone, the group destroyed, a timeout) as a
+    ``SluiceError`` saying which step failed."""
+    try:
+        yield
+    except RuntimeError as e:
+        if isinstance(e, SluiceError):
+            raise
+        raise SluiceError(
+            f"sluice.ckpt: the group's {what} failed (a rank gone, the process group "
+            f"destroyed, or a timeout): {e}"
+        ) from e
 
 
 class Group:
@@ -48,7 +62,8 @@ class Group:
         import torch.distributed as dist
 
         out: list[Any] = [None] * self.world
-        dist.all_gather_object(out, obj, group=self.pg)
+        with _collective("all_gather"):
+            dist.all_gather_object(out, obj, group=self.pg)
         return out
 
     def broadcast(self, obj: Any) -> Any:
@@ -58,7 +73,8 @@ class Group:
         import torch.distributed as dist
 
         box = [obj if self.rank == 0 else None]
-        dist.broadcast_object_list(box, src=self.global_rank(0), group=self.pg)
+        with _collective("broadcast"):
+            dist.broadcast_object_list(box, src=self.global_rank(0), group=self.pg)
         return box[0]
 
     def global_rank(self, r: int, pg: Any = None) -> int:
@@ -80,13 +96,16 @@ class Group:
 
         ranks = tuple(dist.get_process_group_ranks(self.pg or dist.group.WORLD))
         side = _side_groups.get(ranks)
+        if side is not None and not _alive(side):
+            side = None  # destroyed with the default group since: made anew
         if side is None:
-            side = dist.new_group(
-                list(ranks),
-                timeout=datetime.timedelta(seconds=timeout_s),
-                backend="gloo",
-                use_local_synchronization=True,
-            )
+            with _collective("new_group"):
+                side = dist.new_group(
+                    list(ranks),
+                    timeout=datetime.timedelta(seconds=timeout_s),
+                    backend="gloo",
+                    use_local_synchronization=True,
+                )
             _side_groups[ranks] = side
         return side
 
@@ -102,12 +121,48 @@ class Group:
             dist.P2POp(dist.isend if send else dist.irecv, t, self.global_rank(peer, pg), pg)
             for send, peer, t in ops
         ]
-        for w in dist.batch_isend_irecv(p2p):
-            w.wait()
+        with _collective("point-to-point transfer"):
+            for w in dist.batch_isend_irecv(p2p):
+                w.wait()
+
+
+def _alive(pg: Any) -> bool:
+    """Whether process group ``pg`` still exists (``destroy_process_group`` drops every
+    group it made)."""
+    import torch.distributed as dist
+
+    try:
+        dist.get_process_group_ranks(pg)
+        return True
+    except (RuntimeError, ValueError, KeyError):
+        return False
 
 
 def failure(e: Optional[BaseException]) -> Optional[str]:
     return None if e is None else f"{type(e).__name__}: {e}"
+
+
+def check_same(where: Path, calls: list[dict[str, Any]]) -> None:
+    """Refuses a collective call the ranks do not all make alike (one saves while another
+    loads, or they name different checkpoints or options): every rank gets the same
+    gathered ``calls``, so all raise together, naming what differs."""
+    first = calls[0]
+    odd = [r for r, c in enumerate(calls) if c != first]
+    if not odd:
+        return
+
+    def show(c: dict[str, Any], keys: list[str]) -> str:
+        return ", ".join(f"{k}={c.get(k)!r}" for k in keys)
+
+    keys = sorted(
+        {k for r in odd for k in set(first) | set(calls[r]) if first.get(k) != calls[r].get(k)}
+    )
+    detail = "; ".join(f"rank {r} has {show(calls[r], keys)}" for r in odd[:4])
+    more = f" (and {len(odd) - 4} more ranks)" if len(odd) > 4 else ""
+    raise ConfigError(
+        f"{where}: the ranks disagree; every rank must make the same call: "
+        f"rank 0 has {show(first, keys)}; {detail}{more}"
+    )
 
 
 def raise_first(where: Path, mine: Optional[BaseException], all_: list[Optional[str]]) -> None:

@@ -12,7 +12,8 @@ from typing import Any, Optional
 
 from .. import _sluice
 from ..errors import ConfigError, StoreFormatError, TensorNotFoundError
-from .group import Group, failure, raise_first
+from .group import Group, check_same, failure, raise_first
+from .saving import check_flag, fs_path, open_store
 from .state import (
     address,
     at,
@@ -36,11 +37,13 @@ def grouped_read(
     dests: list[tuple[str, Any]],
     group: Group,
     failed: Optional[BaseException] = None,
+    op: str = "load",
 ) -> dict[str, int]:
     """Fills each (entry, host buffer) with its entry, every chunk verified. Collective
     over ``group``: the ranks pool which chunks they need, each is read by one needer and
     sent to the others. ``failed`` is this rank's error from before the call: every rank
-    raises once any has failed, so none waits on a rank that has given up."""
+    raises once any has failed (or the ranks' calls differ), so none waits on a rank that
+    has given up."""
     fetch: Any = None
     needs = b""
     try:
@@ -50,18 +53,23 @@ def grouped_read(
         needs = fetch.needs()
     except BaseException as e:
         failed = e
-    gathered = group.all_gather((needs, failure(failed)))
-    raise_first(where, failed, [f for _, f in gathered])
-    error: Optional[BaseException] = None
     try:
-        fetch.read([n for n, _ in gathered], group.rank)
-    except BaseException as e:  # every rank must learn of it before any waits on a send
-        error = e
-    group.agree(where, error)
-    if group.world > 1:
-        ops = [(send, peer, at(addr, n)) for send, peer, addr, n in fetch.transfers(group.rank)]
-        group.transfer(ops)
-    report = fetch.finish()
+        gathered = group.all_gather(({"op": op, "path": str(where)}, needs, failure(failed)))
+        check_same(where, [g[0] for g in gathered])
+        raise_first(where, failed, [g[2] for g in gathered])
+        error: Optional[BaseException] = None
+        try:
+            fetch.read([g[1] for g in gathered], group.rank)
+        except BaseException as e:  # every rank must learn of it before any waits on a send
+            error = e
+        group.agree(where, error)
+        if group.world > 1:
+            ops = [(send, peer, at(addr, n)) for send, peer, addr, n in fetch.transfers(group.rank)]
+            group.transfer(ops)
+        report = fetch.finish()
+    finally:
+        if fetch is not None:
+            fetch.close()  # its hold on the store goes with it
     last_load.clear()
     last_load.update(report)
     return report
@@ -78,10 +86,9 @@ def load(
     filled (each chunk verified against its digest), other values replaced. Every key of
     ``state_dict`` must be in the checkpoint unless ``strict=False``. Returns
     ``state_dict``. Collective over ``group`` when torch.distributed is initialized."""
-    import os
-
-    root, name = _sluice.ckpt_path(os.fspath(path))
-    root = Path(root)
+    root_s, name = _sluice.ckpt_path(fs_path(path))
+    root = Path(root_s)
+    check_flag(strict, "strict")
     grp = Group.of(group)
     reads: list[tuple[str, Any]] = []  # (entry, host buffer to fill)
     copies: list[tuple[Any, Any]] = []  # (destination, host buffer read into)
@@ -90,7 +97,7 @@ def load(
     store: Any = None
     failed: Optional[BaseException] = None
     try:
-        store = _sluice.ckpt_open(str(root))
+        store = open_store(root)
         m = store.manifest(name)
         entries = m["entries"]
         _plan(state_dict, root / name, m, grp, strict, reads, copies, blobs)
@@ -100,7 +107,10 @@ def load(
         grouped_read(store, name, root / name, reads, grp, failed)
         for dst, host in copies:
             if is_tensor(dst):
-                dst.copy_(host)
+                import torch
+
+                with torch.no_grad():  # a parameter that requires grad is filled in place
+                    dst.copy_(host)
             else:
                 dst[...] = host
         for path_, full, buf in blobs:
@@ -155,6 +165,8 @@ def _plan(
                     f"{v.dtype}, which holds pointers to Python objects; loading bytes over "
                     "them would corrupt the interpreter"
                 )
+            if is_array(v) and not v.flags.writeable:
+                raise ConfigError(f"{where}: entry {full!r}: the destination array is read-only")
             shape = list(v.shape)
             if e.get("shape") != shape or e.get("dtype") != dtype_name(v):
                 raise ConfigError(

@@ -6,22 +6,29 @@ the job), :class:`Staged` (the job in flight) and :func:`check_sizes`.
 
 Durability at exit: a save's background thread is not a daemon, and the interpreter waits
 for it before it exits (saying so on stderr), so a script's last ``save`` is durable when
-the script ends normally. A save that fails with no one waiting for it says so on stderr.
+the script ends normally. A save that fails while the interpreter waits for it says so on
+stderr and makes the exit status 1; Ctrl-C during that wait exits at once with status 130
+(the checkpoint is not published, earlier ones are untouched).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import logging
+import math
+import os
 import sys
 import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Optional, Union
 
 from .. import _sluice
-from ..errors import ConfigError, SluiceError
-from .group import Group, failure, raise_first, side_lock
+from ..errors import ConfigError, SluiceError, StoreLockedError
+from .group import Group, check_same, failure, raise_first
 from .state import Leaf, at, heads_json
 
 log = logging.getLogger("sluice.ckpt")
@@ -35,6 +42,14 @@ DEFAULT_STAGING_BYTES = 1 << 30
 #: How long a grouped save's ranks wait for each other's shares before giving up (a rank
 #: whose process is gone is noticed at once, not at this timeout).
 DEFAULT_TIMEOUT_S = 1800.0
+#: The longest ``timeout`` taken (about 116 days).
+MAX_TIMEOUT_S = 1e7
+#: The dedup grain's bounds: below a page, a chunk costs more in files than it saves; past
+#: 1 GiB, a one-byte change rewrites a gigabyte.
+MIN_CHUNK_BYTES = 4 << 10
+MAX_CHUNK_BYTES = 1 << 30
+#: How long a save or load waits for a ``gc`` that holds the store before giving up.
+STORE_PATIENCE_S = 60.0
 
 
 def size(value: ByteSize, what: str) -> int:
@@ -51,12 +66,62 @@ def check_sizes(
 ) -> tuple[int, int]:
     """(chunk, staging) bytes, checked; ``bandwidth`` too."""
     chunk = size(chunk_bytes, "chunk_bytes")
+    if not MIN_CHUNK_BYTES <= chunk <= MAX_CHUNK_BYTES:
+        raise ConfigError(
+            f"chunk_bytes: must be from {MIN_CHUNK_BYTES} (4 KiB) to {MAX_CHUNK_BYTES} "
+            f"(1 GiB), got {chunk_bytes!r}"
+        )
     staging = size(staging_bytes, "staging_bytes")
     if staging < chunk:
         raise ConfigError(f"staging_bytes ({staging}) must hold one chunk ({chunk})")
-    if bandwidth is not None and (isinstance(bandwidth, bool) or not bandwidth > 0):
-        raise ConfigError(f"bandwidth: must be positive bytes/s, got {bandwidth!r}")
+    if bandwidth is not None and not _positive(bandwidth):
+        raise ConfigError(f"bandwidth: must be a positive number of bytes/s, got {bandwidth!r}")
     return chunk, staging
+
+
+def _positive(v: Any) -> bool:
+    """A finite number above 0 (not a bool)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def check_timeout(timeout: Any) -> float:
+    if not (_positive(timeout) and timeout <= MAX_TIMEOUT_S):
+        raise ConfigError(
+            f"timeout: must be a positive number of seconds up to {MAX_TIMEOUT_S:.0f}, "
+            f"got {timeout!r}"
+        )
+    return float(timeout)
+
+
+def check_flag(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{what}: expected True or False, got {value!r}")
+    return value
+
+
+def fs_path(path: Any, what: str = "path") -> str:
+    """``path`` (str, bytes or os.PathLike) as a str."""
+    try:
+        return os.fsdecode(path)
+    except TypeError:
+        raise ConfigError(f"{what}: expected a file-system path, got {path!r}") from None
+
+
+def open_store(root: Path, create: bool = False) -> Any:
+    """The store at ``root``, opened (``create``: made if absent). While a ``gc`` holds it
+    (briefly, as a rule), waits up to ``STORE_PATIENCE_S`` rather than fail."""
+    deadline = time.monotonic() + STORE_PATIENCE_S
+    delay = 0.05
+    while True:
+        try:
+            return _sluice.ckpt_open(str(root), create=create)
+        except StoreLockedError as e:
+            if time.monotonic() + delay > deadline:
+                raise
+            if delay == 0.05:
+                log.info("%s: waiting for the store: %s", root, e)
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
 
 class Window:
@@ -106,14 +171,25 @@ class Staged:
     """One rank's save after the foreground: the store (its lock held shared), the native
     save job, and every rank's chunk table."""
 
-    def __init__(self, store: Any, job: Any, tables: list[bytes], where: Path) -> None:
+    def __init__(self, store: Any, job: Any, tables: list[bytes], where: Path, world: int) -> None:
         self.store, self.job, self.tables, self.where = store, job, tables, where
+        self.world = world
+        self.token: str = job.token()
         self.pushes: Optional[threading.Thread] = None
+        #: Set when the save failed: closing then removes what the group's ranks wrote.
+        self.failed = False
 
     def close(self) -> None:
-        """Cancels what is unfinished, waits for the job's threads, lets go of the store."""
+        """Cancels what is unfinished, waits for the job's threads, lets go of the store.
+        After a failed grouped save, removes the chunks the save's ranks wrote if the
+        store is free (the last rank to let go finds it so; ``gc`` collects otherwise)."""
         self.job.close()
         self.store.close()
+        if self.failed and self.world > 1:
+            try:
+                _sluice.ckpt_collect_failed(str(self.where.parent), self.token)
+            except Exception as e:  # a clean-up: gc collects what is left
+                log.info("%s: the failed save's chunks are left for gc: %s", self.where, e)
 
 
 def stage(
@@ -128,19 +204,26 @@ def stage(
     replicate: bool = False,
     extra: Optional[dict[str, Any]] = None,
     publish: bool = True,
+    failed: Optional[BaseException] = None,
+    op: str = "save",
 ) -> Staged:
     """Hashes this rank's leaves, pools the tables over the group, lets rank 0 plan who
     writes which chunk the store lacks, and starts this rank's share (collective: a rank
-    that fails at any step still joins the next collective with its error, and all
-    raise). ``publish=False`` stops the job at durable: DCP's coordinator publishes."""
+    that fails at any step, ``failed`` being its error from before the call, still joins
+    the next collective with its error, and all raise; so do all when the ranks' calls
+    differ). ``publish=False`` stops the job at durable: DCP's coordinator publishes."""
     where = root / name
     store: Any = None
     share: Any = None
     table: Optional[bytes] = None
-    error: Optional[BaseException] = None
-    window = Window.for_leaves(leaves, chunk, staging)
+    error: Optional[BaseException] = failed
+    call = {"op": op, "path": str(where), "replicate": replicate, "chunk_bytes": chunk}
+    window: Optional[Window] = None
     try:
-        store = _sluice.ckpt_open(str(root), create=True)
+        if error is not None:
+            raise error
+        window = Window.for_leaves(leaves, chunk, staging)
+        store = open_store(root, create=True)
         store.prepare(name)
         share = _sluice.CkptShare(heads_json(leaves), [lf.addr for lf in leaves], chunk)
         hash_streamed(share, leaves, window)
@@ -148,14 +231,15 @@ def stage(
     except BaseException as e:
         error = e
     bw = bandwidth or _sluice.ckpt_bandwidth()
-    gathered = group.all_gather((table, bw, failure(error)))
     try:
-        raise_first(where, error, [g[2] for g in gathered])
-        tables = [g[0] for g in gathered]
+        gathered = group.all_gather((call, table, bw, failure(error)))
+        check_same(where, [g[0] for g in gathered])
+        raise_first(where, error, [g[3] for g in gathered])
+        tables = [g[1] for g in gathered]
         plan: Any = None
         if group.rank == 0:
             try:
-                plan = ("ok", _sluice.ckpt_plan(store, tables, [g[1] for g in gathered]))
+                plan = ("ok", _sluice.ckpt_plan(store, tables, [g[2] for g in gathered]))
             except Exception as e:
                 if group.world == 1:
                     raise
@@ -195,7 +279,7 @@ def stage(
         if store is not None:
             store.close()
         raise
-    staged = Staged(store, job, tables, where)
+    staged = Staged(store, job, tables, where, group.world)
     if window is not None and job.streamed():
         staged.pushes = threading.Thread(
             target=_push, args=(job, leaves, window), name="sluice-ckpt-push", daemon=True
@@ -226,43 +310,44 @@ def _push(job: Any, leaves: list[Leaf], window: Window) -> None:
 
 
 class Replica:
-    """``replicate=True``: this rank sends its share to the next rank and receives the
-    previous rank's share into host memory, on a side gloo group, in the background. The
-    native save job writes that share if the previous rank dies before its own is
-    durable."""
+    """``replicate=True``: the previous rank's share, held in this rank's host memory. The
+    native save job writes it if the previous rank dies before its own share is durable."""
 
-    def __init__(self, group: Group, job: Any, timeout: float) -> None:
+    def __init__(self, buf: Any) -> None:
+        self.buf = buf
+
+    @staticmethod
+    def exchange(group: Group, job: Any, timeout: float, where: Path) -> Replica:
+        """Sends this rank's share to the next rank and receives the previous rank's, on a
+        side gloo group (collective; in the foreground, while the caller's state is alive
+        and unchanged). Every rank raises if any fails."""
         import torch
 
-        self.group = group
-        self.sends = job.replica_sends()
-        self.lengths = job.replica_lengths()
-        self.buf = torch.empty(sum(self.lengths), dtype=torch.uint8)
-        self.side = group.side(timeout)
-        self.error: Optional[BaseException] = None
-        self.thread = threading.Thread(target=self._exchange, name="sluice-ckpt-replica")
-        self.thread.daemon = True
-        self.thread.start()
-
-    def _exchange(self) -> None:
-        g = self.group
-        succ, pred = (g.rank + 1) % g.world, (g.rank - 1) % g.world
+        error: Optional[BaseException] = None
+        sends: list[tuple[int, int]] = []
+        lengths: list[int] = []
+        buf: Any = None
         try:
-            ops = [(True, succ, at(addr, n)) for addr, n in self.sends if n]
-            off = 0
-            for n in self.lengths:
-                if n:
-                    ops.append((False, pred, self.buf[off : off + n]))
-                off += n
-            with side_lock:
-                g.transfer(ops, pg=self.side)
+            sends = job.replica_sends()
+            lengths = job.replica_lengths()
+            buf = torch.empty(sum(lengths), dtype=torch.uint8)
         except BaseException as e:
-            self.error = e
-
-    def wait_sent(self, where: Path) -> None:
-        self.thread.join()
-        if self.error is not None:
-            raise SluiceError(f"{where}: replicating the staged share failed: {self.error}")
+            error = e
+        group.agree(where, error)
+        succ, pred = (group.rank + 1) % group.world, (group.rank - 1) % group.world
+        try:
+            side = group.side(timeout)
+            ops = [(True, succ, at(addr, n)) for addr, n in sends if n]
+            off = 0
+            for n in lengths:
+                if n:
+                    ops.append((False, pred, buf[off : off + n]))
+                off += n
+            group.transfer(ops, pg=side)
+        except BaseException as e:
+            error = SluiceError(f"{where}: replicating the staged share failed: {e}")
+        group.agree(where, error)
+        return Replica(buf)
 
     def held(self) -> tuple[int, int]:
         n = int(self.buf.numel())
@@ -283,15 +368,20 @@ class SaveHandle:
         self.staged: Future[float] = Future()
         self.durable: Future[dict[str, Any]] = Future()
         self._staged: Optional[Staged] = None
+        self._cancelled = False
 
     def result(self, timeout: Optional[float] = None) -> dict[str, Any]:
         """Waits until durable; the save's report."""
         return self.durable.result(timeout)
 
-    def cancel(self) -> None:
-        """Stops the save: the checkpoint is not published, earlier ones are untouched."""
-        if self._staged is not None:
-            self._staged.job.cancel("cancelled by the caller")
+    def cancel(self) -> bool:
+        """Stops the save: the checkpoint is not published, earlier ones are untouched.
+        ``False`` (and nothing done) when the save had finished already."""
+        if self.durable.done() or self._staged is None:
+            return False
+        self._cancelled = True
+        self._staged.job.cancel("cancelled by the caller")
+        return True
 
     def __repr__(self) -> str:
         state = "durable" if self.durable.done() else "staged" if self.staged.done() else "staging"
@@ -319,8 +409,6 @@ def run(handle: SaveHandle, staged: Staged, replica: Optional[Replica]) -> threa
 def _finish(handle: SaveHandle, staged: Staged, replica: Optional[Replica]) -> None:
     try:
         took = staged.job.wait_staged()
-        if replica is not None:
-            replica.wait_sent(staged.where)
         handle.staged.set_result(took)
     except BaseException as e:
         staged.job.cancel(str(e))
@@ -330,6 +418,7 @@ def _finish(handle: SaveHandle, staged: Staged, replica: Optional[Replica]) -> N
         outcome: tuple[Any, Optional[BaseException]] = (summary, None)
     except BaseException as e:
         outcome = (None, e)
+        staged.failed = True
     # The store's lock goes before the futures resolve: a caller that waits for durable
     # and then collects garbage must find the store free.
     if staged.pushes is not None:
@@ -341,36 +430,74 @@ def _finish(handle: SaveHandle, staged: Staged, replica: Optional[Replica]) -> N
     if err is None:
         handle.durable.set_result(summary)
         return
-    log.warning("the save of %s failed; the checkpoint was not published: %s", staged.where, err)
+    if handle._cancelled:
+        log.info("the save of %s was cancelled; the checkpoint was not published", staged.where)
+    elif not _exiting:  # at exit, the exit hook says it
+        log.warning(
+            "the save of %s failed; the checkpoint was not published: %s", staged.where, err
+        )
     if not handle.staged.done():
         handle.staged.set_exception(err)
     handle.durable.set_exception(err)
 
 
+#: Set once the interpreter is exiting (the saves' failures are then reported by the exit
+#: hook, not logged).
+_exiting = False
+#: The exit status a save that failed during the exit wait asks for.
+_exit_status = 0
+
+
 def _wait_at_exit() -> None:
     """Runs as the interpreter shuts down, before it joins the saves' threads: says which
-    saves it waits for, and what failed."""
+    saves it waits for and which failed (the exit status is then 1); Ctrl-C meanwhile
+    exits at once with status 130."""
+    global _exiting, _exit_status
+    _exiting = True
     with _in_flight_lock:
         pending = [h for h in _in_flight if not h.durable.done()]
-    for h in pending:
+    waiting: Optional[SaveHandle] = None
+    try:
+        for h in pending:
+            waiting = h
+            sys.stderr.write(
+                f"sluice.ckpt: waiting for the save of {h.path / h.name} to be durable "
+                "before exit\n"
+            )
+            try:
+                h.durable.result()
+            except Exception as e:  # nobody is left to look at the future: say it here
+                if not h._cancelled:
+                    sys.stderr.write(
+                        f"sluice.ckpt: the save of {h.path / h.name} failed; the checkpoint "
+                        f"was not published: {e}\n"
+                    )
+                    _exit_status = 1
+    except KeyboardInterrupt:
+        where = f"{waiting.path / waiting.name} was" if waiting else "the saves were"
         sys.stderr.write(
-            f"sluice.ckpt: waiting for the save of {h.path / h.name} to be durable before exit\n"
+            f"sluice.ckpt: interrupted; {where} not published (earlier checkpoints are untouched)\n"
         )
-        try:
-            h.durable.result()
-        except KeyboardInterrupt:
-            sys.stderr.write(
-                f"sluice.ckpt: interrupted; {h.path / h.name} was not published "
-                "(earlier checkpoints are untouched)\n"
-            )
-            raise
-        except BaseException as e:  # nobody is left to look at the future: say it here
-            sys.stderr.write(
-                f"sluice.ckpt: the save of {h.path / h.name} failed; the checkpoint was not "
-                f"published: {e}\n"
-            )
+        _hard_exit(130)
 
 
+def _hard_exit(status: int) -> None:
+    """Exits now with ``status`` (the save threads are not waited for), streams flushed."""
+    logging.shutdown()
+    for f in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            f.flush()
+    os._exit(status)
+
+
+def _exit_with_status() -> None:
+    """The last exit handler (registered first): a save that failed during the exit wait
+    makes the exit status 1 (the interpreter would otherwise report success)."""
+    if _exit_status:
+        _hard_exit(_exit_status)
+
+
+atexit.register(_exit_with_status)
 # Runs before the interpreter joins non-daemon threads (as concurrent.futures does).
 _register = getattr(threading, "_register_atexit", None)
 if _register is not None:

@@ -91,6 +91,12 @@ def host_bytes(key: str, v: Any, stream: bool = False) -> tuple[Any, int, int]:
             raise ConfigError(f"{key}: {v.layout} tensors are not supported; save .to_dense()")
         if v.device.type == "meta":
             raise ConfigError(f"{key}: a meta tensor has no data to save")
+        if v.is_quantized:
+            raise ConfigError(
+                f"{key}: quantized tensors are not supported (their scale and zero point "
+                "would be lost); save .int_repr() with .q_scale() and .q_zero_point(), or "
+                ".dequantize()"
+            )
         t = v.detach()
         if t.is_conj():
             t = t.resolve_conj()

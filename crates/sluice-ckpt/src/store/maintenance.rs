@@ -84,13 +84,20 @@ impl CkptStore {
             .collect())
     }
 
-    /// The digests of the chunks the newest checkpoint references: chunks the store holds
-    /// for sure (published, and kept from gc while this store is open).
+    /// The digests of the chunks the newest checkpoint references that are in place (a
+    /// file of the chunk's length; kept from gc while this store is open): what a save
+    /// need not write. A chunk lost or truncated since is left out, so the next save
+    /// writes it again; one whose bytes changed in place is found by `verify` or a load,
+    /// not here (that would mean re-reading the store).
     pub fn known(&self) -> Result<BTreeSet<Digest>, CkptError> {
-        Ok(self
-            .newest()?
-            .map(|(_, m)| m.unique_chunks().into_keys().collect())
-            .unwrap_or_default())
+        let Some((_, m)) = self.newest()? else {
+            return Ok(BTreeSet::new());
+        };
+        Ok(m.unique_chunks()
+            .into_iter()
+            .filter(|&(digest, len)| self.chunks.contains(&crate::ChunkRef { digest, len }))
+            .map(|(d, _)| d)
+            .collect())
     }
 
     /// Keeps the `keep` newest checkpoints, removes the others and every chunk no kept
@@ -127,6 +134,41 @@ impl CkptStore {
         Ok(report)
     }
 
+    /// After a grouped save failed: removes the chunks its ranks created (the `created-R`
+    /// lists in its commit directory) that no published checkpoint references, and the
+    /// commit directory. Needs the lock exclusive: every rank of the save, and every other
+    /// save or load, must have let go of the store (each failed rank tries once it has; the
+    /// last one succeeds, and `gc` collects what no one could).
+    pub fn collect_failed(&self, token: &str) -> Result<super::Cleanup, CkptError> {
+        crate::path::check_name(token)?;
+        let dir = crate::commit::pending_dir(&self.root, token);
+        let mut created = Vec::new();
+        for f in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if f.file_name().to_string_lossy().starts_with("created-") {
+                let bytes = std::fs::read(f.path()).unwrap_or_default();
+                created.extend(
+                    bytes
+                        .chunks_exact(32)
+                        .map(|d| Digest(d.try_into().expect("32"))),
+                );
+            }
+        }
+        let live = self.live_chunks()?;
+        let mut report = super::Cleanup::default();
+        for d in created {
+            if live.contains(&d) {
+                continue;
+            }
+            let len = std::fs::metadata(self.chunks.path_of(&d)).map_or(0, |m| m.len());
+            if self.chunks.remove(&d).is_ok() && len > 0 {
+                report.chunks_removed += 1;
+                report.bytes_freed += len;
+            }
+        }
+        self.remove_pending_dir(&dir);
+        Ok(report)
+    }
+
     /// Grouped saves' commit files (the lock is exclusive: no save runs): the files the
     /// commit writes, then the directories if empty.
     fn remove_pending(&self) {
@@ -135,23 +177,25 @@ impl CkptStore {
             return;
         };
         for save in saves.flatten() {
-            for f in std::fs::read_dir(save.path())
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let name = f.file_name().to_string_lossy().into_owned();
-                let ours = name == "failed"
-                    || name.starts_with("alive-")
-                    || (name.starts_with("rank-") && name.ends_with(".json"))
-                    || name.starts_with('.'); // atomic writes' temporaries
-                if ours {
-                    let _ = std::fs::remove_file(f.path());
-                }
-            }
-            let _ = std::fs::remove_dir(save.path());
+            self.remove_pending_dir(&save.path());
         }
         let _ = std::fs::remove_dir(&pending);
+    }
+
+    /// One save's commit files, then its directory if empty (nothing else is removed).
+    fn remove_pending_dir(&self, dir: &std::path::Path) {
+        for f in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let name = f.file_name().to_string_lossy().into_owned();
+            let ours = name == "failed"
+                || name.starts_with("alive-")
+                || name.starts_with("created-")
+                || (name.starts_with("rank-") && name.ends_with(".json"))
+                || name.starts_with('.'); // atomic writes' temporaries
+            if ours {
+                let _ = std::fs::remove_file(f.path());
+            }
+        }
+        let _ = std::fs::remove_dir(dir);
     }
 
     /// Re-hashes every chunk of checkpoint `name`.

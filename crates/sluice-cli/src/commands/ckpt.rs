@@ -102,12 +102,16 @@ pub fn inspect(args: &CkptPathArgs) -> Result<(), CkptCliError> {
             .as_ref()
             .map(|s| format!("{s:?}"))
             .unwrap_or_default();
+        // A small entry lives in a pack shared with others: say which, not "0 chunks".
+        let place = match &e.pack {
+            Some(p) => format!("in pack {}", &p.digest.hex()[..12]),
+            None => format!("{} chunks", e.chunks.len()),
+        };
         outln!(
-            "{key:<48} {:<10} {:<16} {:>10} {:>5} chunks",
+            "{key:<48} {:<10} {:<16} {:>10} {place}",
             e.dtype.as_deref().unwrap_or("bytes"),
             shape,
             human(e.nbytes),
-            e.chunks.len()
         );
     }
     let ratio = if unique == 0 {
