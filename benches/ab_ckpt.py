@@ -12,7 +12,9 @@ process with a fresh store. Scenarios:
 - ``small``: 55,000 tensors of 16 floats (a state of many small tensors), until durable, with
   ``torch.save`` of the same state for reference;
 - ``grouped``: two ranks on gloo, 256 MiB each (half replicated, half sharded), rank 0's
-  seconds until durable.
+  seconds until durable;
+- ``replica``: the same with ``replicate=True``: rank 0's seconds until ``save`` returns,
+  until staged (when training may go on) and until durable.
 
 The baseline is a directory holding another build's ``sluice`` package and its extension, put
 first on ``PYTHONPATH`` for its workers (see benches/ab_load.py for how to make one).
@@ -37,7 +39,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-SCENARIOS = ("save", "incremental", "load", "small", "grouped")
+SCENARIOS = ("save", "incremental", "load", "small", "grouped", "replica")
 
 WORKER = textwrap.dedent(
     r"""
@@ -93,7 +95,7 @@ WORKER = textwrap.dedent(
         with open(f"{store}.pt", "rb+") as f:
             os.fsync(f.fileno())
         res["torch_save_s"] = time.perf_counter() - t0
-    elif scenario == "grouped":
+    elif scenario in ("grouped", "replica"):
         import torch.distributed as dist
 
         rank, world, init = int(sys.argv[4]), 2, sys.argv[5]
@@ -103,7 +105,14 @@ WORKER = textwrap.dedent(
         sd = {"shared": shared, "own": own}
         dist.barrier()
         t0 = time.perf_counter()
-        ck.save(sd, f"{store}/s1").durable.result()
+        if scenario == "grouped":
+            ck.save(sd, f"{store}/s1").durable.result()
+        else:
+            h = ck.save(sd, f"{store}/s1", replicate=True)
+            res["returned_s"] = time.perf_counter() - t0
+            h.staged.result()
+            res["staged_s"] = time.perf_counter() - t0
+            h.durable.result()
         res["durable_s"] = time.perf_counter() - t0
         dist.barrier()
         dist.destroy_process_group()
@@ -125,7 +134,7 @@ def run_one(scenario: str, build: str, baseline: Path, work: Path, timeout: floa
     out = work / f"{scenario}-{build}.json"
     script = work / "worker.py"
     script.write_text(WORKER)
-    if scenario == "grouped":
+    if scenario in ("grouped", "replica"):
         init = work / f"init-{build}"
         procs = [
             subprocess.Popen(
