@@ -484,13 +484,15 @@ fn sluice_cgroups() -> Vec<PathBuf> {
 }
 
 /// A run under a memory limit (root: the callers are `#[ignore]`d and run as root), or
-/// `None` (skip) without memory cgroups.
+/// `None` (skip) without memory cgroups. It leaves no cgroup behind (checked under the
+/// lock: another limited run's cgroup comes and goes outside it).
 fn limited_run(
     c: &RunConfig,
     stop_when: Option<(&Path, i32)>,
 ) -> Option<sluice_warm::runtime::RunReport> {
     require_root();
     let _exclusive = CGROUP_RUNS.write().unwrap_or_else(|e| e.into_inner());
+    let before = sluice_cgroups();
     let outcome = match stop_when {
         Some((ready, signal)) => {
             let stop = StopRequest::new();
@@ -507,7 +509,11 @@ fn limited_run(
             eprintln!("skipped: no memory cgroup here: {e}");
             None
         }
-        other => Some(other.unwrap()),
+        other => {
+            let report = other.unwrap();
+            assert_eq!(sluice_cgroups(), before, "no cgroup leaked: {report:?}");
+            Some(report)
+        }
     }
 }
 
@@ -528,7 +534,6 @@ fn a_stopped_service_is_killed_after_its_grace_period_and_its_cgroup_removed() {
     c.explicit = true;
     c.memory_limit = Some(64 << 20);
     c.grace = Duration::from_millis(200);
-    let before = sluice_cgroups();
     let Some(report) = limited_run(&c, Some((&ready, libc::SIGTERM))) else {
         return;
     };
@@ -538,7 +543,6 @@ fn a_stopped_service_is_killed_after_its_grace_period_and_its_cgroup_removed() {
     assert_eq!((ending.killed, ending.survivors), (3, 0), "{ending:?}");
     let cgroup = report.cgroup.clone().expect("a cgroup");
     assert!(report.cgroup_removed && !cgroup.exists(), "{report:?}");
-    assert_eq!(sluice_cgroups(), before, "no cgroup leaked");
 }
 
 #[test]
@@ -553,7 +557,6 @@ fn a_service_over_its_limit_is_oom_killed_never_the_runtime() {
     let mut c = config(&m, &["sh", "-c", script]);
     c.explicit = true;
     c.memory_limit = Some(sluice_warm::config::MIN_MEMORY_LIMIT_BYTES);
-    let before = sluice_cgroups();
     let Some(report) = limited_run(&c, None) else {
         return;
     };
@@ -561,7 +564,6 @@ fn a_service_over_its_limit_is_oom_killed_never_the_runtime() {
     assert!(report.service_oom_killed(), "{report:?}");
     assert!(report.oom_kills.unwrap_or(0) >= 1, "{report:?}");
     assert!(report.cgroup_removed, "{report:?}");
-    assert_eq!(sluice_cgroups(), before, "no cgroup leaked");
 }
 
 #[test]

@@ -98,12 +98,16 @@ pub fn sweep_dead_cgroups() -> Vec<std::path::PathBuf> {
     removed
 }
 
-/// Creates a cgroup with `limit`, moves this process into it and out of
-/// the OOM killer's reach; the service, spawned later, inherits the cgroup.
+/// Creates a cgroup with `limit`, takes this process out of the OOM killer's
+/// reach and moves it into the cgroup; the service, spawned later, inherits
+/// the cgroup. The score is lowered first: a cgroup that runs out of memory
+/// in between (another thread of this process allocating) must not pick it.
 pub fn enter_cgroup(limit: u64) -> Result<ServiceCgroup, WarmError> {
     let name = cgroup_name(std::process::id());
     let cgroup = cgroup::create_cgroup(&name, Some(limit))?;
+    let runtime_score_before = protect_from_oom();
     if let Err(err) = cgroup.add_pid(std::process::id() as i32) {
+        restore_oom_score(runtime_score_before);
         let _ = cgroup.clone().remove();
         return Err(err.into());
     }
@@ -111,8 +115,14 @@ pub fn enter_cgroup(limit: u64) -> Result<ServiceCgroup, WarmError> {
     Ok(ServiceCgroup {
         cgroup,
         limit,
-        runtime_score_before: protect_from_oom(),
+        runtime_score_before,
     })
+}
+
+fn restore_oom_score(before: Option<i32>) {
+    if let Some(score) = before {
+        let _ = std::fs::write("/proc/self/oom_score_adj", score.to_string());
+    }
 }
 
 /// Sets this process's `oom_score_adj` to -1000; returns the value it had,
@@ -142,9 +152,7 @@ pub fn leave_cgroup(cgroup: &ServiceCgroup) {
             tracing::warn!("leaving {}: {e}", path.display());
         }
     }
-    if let Some(score) = cgroup.runtime_score_before {
-        let _ = std::fs::write("/proc/self/oom_score_adj", score.to_string());
-    }
+    restore_oom_score(cgroup.runtime_score_before);
 }
 
 /// Removes the cgroup once the service's processes are gone, waiting up to
