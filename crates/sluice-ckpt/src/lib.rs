@@ -50,7 +50,9 @@ pub use path::{check_name, check_store_path, CkptPath};
 pub use planner::{PlanInput, WritePlan, WritePlanner};
 pub use save::{totals, write_share, Replica, SaveJob, SaveOptions, SaveSummary};
 pub use saver::{SavePlan, Saver, DEFAULT_BANDWIDTH};
-pub use share::{pack_below, EntryHead, HostTask, Layout, Share, ShareTable, Source, StreamedTask};
+pub use share::{
+    manifest_of, pack_below, EntryHead, HostTask, Layout, Share, ShareTable, Source, StreamedTask,
+};
 #[cfg(any(test, feature = "testing"))]
 pub use steps::FailAt;
 pub use steps::{RealSteps, Step, StoreSteps};

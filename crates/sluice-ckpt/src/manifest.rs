@@ -1,7 +1,7 @@
 //! The manifest of one checkpoint: every entry (tensor or bytes item) with its chunks.
 //!
 //! An entry's bytes are either whole chunks, in order, or a range of a *pack*: a chunk
-//! that holds many small entries back to back (see [`crate::share`]). The manifest lists
+//! that holds many small entries back to back (see `share.rs`). The manifest lists
 //! the packs it uses with their lengths; a manifest with packs is version 2, so a build
 //! that predates packs refuses it instead of misreading it.
 //!
@@ -17,7 +17,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::chunking::{ChunkRef, Digest};
 use crate::error::CkptError;
-use crate::share::{Layout, ShareTable};
 
 /// What a manifest's `format` field holds.
 pub const FORMAT: &str = "sluice-ckpt";
@@ -119,61 +118,6 @@ impl Manifest {
             packs: BTreeMap::new(),
             extra: serde_json::Value::Null,
         }
-    }
-
-    /// The manifest of a save from every rank's table. An entry key two ranks (or one
-    /// rank twice) use is refused, naming it.
-    pub fn from_tables(
-        tables: &[ShareTable],
-        world_size: u32,
-        chunk_bytes: u64,
-    ) -> Result<Manifest, CkptError> {
-        let mut m = Manifest::new(chunk_bytes, world_size);
-        for (rank, t) in tables.iter().enumerate() {
-            for (h, l) in t.heads.iter().zip(&t.layouts) {
-                let (chunks, pack) = match *l {
-                    Layout::Chunks { first, count } => {
-                        let range = first as usize..(first + count) as usize;
-                        (t.chunks[range].to_vec(), None)
-                    }
-                    Layout::Packed {
-                        pack,
-                        offset,
-                        bytes_digest,
-                    } => {
-                        let p = t.packs[pack as usize];
-                        m.packs.insert(p.digest, p.len);
-                        let at = PackRef {
-                            digest: p.digest,
-                            offset,
-                            bytes_digest,
-                        };
-                        (Vec::new(), Some(at))
-                    }
-                };
-                let entry = Entry {
-                    kind: h.kind,
-                    dtype: h.dtype.clone(),
-                    shape: h.shape.clone(),
-                    nbytes: h.nbytes,
-                    chunks,
-                    pack,
-                    meta: h.meta.clone(),
-                };
-                if m.entries.insert(h.key.clone(), entry).is_some() {
-                    return Err(CkptError::arg(
-                        format!("entry {:?}", h.key),
-                        format!("is saved twice (rank {rank} saves it again)"),
-                    ));
-                }
-            }
-        }
-        if !m.packs.is_empty() {
-            m.version = VERSION;
-        }
-        m.check()
-            .map_err(|detail| CkptError::arg("checkpoint", detail))?;
-        Ok(m)
     }
 
     pub fn path_in(dir: &Path) -> PathBuf {

@@ -22,7 +22,6 @@ use serde::Serialize;
 use crate::chunking::{ChunkRef, Digest};
 use crate::commit::Commit;
 use crate::error::CkptError;
-use crate::manifest::Manifest;
 use crate::saver::{SavePlan, Saver};
 use crate::share::{Share, ShareTable, StreamedTask};
 use crate::store::CkptStore;
@@ -360,7 +359,7 @@ impl SaveJob {
 
     fn publish(&self) -> Result<(), CkptError> {
         let mut m =
-            Manifest::from_tables(&self.tables, self.opts.world as u32, self.opts.chunk_bytes)?;
+            crate::share::manifest_of(&self.tables, self.opts.world as u32, self.opts.chunk_bytes)?;
         let mut extra = match &self.opts.extra {
             serde_json::Value::Object(o) => o.clone(),
             _ => serde_json::Map::new(),

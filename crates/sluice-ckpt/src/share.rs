@@ -14,13 +14,13 @@
 //! What travels to the other ranks is the [`ShareTable`] (heads and chunk references, no
 //! bytes) in a compact binary form ([`ShareTable::encode`]): rank 0 plans who writes what
 //! from every rank's table and publishes a manifest built from them
-//! ([`crate::Manifest::from_tables`]).
+//! ([`manifest_of`]).
 
 use serde::{Deserialize, Serialize};
 
 use crate::chunking::{hash_all, ChunkRef, Digest};
 use crate::error::CkptError;
-use crate::manifest::EntryKind;
+use crate::manifest::{Entry, EntryKind, Manifest, PackRef, VERSION};
 
 /// An entry as the front end describes it, without its bytes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -541,6 +541,61 @@ impl<'a> Reader<'a> {
     fn u32(&mut self) -> Option<u32> {
         Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
     }
+}
+
+/// The manifest of a save from every rank's table. An entry key two ranks (or one rank
+/// twice) use is refused, naming it.
+pub fn manifest_of(
+    tables: &[ShareTable],
+    world_size: u32,
+    chunk_bytes: u64,
+) -> Result<Manifest, CkptError> {
+    let mut m = Manifest::new(chunk_bytes, world_size);
+    for (rank, t) in tables.iter().enumerate() {
+        for (h, l) in t.heads.iter().zip(&t.layouts) {
+            let (chunks, pack) = match *l {
+                Layout::Chunks { first, count } => {
+                    let range = first as usize..(first + count) as usize;
+                    (t.chunks[range].to_vec(), None)
+                }
+                Layout::Packed {
+                    pack,
+                    offset,
+                    bytes_digest,
+                } => {
+                    let p = t.packs[pack as usize];
+                    m.packs.insert(p.digest, p.len);
+                    let at = PackRef {
+                        digest: p.digest,
+                        offset,
+                        bytes_digest,
+                    };
+                    (Vec::new(), Some(at))
+                }
+            };
+            let entry = Entry {
+                kind: h.kind,
+                dtype: h.dtype.clone(),
+                shape: h.shape.clone(),
+                nbytes: h.nbytes,
+                chunks,
+                pack,
+                meta: h.meta.clone(),
+            };
+            if m.entries.insert(h.key.clone(), entry).is_some() {
+                return Err(CkptError::arg(
+                    format!("entry {:?}", h.key),
+                    format!("is saved twice (rank {rank} saves it again)"),
+                ));
+            }
+        }
+    }
+    if !m.packs.is_empty() {
+        m.version = VERSION;
+    }
+    m.check()
+        .map_err(|detail| CkptError::arg("checkpoint", detail))?;
+    Ok(m)
 }
 
 #[cfg(test)]

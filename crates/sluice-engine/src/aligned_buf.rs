@@ -18,7 +18,7 @@
 
 use std::io;
 
-use crate::mapping::Mapping;
+use crate::mapping::{page_size, Mapping};
 
 /// A page-aligned, zero-initialised, fixed-size byte buffer.
 pub struct AlignedBuf {
@@ -115,16 +115,6 @@ pub fn populate_write(buf: &mut [u8]) {
             )
         };
     }
-}
-
-/// The system page size (4096 on x86-64).
-pub fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(size)
-        .ok()
-        .filter(|s| *s > 0)
-        .unwrap_or(4096)
 }
 
 #[cfg(test)]

@@ -196,7 +196,7 @@ impl BufferPool {
     pub fn capacity_for(&self, len: usize) -> usize {
         let granule = match self.inner.config.reuse {
             true if len >= GRANULE_MIN_BYTES => REUSE_GRANULE_BYTES,
-            true => crate::aligned_buf::page_size(),
+            true => crate::mapping::page_size(),
             false => return len,
         };
         len.max(1).checked_next_multiple_of(granule).unwrap_or(len)

@@ -47,7 +47,7 @@ mod thread_engine;
 mod unique_id;
 mod uring_engine;
 
-pub use aligned_buf::{page_size, populate_write, AlignedBuf};
+pub use aligned_buf::{populate_write, AlignedBuf};
 pub use atomic_write::{
     atomic_write, atomic_write_steps, atomic_write_with, AtomicSteps, Fill, RealSteps,
 };
@@ -64,7 +64,7 @@ pub use file_mapping::FileMapping;
 pub use io_engine::{
     EngineKind, IoEngine, LentMemory, Next, OpSource, ReadOp, ReadTarget, Sink, WritableRanges,
 };
-pub use mapping::Mapping;
+pub use mapping::{page_size, Mapping};
 pub use os_error::{retry_eintr, OsError};
 pub use pread::pread_full;
 pub use regular_file::{

@@ -19,8 +19,6 @@ use std::io;
 use std::os::fd::RawFd;
 use std::ptr::NonNull;
 
-use crate::aligned_buf::page_size;
-
 /// A memory mapping of `len` bytes at `ptr`, unmapped on drop.
 pub struct Mapping {
     ptr: NonNull<u8>,
@@ -148,6 +146,16 @@ impl std::fmt::Debug for Mapping {
 pub(crate) fn round_up_to_page(len: usize) -> io::Result<usize> {
     len.checked_next_multiple_of(page_size())
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "mapping size overflows"))
+}
+
+/// The system page size (4096 on x86-64).
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size)
+        .ok()
+        .filter(|s| *s > 0)
+        .unwrap_or(4096)
 }
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ use std::fs::File;
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 
-use crate::aligned_buf::page_size;
+use crate::mapping::page_size;
 use crate::os_error::OsError;
 
 pub use advise::{

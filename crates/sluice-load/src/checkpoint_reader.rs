@@ -18,9 +18,6 @@ use sluice_formats::{
 };
 
 use crate::error::LoadError;
-use crate::remote_reader::{is_remote, open_remote_files};
-use crate::shard_file::ShardFile;
-use sluice_remote::RemoteOptions;
 
 /// The index file name Hugging Face checkpoints use.
 pub const INDEX_FILE_NAME: &str = "model.safetensors.index.json";
@@ -48,23 +45,6 @@ pub struct CheckpointFiles<F = File> {
 /// Opens and fully validates the checkpoint at `path`; every shard must be present.
 pub fn read_checkpoint(path: &Path) -> Result<Checkpoint, LoadError> {
     Ok(open_checkpoint_files(path, ReadOptions::default())?.checkpoint)
-}
-
-/// Opens and validates the checkpoint at `path`, local or an object URL
-/// (`s3://`, `gs://`, `az://`), keeping a reader per shard.
-pub fn open_shard_files(
-    path: &Path,
-    options: ReadOptions,
-) -> Result<CheckpointFiles<ShardFile>, LoadError> {
-    if let Some(url) = path.to_str().filter(|p| is_remote(p)) {
-        return open_remote_files(url, &RemoteOptions::from_env()?, options);
-    }
-    let found = open_checkpoint_files(path, options)?;
-    Ok(CheckpointFiles {
-        checkpoint: found.checkpoint,
-        files: found.files.into_iter().map(ShardFile::Local).collect(),
-        missing: found.missing,
-    })
 }
 
 /// Opens and validates the checkpoint at `path` (a file, an index, or a

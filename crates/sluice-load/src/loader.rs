@@ -12,10 +12,11 @@ use sluice_engine::{
 };
 use sluice_formats::Checkpoint;
 
-use crate::checkpoint_reader::{open_shard_files, ReadOptions};
+use crate::checkpoint_reader::ReadOptions;
 use crate::config::{LoadConfig, DEFAULT_STREAM_MEMORY_LIMIT};
 use crate::error::LoadError;
 use crate::object_engine::ObjectEngine;
+use crate::open_shards::open_shard_files;
 use crate::read_plan::{PlanOptions, ReadPlan};
 use crate::shard_file::ShardFile;
 use crate::tensor_stream::{DriverInput, LoadedWindow, TensorStream};

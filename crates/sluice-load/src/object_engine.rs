@@ -12,7 +12,7 @@ use std::sync::mpsc;
 
 use sluice_engine::{EngineKind, IoEngine, OpSource, ReadOp, Sink};
 
-use crate::remote_reader::RemoteObject;
+use crate::shard_file::RemoteObject;
 
 /// Keeps up to `depth` remote reads in flight.
 #[derive(Debug)]

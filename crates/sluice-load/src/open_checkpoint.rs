@@ -23,10 +23,11 @@ use std::sync::Arc;
 
 use sluice_formats::{Checkpoint, TensorInfo};
 
-use crate::checkpoint_reader::{open_shard_files, ReadOptions};
+use crate::checkpoint_reader::ReadOptions;
 use crate::config::LoadConfig;
 use crate::error::LoadError;
 use crate::loader::Loader;
+use crate::open_shards::open_shard_files;
 use crate::shard_file::ShardFile;
 
 /// Runs closer than this are read as one span (the gap is read and thrown

@@ -1,12 +1,11 @@
 //! Checkpoints in object stores (`s3://`, `gs://`, `az://`): the headers, read with two
 //! small ranged GETs per shard, into the same [`Checkpoint`] a local one gives (its paths
-//! are the object URLs), and [`RemoteObject`], a shard's bytes for the engines, every
-//! ranged GET pinned to the ETag the header was read from (docs/design/remote.md).
+//! are the object URLs), each shard's bytes a [`RemoteObject`] pinned to the ETag the
+//! header was read from (docs/design/remote.md).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use sluice_engine::RangeRead;
 use sluice_formats::{
     parse_header, parse_header_len, parse_index, Checkpoint, CheckpointSource, Shard,
 };
@@ -16,7 +15,7 @@ use crate::checkpoint_reader::{
     missing_in_series, warn_missing, CheckpointFiles, ReadOptions, INDEX_FILE_NAME,
 };
 use crate::error::LoadError;
-use crate::shard_file::ShardFile;
+use crate::shard_file::{RemoteObject, ShardFile};
 
 /// Largest index JSON read whole.
 const MAX_INDEX_BYTES: u64 = 64 << 20;
@@ -235,63 +234,6 @@ fn read_shard(store: &Arc<RemoteStore>, obj: ObjectInfo) -> Result<(Shard, Shard
         file_len: obj.size,
         header,
     };
-    let file = ShardFile::Remote(Arc::new(RemoteObject {
-        store: Arc::clone(store),
-        info: obj,
-    }));
+    let file = ShardFile::Remote(Arc::new(RemoteObject::new(Arc::clone(store), obj)));
     Ok((shard, file))
-}
-
-/// One object's bytes for the engines and `safe_open`, every read pinned to the ETag its
-/// header was read with.
-pub struct RemoteObject {
-    store: Arc<RemoteStore>,
-    info: ObjectInfo,
-}
-
-impl std::fmt::Debug for RemoteObject {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RemoteObject")
-            .field("url", &self.info.url.to_string())
-            .field("size", &self.info.size)
-            .field("etag", &self.info.etag)
-            .finish()
-    }
-}
-
-impl RemoteObject {
-    pub fn size(&self) -> u64 {
-        self.info.size
-    }
-
-    /// Fills `dst` from `offset` (clipped at the object's end) on the shared runtime;
-    /// returns the bytes read.
-    pub(crate) async fn read_into(&self, offset: u64, dst: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.info.size.saturating_sub(offset).min(dst.len() as u64) as usize;
-        if n == 0 {
-            return Ok(0);
-        }
-        self.store
-            .read_into(&self.info, offset, &mut dst[..n])
-            .await
-            .map_err(RemoteError::into_io)?;
-        Ok(n)
-    }
-}
-
-impl RangeRead for RemoteObject {
-    fn read_at(&self, offset: u64, dst: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.info.size.saturating_sub(offset).min(dst.len() as u64) as usize;
-        if n == 0 {
-            return Ok(0);
-        }
-        self.store
-            .read_ranges(&self.info, vec![(offset, &mut dst[..n])])
-            .map_err(RemoteError::into_io)?;
-        Ok(n)
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
 }

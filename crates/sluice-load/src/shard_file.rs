@@ -8,9 +8,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use sluice_engine::{DirectMode, RangeRead, SourceFile};
+use sluice_remote::{ObjectInfo, RemoteError, RemoteStore};
 
 use crate::error::LoadError;
-use crate::remote_reader::RemoteObject;
 
 #[derive(Debug)]
 pub enum ShardFile {
@@ -57,5 +57,63 @@ impl ShardFile {
             ShardFile::Local(file) => Some(file),
             ShardFile::Remote(_) => None,
         }
+    }
+}
+
+/// One object's bytes for the engines and `safe_open`, every read pinned to the ETag its
+/// header was read with.
+pub struct RemoteObject {
+    store: Arc<RemoteStore>,
+    info: ObjectInfo,
+}
+
+impl std::fmt::Debug for RemoteObject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteObject")
+            .field("url", &self.info.url.to_string())
+            .field("size", &self.info.size)
+            .field("etag", &self.info.etag)
+            .finish()
+    }
+}
+
+impl RemoteObject {
+    pub(crate) fn new(store: Arc<RemoteStore>, info: ObjectInfo) -> RemoteObject {
+        RemoteObject { store, info }
+    }
+
+    pub fn size(&self) -> u64 {
+        self.info.size
+    }
+
+    /// Fills `dst` from `offset` (clipped at the object's end) on the shared runtime;
+    /// returns the bytes read.
+    pub(crate) async fn read_into(&self, offset: u64, dst: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.info.size.saturating_sub(offset).min(dst.len() as u64) as usize;
+        if n == 0 {
+            return Ok(0);
+        }
+        self.store
+            .read_into(&self.info, offset, &mut dst[..n])
+            .await
+            .map_err(RemoteError::into_io)?;
+        Ok(n)
+    }
+}
+
+impl RangeRead for RemoteObject {
+    fn read_at(&self, offset: u64, dst: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.info.size.saturating_sub(offset).min(dst.len() as u64) as usize;
+        if n == 0 {
+            return Ok(0);
+        }
+        self.store
+            .read_ranges(&self.info, vec![(offset, &mut dst[..n])])
+            .map_err(RemoteError::into_io)?;
+        Ok(n)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }

@@ -509,7 +509,7 @@ impl PyCkptStore {
         let extra: serde_json::Value = serde_json::from_str(extra)
             .map_err(|e| config_error(format!("sluice.ckpt: manifest extra: {e}")))?;
         py.detach(|| {
-            let mut m = Manifest::from_tables(&tables, world, chunk_bytes)?;
+            let mut m = sluice_ckpt::manifest_of(&tables, world, chunk_bytes)?;
             m.extra = extra;
             store.publish(&name, &m)
         })

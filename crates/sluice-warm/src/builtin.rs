@@ -24,7 +24,7 @@ mod test_support;
 
 use std::path::PathBuf;
 
-use crate::config::WarmConfigError;
+use crate::error::WarmConfigError;
 use crate::error::WarmError;
 use crate::policy::{FileRange, PolicyContext, Prefetch, WarmPolicy};
 use crate::template::ServiceId;
@@ -137,5 +137,16 @@ mod tests {
         assert_eq!(pre.init(&c).unwrap().len(), 2);
         let mut native = by_name("native", &BuiltinConfig::default()).unwrap();
         assert!(native.on_access(&e).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_start_up_failure_reaches_the_runtime_as_a_python_error() {
+        let err = by_name("not-a-module:C", &BuiltinConfig::default())
+            .err()
+            .expect("refused");
+        assert!(
+            matches!(&err, WarmError::Python(crate::python::PythonError::BadSpec { spec }) if spec == "not-a-module:C"),
+            "{err:?}"
+        );
     }
 }

@@ -20,11 +20,9 @@ use crate::idle_gate::{IdleGate, ProcessTreeIo};
 use crate::runtime::{RunConfig, RuntimeConfig};
 use crate::template::ServiceId;
 
-/// Share of the memory limit above which prefetch pauses and the policy is
-/// asked to evict. 0.8, seed 000's threshold: it leaves a fifth of the
-/// limit for the service's own allocations and the reads in flight when it
-/// is crossed, before the kernel starts reclaiming on its own.
-pub const DEFAULT_WATERMARK: f64 = 0.8;
+pub use crate::env::WarmEnv;
+pub use crate::error::WarmConfigError;
+pub use crate::manager::DEFAULT_WATERMARK;
 
 /// The policy `run` and `daemon` use: the MAIO template (it records on the
 /// first run of a service and replays afterwards).
@@ -92,112 +90,6 @@ impl RunMode {
             RunMode::Run => "run",
             RunMode::Daemon => "daemon",
         }
-    }
-}
-
-/// A bad option: which one, the value given and what it must be.
-#[derive(Debug, thiserror::Error)]
-pub enum WarmConfigError {
-    #[error("--{option} {value}: {expected}")]
-    Invalid {
-        option: &'static str,
-        value: String,
-        expected: &'static str,
-    },
-    #[error("the {policy} policy needs --{option}: {why}")]
-    Missing {
-        policy: &'static str,
-        option: &'static str,
-        why: &'static str,
-    },
-    #[error("unknown policy {name:?}: use one of {known}, or module:Class for a Python policy")]
-    UnknownPolicy { name: String, known: String },
-    #[error("${name}={value:?}: {expected}")]
-    Env {
-        name: &'static str,
-        value: String,
-        expected: &'static str,
-    },
-}
-
-/// The environment of a warm runtime, read once.
-#[derive(Clone, Debug, Default)]
-pub struct WarmEnv {
-    /// `$SLUICE_TEMPLATE_DIR`: where templates live when no flag says.
-    pub template_dir: Option<PathBuf>,
-    /// `$XDG_CACHE_HOME`, else `$HOME/.cache`: templates go under it
-    /// otherwise.
-    pub cache_home: Option<PathBuf>,
-    /// `$SLUICE_RUN_DIR`: where runtimes publish their status and triggers.
-    pub run_dir: Option<PathBuf>,
-    /// `$XDG_RUNTIME_DIR`: the run directory's parent for non-root users.
-    pub runtime_home: Option<PathBuf>,
-    /// `$SLUICE_NUMA_MAP`: accelerator → NUMA node, instead of PCI sysfs.
-    pub numa_map: Option<String>,
-}
-
-impl WarmEnv {
-    /// The process's environment.
-    pub fn from_env() -> WarmEnv {
-        WarmEnv::from_vars(|name| std::env::var_os(name))
-    }
-
-    /// The environment as `var` reports it; each `SLUICE_*` override found
-    /// is logged.
-    pub fn from_vars(var: impl Fn(&str) -> Option<OsString>) -> WarmEnv {
-        let logged = |name: &str| {
-            let value = var(name)?;
-            tracing::info!("{name}={}", value.to_string_lossy());
-            Some(value)
-        };
-        let cache_home = var("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| var("HOME").map(|h| PathBuf::from(h).join(".cache")));
-        WarmEnv {
-            template_dir: logged("SLUICE_TEMPLATE_DIR").map(PathBuf::from),
-            cache_home,
-            run_dir: logged("SLUICE_RUN_DIR").map(PathBuf::from),
-            runtime_home: var("XDG_RUNTIME_DIR").map(PathBuf::from),
-            numa_map: logged(sluice_engine::numa::NUMA_MAP_ENV)
-                .map(|v| v.to_string_lossy().into_owned()),
-        }
-    }
-
-    /// The template directory: `flag`, `$SLUICE_TEMPLATE_DIR`,
-    /// `$XDG_CACHE_HOME/sluice/templates`, `~/.cache/sluice/templates`,
-    /// else `/var/cache/sluice/templates`.
-    pub fn template_dir(&self, flag: Option<PathBuf>) -> PathBuf {
-        if let Some(dir) = flag.or_else(|| self.template_dir.clone()) {
-            return dir;
-        }
-        let cache = self
-            .cache_home
-            .clone()
-            .unwrap_or_else(|| PathBuf::from("/var/cache"));
-        cache.join("sluice/templates")
-    }
-
-    /// Where runtimes publish their status files and trigger pipes:
-    /// `$SLUICE_RUN_DIR`, `/run/sluice/warm` for root,
-    /// `$XDG_RUNTIME_DIR/sluice/warm`, else `/tmp/sluice-warm-UID`.
-    pub fn run_dir(&self) -> PathBuf {
-        if let Some(dir) = &self.run_dir {
-            return dir.clone();
-        }
-        // SAFETY: geteuid has no preconditions.
-        let uid = unsafe { libc::geteuid() };
-        if uid == 0 {
-            return PathBuf::from("/run/sluice/warm");
-        }
-        match &self.runtime_home {
-            Some(dir) => dir.join("sluice/warm"),
-            None => PathBuf::from(format!("/tmp/sluice-warm-{uid}")),
-        }
-    }
-
-    /// The trigger pipe of the runtime with process id `pid`.
-    pub fn trigger_pipe(&self, pid: i32) -> PathBuf {
-        self.run_dir().join(format!("{pid}.trigger"))
     }
 }
 

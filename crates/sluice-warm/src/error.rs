@@ -24,7 +24,7 @@ pub enum WarmError {
     },
     /// A bad option, named with its value and what it must be.
     #[error(transparent)]
-    BadOption(#[from] crate::config::WarmConfigError),
+    BadOption(#[from] WarmConfigError),
     /// `sluice warm trigger` with no runtime to send to.
     #[error("no warm runtime is running (see sluice warm status)")]
     NoRuntime,
@@ -60,14 +60,39 @@ pub enum WarmError {
     #[error("policy {name}: {message}")]
     Policy { name: String, message: String },
     /// A Python policy could not be started (see
-    /// [`crate::python::PythonError`]).
+    /// [`crate::python_error::PythonError`]).
     #[error(transparent)]
-    Python(#[from] crate::python::PythonError),
+    Python(#[from] crate::python_error::PythonError),
 }
 
 /// The OS layer's errors keep their meaning here: a failed call on a file
 /// is [`WarmError::Io`], a missing feature [`WarmError::Unsupported`], and
 /// an argument the kernel interface cannot take a bad option.
+/// A bad option: which one, the value given and what it must be.
+#[derive(Debug, thiserror::Error)]
+pub enum WarmConfigError {
+    #[error("--{option} {value}: {expected}")]
+    Invalid {
+        option: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+    #[error("the {policy} policy needs --{option}: {why}")]
+    Missing {
+        policy: &'static str,
+        option: &'static str,
+        why: &'static str,
+    },
+    #[error("unknown policy {name:?}: use one of {known}, or module:Class for a Python policy")]
+    UnknownPolicy { name: String, known: String },
+    #[error("${name}={value:?}: {expected}")]
+    Env {
+        name: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+}
+
 impl From<sluice_engine::OsError> for WarmError {
     fn from(err: sluice_engine::OsError) -> WarmError {
         use sluice_engine::OsError;
@@ -141,5 +166,33 @@ impl sluice_engine::Classify for crate::template::TemplateError {
             crate::template::TemplateError::Io { source, .. } => source.raw_os_error(),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use sluice_formats::template::RelativePathError;
+
+    use super::*;
+    use crate::template::TemplateError;
+
+    #[test]
+    fn relative_path_errors_become_warm_errors_naming_the_file() {
+        let err =
+            crate::template::relative_path(Path::new("/models/llama"), Path::new("/etc/passwd"))
+                .map_err(WarmError::from)
+                .unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                WarmError::Template(TemplateError::ModelPath(
+                    RelativePathError::OutsideModelDir { .. }
+                ))
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("/etc/passwd"), "{err}");
     }
 }

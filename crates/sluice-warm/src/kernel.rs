@@ -56,14 +56,14 @@ pub enum Mechanism {
 }
 
 impl std::str::FromStr for Mechanism {
-    type Err = crate::config::WarmConfigError;
+    type Err = crate::error::WarmConfigError;
 
     fn from_str(s: &str) -> Result<Mechanism, Self::Err> {
         match s {
             "willneed" => Ok(Mechanism::WillNeed),
             "populate" => Ok(Mechanism::Populate),
             "read" => Ok(Mechanism::Read),
-            other => Err(crate::config::WarmConfigError::Invalid {
+            other => Err(crate::error::WarmConfigError::Invalid {
                 option: "mechanism",
                 value: format!("{other:?}"),
                 expected: "use populate, willneed or read",

@@ -16,12 +16,14 @@
 //! - [`runtime`]: `run`/`record`: the service and the runtime in one
 //!   cgroup, events → policy → manager until the service exits.
 //! - [`trigger`]: explicit triggers through a named pipe.
+//! - [`env`]: the environment a runtime reads, once.
 //! - [`status`]: the status files behind `sluice warm status`.
 //! - [`builtin`]: `native`, `eager`, `precache` and `template` (MAIO).
 //! - [`python`]: `module:Class` policies, run in an isolated child process.
 
 pub mod builtin;
 pub mod config;
+pub mod env;
 pub mod error;
 pub mod fanotify;
 pub mod idle_gate;
@@ -29,6 +31,7 @@ pub mod kernel;
 pub mod manager;
 pub mod policy;
 pub mod python;
+pub mod python_error;
 pub mod runtime;
 pub mod status;
 pub mod template;

@@ -24,6 +24,12 @@ use std::path::{Path, PathBuf};
 use crate::error::WarmError;
 use crate::policy::{AccessEvent, FileRange, Guarded, PolicyContext, Prefetch};
 
+/// Share of the memory limit above which prefetch pauses and the policy is
+/// asked to evict. 0.8, seed 000's threshold: it leaves a fifth of the
+/// limit for the service's own allocations and the reads in flight when it
+/// is crossed, before the kernel starts reclaiming on its own.
+pub const DEFAULT_WATERMARK: f64 = 0.8;
+
 /// The page-cache operations the manager performs.
 pub trait PageCache {
     /// Brings `range` into the page cache (placing it per its target);
@@ -60,7 +66,7 @@ pub struct ManagerConfig {
     /// unknown: the `read_ahead_kb` of this machine kind's virtio disk.
     pub chunk_bytes: u64,
     /// Share of the memory limit above which prefetch pauses and the policy
-    /// is asked to evict: [`crate::config::DEFAULT_WATERMARK`].
+    /// is asked to evict: [`DEFAULT_WATERMARK`].
     pub watermark: f64,
     /// Memory usage is re-read after this many prefetched bytes (and while
     /// paused). 32 MiB: a few chunks past the watermark at most.
@@ -71,7 +77,7 @@ impl Default for ManagerConfig {
     fn default() -> ManagerConfig {
         ManagerConfig {
             chunk_bytes: 8 << 20,
-            watermark: crate::config::DEFAULT_WATERMARK,
+            watermark: DEFAULT_WATERMARK,
             memory_check_bytes: 32 << 20,
         }
     }
@@ -647,7 +653,7 @@ pub(crate) mod tests {
     fn manager(cache: FakeCache) -> Manager<FakeCache> {
         let config = ManagerConfig {
             chunk_bytes: 8,
-            watermark: crate::config::DEFAULT_WATERMARK,
+            watermark: DEFAULT_WATERMARK,
             memory_check_bytes: 0,
         };
         Manager::new(

@@ -50,10 +50,9 @@
 //!   checked field by field;
 //! - [`PythonPolicy`] (`python/python_policy.rs`): the
 //!   [`WarmPolicy`](crate::policy::WarmPolicy) over a host;
-//! - [`PythonError`] (`python/error.rs`): why a policy did not start.
+//! - [`PythonError`] (`python_error.rs`): why a policy did not start.
 
 mod config;
-mod error;
 mod host;
 mod protocol;
 mod python_policy;
@@ -65,9 +64,8 @@ use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
 
+pub use crate::python_error::{HostError, InterpreterProbe, PythonError};
 pub use config::{PythonConfig, DEFAULT_CALL_TIMEOUT, DEFAULT_STARTUP_TIMEOUT};
-pub use error::{InterpreterProbe, PythonError};
-pub use host::HostError;
 pub use python_policy::PythonPolicy;
 
 use host::Host;

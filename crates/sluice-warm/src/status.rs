@@ -126,10 +126,7 @@ mod tests {
         };
         publish(dir.path(), &dead).unwrap();
         // A killed runtime's pipe, and one with no status file at all.
-        let pipe =
-            crate::trigger::TriggerPipe::create(&dir.path().join(format!("{}.trigger", dead.pid)))
-                .unwrap();
-        std::mem::forget(pipe);
+        sluice_testkit::mkfifo(&dir.path().join(format!("{}.trigger", dead.pid)));
         std::fs::write(dir.path().join(format!("{}.trigger", i32::MAX - 2)), b"").unwrap();
         let mine = dir.path().join(format!("{}.trigger", me.pid));
         std::fs::write(&mine, b"").unwrap();

@@ -194,7 +194,7 @@ pub struct TriggerRequest {
 /// its status file) before it is sent, so a path outside the model, a file
 /// that is not there or an offset past its end is an error for the caller,
 /// not a line the runtime logs and drops.
-pub fn trigger(env: &crate::config::WarmEnv, request: &TriggerRequest) -> Result<(), WarmError> {
+pub fn trigger(env: &crate::env::WarmEnv, request: &TriggerRequest) -> Result<(), WarmError> {
     let status = crate::status::list(&env.run_dir())?;
     let pid = target_runtime(&status, request.pid)?;
     let line = serde_json::json!({
@@ -310,7 +310,7 @@ mod tests {
         std::fs::create_dir(&m).unwrap();
         std::fs::write(m.join("a.bin"), vec![0u8; 100]).unwrap();
         let run = dir.path().join("run");
-        let env = crate::config::WarmEnv {
+        let env = crate::env::WarmEnv {
             run_dir: Some(run.clone()),
             ..Default::default()
         };

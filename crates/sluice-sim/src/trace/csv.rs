@@ -30,7 +30,8 @@ use crate::trace::{NextAccess, Record, Trace};
 
 mod header;
 
-pub use header::{HeaderProblem, HeaderRow};
+pub use crate::error::HeaderProblem;
+pub use header::HeaderRow;
 
 /// Where a CSV trace keeps its fields. Column numbers are 1-based.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::BuiltinConfig;
-use crate::config::WarmConfigError;
+use crate::error::WarmConfigError;
 use crate::error::WarmError;
 use crate::policy::{AccessEvent, FileRange, PolicyContext, Prefetch, Target, WarmPolicy};
 use crate::template::{relative_path, Recorder, Template, TemplateError, TemplateStore};

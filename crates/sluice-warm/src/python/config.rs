@@ -6,7 +6,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::PythonError;
+use crate::python_error::PythonError;
 
 /// 500 ms: far above a policy's honest cost per call (a dict lookup and a
 /// few objects, tens of µs plus a pipe round trip), short enough that a

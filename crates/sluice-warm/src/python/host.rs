@@ -8,7 +8,7 @@
 //! `poll(2)` until the call's deadline, with a line buffer for what arrives
 //! past the newline. No thread per policy.
 //!
-//! Every way a call can fail is a [`HostError`]. The host's whole group is
+//! Every way a call can fail is a [`HostError`](crate::python_error::HostError). The host's whole group is
 //! killed when the [`Host`] is dropped, also when the host itself exited on
 //! its own: a child the policy forked stays in the group, and left alive
 //! it would hold the runtime's stderr open (a `$(sluice warm run …
@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::PythonConfig;
+use crate::python_error::HostError;
 
 /// A reply longer than this is garbage, not a plan (a million prefetches
 /// are about 100 MiB of JSON; no policy needs that many per event).
@@ -39,46 +40,6 @@ const EXIT_STATUS_WAIT: Duration = Duration::from_millis(100);
 /// 2 ms between `try_wait`s while waiting for an exit: short next to the
 /// waits themselves, long enough not to spin.
 const REAP_POLL: Duration = Duration::from_millis(2);
-
-/// How a call to the host failed. Each message but [`HostError::Raised`]'s
-/// completes "the policy process …".
-#[derive(Debug, thiserror::Error)]
-pub enum HostError {
-    /// The policy raised: its `"Type: message\n<traceback>"`.
-    #[error("{message}")]
-    Raised { message: String },
-    /// It exited (its pipe closed); the status when it was reaped in time.
-    #[error("exited{}", status.map(|s| format!(" ({s})")).unwrap_or_default())]
-    Exited { status: Option<ExitStatus> },
-    /// It closed its input or its input failed, and it has not exited.
-    #[error("stopped reading{}", source.as_ref().map(|e| format!(" ({e})")).unwrap_or_default())]
-    StoppedReading { source: Option<std::io::Error> },
-    /// Its input was closed by us (`Host::finish`).
-    #[error("has no input any more")]
-    NoInput,
-    /// Its output could not be read.
-    #[error("cannot be read: {source}")]
-    Unreadable { source: std::io::Error },
-    /// A reply line longer than `limit_bytes` (64 MiB, the cap on a reply).
-    #[error("wrote more than {limit_bytes} bytes without a newline")]
-    ReplyTooLong { limit_bytes: usize },
-    /// A line that is not JSON; `head` is its first 200 characters.
-    #[error("answered {head:?}, which is not JSON: {source}")]
-    NotJson {
-        head: String,
-        source: serde_json::Error,
-    },
-    /// JSON, but neither `{"ok": ...}` nor `{"error": str}`.
-    #[error("answered {reply}, not {{\"ok\": ...}} or {{\"error\": str}}")]
-    NotAReply { reply: Value },
-    /// The deadline passed while waiting for it to `waiting_for` ("take the
-    /// request", "reply").
-    #[error("did not {waiting_for} within {timeout_ms} ms and was killed")]
-    TimedOut {
-        waiting_for: &'static str,
-        timeout_ms: u64,
-    },
-}
 
 /// The `sluice.warm_host` child and its pipes (non-blocking on our side).
 pub(super) struct Host {

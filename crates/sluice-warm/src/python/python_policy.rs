@@ -15,10 +15,11 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::host::{Host, HostError};
+use super::host::Host;
 use super::protocol::{self, ModelFiles, ReplyError};
 use crate::error::WarmError;
 use crate::policy::{AccessEvent, FileRange, PolicyContext, Prefetch, WarmPolicy};
+use crate::python_error::HostError;
 
 /// A policy served by a `sluice.warm_host` child process.
 pub struct PythonPolicy {

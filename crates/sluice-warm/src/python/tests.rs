@@ -12,7 +12,6 @@ use serde_json::json;
 
 use super::protocol::{parse_evictions, parse_prefetches, FieldError, ReplyError};
 use super::*;
-use crate::builtin::{by_name, BuiltinConfig};
 use crate::error::WarmError;
 use crate::policy::{
     AccessEvent, AccessKind, FileRange, Guarded, PolicyContext, Prefetch, Target, WarmPolicy,
@@ -566,15 +565,4 @@ fn the_environment_sets_the_interpreter_and_the_deadline() {
     let defaults = PythonConfig::from_vars(|_| None).unwrap();
     assert_eq!(defaults.python, None);
     assert_eq!(defaults.call_timeout, DEFAULT_CALL_TIMEOUT);
-}
-
-#[test]
-fn a_start_up_failure_reaches_the_runtime_as_a_python_error() {
-    let err = by_name("not-a-module:C", &BuiltinConfig::default())
-        .err()
-        .expect("refused");
-    assert!(
-        matches!(&err, WarmError::Python(PythonError::BadSpec { spec }) if spec == "not-a-module:C"),
-        "{err:?}"
-    );
 }

@@ -160,7 +160,6 @@ impl TemplateStore {
 mod tests {
     use super::super::{TemplateFile, TemplateFormatError, TemplateRange, WorkerSequence};
     use super::*;
-    use crate::WarmError;
 
     const NAME: &str = "t.sluicetpl";
 
@@ -278,7 +277,7 @@ mod tests {
             }
             other => panic!("expected a format error, got {other:?}"),
         }
-        let text = WarmError::from(err).to_string();
+        let text = err.to_string(); // as WarmError shows it too (transparent)
         assert!(
             text.starts_with("template ") && text.contains(NAME),
             "{text}"

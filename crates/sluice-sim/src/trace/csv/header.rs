@@ -21,7 +21,7 @@
 use std::path::PathBuf;
 
 use super::{CsvConfig, RowFields};
-use crate::error::SimError;
+use crate::error::{HeaderProblem, SimError};
 
 /// Whether a CSV trace's first row is a header.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -131,31 +131,6 @@ enum Cell {
     /// Not a number, and holds a letter.
     Name,
     Other,
-}
-
-/// Why a CSV trace's first row stopped the read (see [`SimError::CsvHeader`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HeaderProblem {
-    /// `has-header=true`, but every numeric column of the row holds a number.
-    LooksLikeData,
-    /// `has-header` left out, and no numeric column to judge the row by.
-    Undecidable,
-}
-
-impl std::fmt::Display for HeaderProblem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            HeaderProblem::LooksLikeData => {
-                "looks like a request (its columns are numbers), yet has-header=true would \
-                 drop it; pass has-header=false for a file without a header, or leave \
-                 has-header out to detect it"
-            }
-            HeaderProblem::Undecidable => {
-                "cannot tell whether it is a header: no column read is numeric (time-col, \
-                 size-col, or id-col with numeric ids); pass has-header=true or has-header=false"
-            }
-        })
-    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
-//! [`PythonError`]: why a Python policy could not be started. Each names
-//! the policy (`module:Class`) and, where one was run, the interpreter, and
-//! ends with what to try next.
+//! Why a Python policy failed: [`PythonError`], why one could not be started (each
+//! names the policy, `module:Class`, and where one was run, the interpreter, and ends
+//! with what to try next), and [`HostError`], how a call to its host process failed.
+//! A leaf module, so that [`crate::WarmError`] can carry them.
 //!
 //! Faults of a policy that did start (an exception in a call, a missed
 //! deadline, a bad reply) are not here: they are
@@ -12,7 +13,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use super::HostError;
+use std::process::ExitStatus;
 
 /// A Python policy that could not be started, or a setting that keeps any
 /// from starting.
@@ -93,4 +94,44 @@ impl fmt::Display for InterpreterProbe {
 fn join(tried: &[InterpreterProbe]) -> String {
     let tried: Vec<String> = tried.iter().map(ToString::to_string).collect();
     tried.join("; ")
+}
+
+/// How a call to the host failed. Each message but [`HostError::Raised`]'s
+/// completes "the policy process …".
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// The policy raised: its `"Type: message\n<traceback>"`.
+    #[error("{message}")]
+    Raised { message: String },
+    /// It exited (its pipe closed); the status when it was reaped in time.
+    #[error("exited{}", status.map(|s| format!(" ({s})")).unwrap_or_default())]
+    Exited { status: Option<ExitStatus> },
+    /// It closed its input or its input failed, and it has not exited.
+    #[error("stopped reading{}", source.as_ref().map(|e| format!(" ({e})")).unwrap_or_default())]
+    StoppedReading { source: Option<std::io::Error> },
+    /// Its input was closed by us (`Host::finish`).
+    #[error("has no input any more")]
+    NoInput,
+    /// Its output could not be read.
+    #[error("cannot be read: {source}")]
+    Unreadable { source: std::io::Error },
+    /// A reply line longer than `limit_bytes` (64 MiB, the cap on a reply).
+    #[error("wrote more than {limit_bytes} bytes without a newline")]
+    ReplyTooLong { limit_bytes: usize },
+    /// A line that is not JSON; `head` is its first 200 characters.
+    #[error("answered {head:?}, which is not JSON: {source}")]
+    NotJson {
+        head: String,
+        source: serde_json::Error,
+    },
+    /// JSON, but neither `{"ok": ...}` nor `{"error": str}`.
+    #[error("answered {reply}, not {{\"ok\": ...}} or {{\"error\": str}}")]
+    NotAReply { reply: Value },
+    /// The deadline passed while waiting for it to `waiting_for` ("take the
+    /// request", "reply").
+    #[error("did not {waiting_for} within {timeout_ms} ms and was killed")]
+    TimedOut {
+        waiting_for: &'static str,
+        timeout_ms: u64,
+    },
 }
