@@ -44,6 +44,18 @@ pub enum KvError {
         #[source]
         source: KvFormatError,
     },
+    /// A handle used in a child `fork`ed from the process that opened it: the child's copy
+    /// shares its parent's files, lock and sockets (see `fork_guard`).
+    #[error(
+        "{path}: opened by process {opened_by}, of which this process ({this}) is a fork; a \
+         forked child cannot use the store or sidecar connection it inherited: open it (or \
+         connect) again in this process"
+    )]
+    Forked {
+        path: PathBuf,
+        opened_by: u32,
+        this: u32,
+    },
     /// The store was closed.
     #[error("the kv store is closed")]
     Closed,
@@ -96,7 +108,7 @@ impl sluice_engine::Classify for KvError {
         match self {
             KvError::Config { .. } | KvError::InvalidArgument { .. } => ErrorClass::Config,
             KvError::Incompatible { .. } | KvError::Format { .. } => ErrorClass::BadStore,
-            KvError::Locked { .. } => ErrorClass::Locked,
+            KvError::Locked { .. } | KvError::Forked { .. } => ErrorClass::Locked,
             KvError::Io { source, .. } => ErrorClass::of_io(source),
             KvError::Closed | KvError::UnknownJob(_) => ErrorClass::Failed,
         }

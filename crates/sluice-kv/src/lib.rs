@@ -17,8 +17,8 @@
 //! Every module is private; this file re-exports the public API. Imports point one way
 //! (`scripts/module_cycles.py`, run by `make lint`, fails on a cycle), each layer only
 //! using the ones below it:
-//! - leaves: `sync`, `error`, `args`, `load_model`, then `namespace`, `config`, `stats`,
-//!   `manifest`;
+//! - leaves: `sync`, `error`, `fork_guard`, `args`, `load_model`, then `namespace`,
+//!   `config`, `stats`, `manifest`;
 //! - storage: `segment_io` (the trait; `fs_dir`, and `faulty` for tests), `dram_tier`,
 //!   `ssd_tier` (with `compaction` and `recovery`), `foreign`, `reclaimer`;
 //! - the store: `tiers` (all tiers together), `state` (what handles share), `io_path`
@@ -33,6 +33,7 @@ mod defaults;
 mod dram_tier;
 mod error;
 mod foreign;
+mod fork_guard;
 mod fsck;
 mod io_path;
 mod jobs;

@@ -21,6 +21,7 @@ use sluice_formats::kv::KV_FORMAT_VERSION;
 use sluice_engine::{FileLock, LockError, LockMode, LockOpen};
 
 use crate::error::KvError;
+use crate::fork_guard::ForkGuard;
 
 pub const MANIFEST_NAME: &str = "sluice-kv.json";
 const FORMAT_NAME: &str = "sluice-kv";
@@ -132,7 +133,25 @@ pub fn read_manifest(root: &Path) -> Result<Manifest, KvError> {
 
 /// The owner lock, held while the store is open.
 pub struct StoreLock {
-    _lock: FileLock,
+    lock: Option<FileLock>,
+    fork: ForkGuard,
+}
+
+/// The owner releases the lock outright, so that a child forked while the store was open
+/// (it holds a copy of the lock's descriptor) does not keep the store locked after the
+/// owner let go of it. Such a child's copy only closes its descriptor: releasing would
+/// unlock its parent's store.
+impl Drop for StoreLock {
+    fn drop(&mut self) {
+        let Some(lock) = self.lock.take() else { return };
+        if self.fork.is_forked() {
+            return;
+        }
+        let path = lock.path().to_path_buf();
+        if let Err(e) = lock.release() {
+            tracing::warn!("{}: releasing the store's lock: {e}", path.display());
+        }
+    }
 }
 
 /// Takes the store's exclusive lock without waiting; [`KvError::Locked`] names the holder.
@@ -141,7 +160,10 @@ pub fn lock(root: &Path) -> Result<StoreLock, KvError> {
     let mut lock = FileLock::acquire(&path, LockMode::Exclusive, LockOpen::Create)
         .map_err(|e| locked_or_io(root, e))?;
     let _ = lock.write_owner(&std::process::id().to_string());
-    Ok(StoreLock { _lock: lock })
+    Ok(StoreLock {
+        lock: Some(lock),
+        fork: ForkGuard::this_process(),
+    })
 }
 
 /// A busy lock as [`KvError::Locked`] naming the holder's pid, else an I/O error.

@@ -21,6 +21,7 @@ use std::time::Duration;
 use crate::args::{check_buffers, check_keys};
 use crate::config::{KvConfig, RecomputeModel};
 use crate::error::KvError;
+use crate::fork_guard::ForkGuard;
 use crate::io_path;
 use crate::jobs::{BatchRunner, JobBuffer, JobKind, JobQueue, KvJob};
 use crate::manifest::{self, StoreLock};
@@ -38,6 +39,8 @@ struct Inner {
     reclaimer: Option<Reclaimer>,
     owner_lock: Mutex<Option<StoreLock>>,
     jobs: Arc<JobQueue>,
+    /// The process that opened the store: a forked child's copy refuses every call.
+    fork: ForkGuard,
 }
 
 /// An open KV block store, seen through one namespace. Cheap to clone; every clone is
@@ -88,6 +91,7 @@ impl KvStore {
             reclaimer,
             owner_lock: Mutex::new(Some(owner)),
             jobs: Arc::new(JobQueue::default()),
+            fork: ForkGuard::this_process(),
         });
         Ok(KvStore {
             inner,
@@ -132,6 +136,7 @@ impl KvStore {
     }
 
     fn check_open(&self) -> Result<(), KvError> {
+        self.inner.fork.check(self.root())?;
         match self.state().is_closed() {
             true => Err(KvError::Closed),
             false => Ok(()),
@@ -311,6 +316,12 @@ impl KvStore {
     /// stops the reclaimer and releases the store's lock once the last clone and job are
     /// gone. Later calls fail with [`KvError::Closed`].
     pub fn close(&self) -> Result<(), KvError> {
+        if self.inner.fork.is_forked() {
+            // A forked child lets go of its copy: the files, the lock and the job and
+            // reclaim threads are its parent's.
+            self.state().mark_closed();
+            return Ok(());
+        }
         self.inner.jobs.drain();
         if self.state().mark_closed() {
             return Ok(());
@@ -340,6 +351,9 @@ impl KvStore {
 impl Drop for Inner {
     fn drop(&mut self) {
         self.jobs.shutdown();
+        if self.fork.is_forked() {
+            return; // the parent's files; the reclaimer forgets its thread by itself
+        }
         if let Some(r) = &self.reclaimer {
             r.stop();
         }

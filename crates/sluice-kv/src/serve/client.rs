@@ -27,6 +27,7 @@ use crate::args::{check_buffers, check_keys};
 use crate::block_store::BlockStore;
 use crate::config::RecomputeModel;
 use crate::error::KvError;
+use crate::fork_guard::ForkGuard;
 use crate::jobs::{JobBuffer, JobKind, JobQueue, KvJob};
 use crate::namespace::Namespace;
 use crate::sync::lock;
@@ -114,6 +115,9 @@ struct ClientInner {
     jobs: Arc<JobQueue>,
     counters: ClientCounters,
     closed: AtomicBool,
+    /// The process that connected: a forked child shares its sockets and regions, so its
+    /// copy refuses every call.
+    fork: ForkGuard,
 }
 
 /// A connection to a `sluice kv serve` sidecar. Cheap to clone; clones share connections.
@@ -173,6 +177,7 @@ impl KvClient {
             jobs: Arc::new(JobQueue::default()),
             counters: ClientCounters::default(),
             closed: AtomicBool::new(false),
+            fork: ForkGuard::this_process(),
         };
         Ok(KvClient {
             inner: Arc::new(inner),
@@ -260,6 +265,7 @@ impl KvClient {
     /// unreachable or stores blocks of another size.
     fn acquire(&self) -> Result<Option<(Conn, bool)>, KvError> {
         let inner = &self.inner;
+        inner.fork.check(&inner.socket)?;
         if inner.closed.load(Ordering::Acquire) {
             return Err(KvError::Closed);
         }
@@ -451,6 +457,7 @@ impl KvClient {
         keys: Vec<Vec<u8>>,
         bufs: Vec<Box<dyn JobBuffer>>,
     ) -> Result<KvJob, KvError> {
+        self.inner.fork.check(&self.inner.socket)?;
         let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
         check_keys(&refs, None)?;
         let lens: Vec<usize> = bufs.iter().map(|b| b.bytes().len()).collect();
@@ -578,6 +585,11 @@ impl BlockStore for KvClient {
 
     /// Waits for queued jobs, then drops the connections. The server and its store go on.
     fn close(&self) -> Result<(), KvError> {
+        if self.inner.fork.is_forked() {
+            // A forked child lets go of its copy; the connections are its parent's.
+            self.inner.closed.store(true, Ordering::Release);
+            return Ok(());
+        }
         self.inner.jobs.drain();
         self.inner.closed.store(true, Ordering::Release);
         lock(&self.inner.pool).drop_idle();
