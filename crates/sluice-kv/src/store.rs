@@ -295,17 +295,7 @@ impl KvStore {
     /// the SSD policy declines stays only in DRAM; a warning counts them).
     pub fn sync(&self) -> Result<(), KvError> {
         self.check_open()?;
-        self.flush_and_sync()
-    }
-
-    fn flush_and_sync(&self) -> Result<(), KvError> {
-        let declined = io_path::flush_dram(self.view());
-        if declined > 0 {
-            tracing::warn!(
-                "kv sync: the SSD policy declined {declined} block(s) only DRAM holds; they are not durable"
-            );
-        }
-        self.state().tiers().sync_segments()
+        flush_and_sync(self.state())
     }
 
     pub fn stats(&self) -> KvStats {
@@ -330,7 +320,7 @@ impl KvStore {
         if let Some(r) = &self.inner.reclaimer {
             r.stop();
         }
-        let synced = self.flush_and_sync();
+        let synced = flush_and_sync(self.state());
         // Its files go with it (a closed store still referenced must not keep its file
         // system busy); only then does the next owner get the lock.
         self.state().tiers().release_files();
@@ -348,6 +338,24 @@ impl KvStore {
     }
 }
 
+/// Writes every block only DRAM holds to the SSD tier (write-back), then syncs the
+/// segments: what `sync()` and `close()` promise, and what letting go of the last handle
+/// without `close()` does too.
+fn flush_and_sync(state: &StoreState) -> Result<(), KvError> {
+    // A flushed record carries its block's own namespace, so any view will do.
+    let view = View {
+        state,
+        namespace_id: [0; 16],
+    };
+    let declined = io_path::flush_dram(view);
+    if declined > 0 {
+        tracing::warn!(
+            "kv sync: the SSD policy declined {declined} block(s) only DRAM holds; they are not durable"
+        );
+    }
+    state.tiers().sync_segments()
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         self.jobs.shutdown();
@@ -357,7 +365,14 @@ impl Drop for Inner {
         if let Some(r) = &self.reclaimer {
             r.stop();
         }
-        let _ = self.state.tiers().sync_segments();
+        if self.state.is_closed() {
+            return; // close() flushed and synced, and let go of the files
+        }
+        // Dropped without close() (a script's end, a collected object): what close()
+        // would have made durable still is.
+        if let Err(e) = flush_and_sync(&self.state) {
+            tracing::warn!("kv: syncing the store as its last handle goes: {e}");
+        }
     }
 }
 

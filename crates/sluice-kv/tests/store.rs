@@ -359,6 +359,22 @@ fn write_back_demotes_to_ssd_on_dram_eviction() {
     assert_eq!(get(&store, &[1, 2, 3, 4]), vec![true; 4]);
 }
 
+/// Issue 27: a write-back store let go of without `close()` (a script's last line, a
+/// collected Python object) synced its segments but never wrote the blocks only DRAM held:
+/// every put acknowledged since the last demotion was gone at reopen.
+#[test]
+fn a_write_back_store_dropped_without_close_keeps_what_it_acknowledged() {
+    let dir = tempdir();
+    let mut cfg = config(16, 64);
+    cfg.write_mode = WriteMode::WriteBack;
+    let store = KvStore::open(dir.path(), cfg.clone()).unwrap();
+    assert_eq!(put(&store, &[1, 2, 3]), vec![true; 3]);
+    assert_eq!(store.stats().ssd.unwrap().blocks, 0, "only DRAM holds them");
+    drop(store);
+    let store = KvStore::open(dir.path(), cfg).unwrap();
+    assert_eq!(get(&store, &[1, 2, 3]), vec![true; 3]);
+}
+
 /// The live store's SSD residency follows the policy exactly: a put is the policy's miss,
 /// a get its hit, so the sequence of answers equals `sluice-policy`'s on the same keys.
 #[test]
