@@ -232,7 +232,10 @@ class KvStore:
     def sync(self) -> None:
         """Makes every acknowledged put durable: syncs the segments (for
         ``durability="none"``) and, in ``write-back``, first writes every block only DRAM
-        holds to the SSD tier (a block its policy declines stays in DRAM only, logged)."""
+        holds to the SSD tier (a block its policy declines stays in DRAM only, logged).
+        Raises :class:`~sluice.errors.SluiceIOError` when write-back blocks could not be
+        written to the SSD tier since the last sync (a full disk: errno ENOSPC), naming
+        how many (``stats()["write_back_failures"]`` counts them too)."""
         self._native.sync()
 
     def stats(self) -> dict[str, Any]:

@@ -37,6 +37,19 @@ pub enum KvError {
         #[source]
         source: std::io::Error,
     },
+    /// Write-back blocks, acknowledged in DRAM, that could not be written to the SSD tier
+    /// since the last `sync()`: `source` is the last failure.
+    #[error(
+        "{path}: {blocks} block(s) acknowledged in write-back mode could not be written to the \
+         SSD tier since the last sync ({source}); those DRAM had evicted are lost, the rest \
+         are still only in DRAM"
+    )]
+    NotDurable {
+        path: PathBuf,
+        blocks: u64,
+        #[source]
+        source: std::io::Error,
+    },
     /// A segment file that cannot be decoded at all (its header is damaged).
     #[error("{path}: {source}")]
     Format {
@@ -109,14 +122,18 @@ impl sluice_engine::Classify for KvError {
             KvError::Config { .. } | KvError::InvalidArgument { .. } => ErrorClass::Config,
             KvError::Incompatible { .. } | KvError::Format { .. } => ErrorClass::BadStore,
             KvError::Locked { .. } | KvError::Forked { .. } => ErrorClass::Locked,
-            KvError::Io { source, .. } => ErrorClass::of_io(source),
+            KvError::Io { source, .. } | KvError::NotDurable { source, .. } => {
+                ErrorClass::of_io(source)
+            }
             KvError::Closed | KvError::UnknownJob(_) => ErrorClass::Failed,
         }
     }
 
     fn errno(&self) -> Option<i32> {
         match self {
-            KvError::Io { source, .. } => source.raw_os_error(),
+            KvError::Io { source, .. } | KvError::NotDurable { source, .. } => {
+                source.raw_os_error()
+            }
             _ => None,
         }
     }

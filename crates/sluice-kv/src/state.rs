@@ -40,6 +40,9 @@ pub(crate) struct StoreState {
     closed: AtomicBool,
     /// Measured seconds per block served from each tier, for `lookup_worth_loading`.
     load_model: Mutex<LoadModel>,
+    /// Write-back blocks whose SSD write failed since the last `sync()`, and the last
+    /// failure: what the next `sync()` reports.
+    not_durable: Mutex<(u64, Option<std::io::Error>)>,
 }
 
 impl StoreState {
@@ -56,7 +59,22 @@ impl StoreState {
             counters: Counters::default(),
             staging,
             closed: AtomicBool::new(false),
+            not_durable: Mutex::new((0, None)),
         }
+    }
+
+    /// Counts write-back blocks, acknowledged in DRAM, whose SSD write failed with `error`.
+    pub(crate) fn write_back_failed(&self, blocks: u64, error: std::io::Error) {
+        crate::sync::add(&self.counters.write_back_failures, blocks);
+        let mut g = lock(&self.not_durable);
+        g.0 += blocks;
+        g.1 = Some(error);
+    }
+
+    /// The write-back failures since the last call: how many blocks, and the last error.
+    pub(crate) fn take_not_durable(&self) -> Option<(u64, std::io::Error)> {
+        let (blocks, error) = std::mem::take(&mut *lock(&self.not_durable));
+        Some((blocks, error?)).filter(|(n, _)| *n > 0)
     }
 
     pub(crate) fn config(&self) -> &KvConfig {

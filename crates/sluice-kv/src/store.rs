@@ -353,7 +353,15 @@ fn flush_and_sync(state: &StoreState) -> Result<(), KvError> {
             "kv sync: the SSD policy declined {declined} block(s) only DRAM holds; they are not durable"
         );
     }
-    state.tiers().sync_segments()
+    state.tiers().sync_segments()?;
+    match state.take_not_durable() {
+        None => Ok(()),
+        Some((blocks, source)) => Err(KvError::NotDurable {
+            path: state.root().join("segments"),
+            blocks,
+            source,
+        }),
+    }
 }
 
 impl Drop for Inner {
