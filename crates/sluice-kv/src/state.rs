@@ -175,6 +175,15 @@ impl StoreState {
         }
     }
 
+    /// Ends every lease (the store is closing): none may keep a slot pinned or a segment
+    /// file open once the store let go of its files.
+    pub(crate) fn end_leases(&self) {
+        let leases = std::mem::replace(&mut *lock(&self.leases), fp_map(0));
+        for (_, l) in leases {
+            self.unpin_lease(l);
+        }
+    }
+
     /// Ends every lease past its timeout (once per call, not per key).
     pub(crate) fn expire_leases(&self) {
         let now = Instant::now();

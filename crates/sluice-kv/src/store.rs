@@ -321,8 +321,9 @@ impl KvStore {
             r.stop();
         }
         let synced = flush_and_sync(self.state());
-        // Its files go with it (a closed store still referenced must not keep its file
-        // system busy); only then does the next owner get the lock.
+        // Its files go with it, those leases hold too (a closed store still referenced
+        // must not keep its file system busy); only then does the next owner get the lock.
+        self.state().end_leases();
         self.state().tiers().release_files();
         lock(&self.inner.owner_lock).take();
         synced

@@ -145,6 +145,25 @@ fn close_lets_go_of_every_file_while_the_store_is_still_referenced() {
 }
 
 #[test]
+fn close_lets_go_of_the_files_that_leases_held() {
+    // Issue 27: a lookup's lease holds its record's segment file until the get; a lookup
+    // never followed by a get kept that file open past close(), and `umount` of the file
+    // system under the store failed ("target is busy").
+    let dir = tempdir();
+    let store = KvStore::open(dir.path(), config(0, 64)).unwrap();
+    put(&store, &[1, 2]);
+    drop(store);
+    let store = KvStore::open(dir.path(), config(0, 64)).unwrap();
+    let k = key(1);
+    assert_eq!(store.lookup(&[&k], true).unwrap(), 1);
+    store.close().unwrap();
+    assert_eq!(
+        open_files_under(dir.path()),
+        Vec::<std::path::PathBuf>::new()
+    );
+}
+
+#[test]
 fn keys_and_buffers_of_the_wrong_size_are_refused_naming_the_value() {
     let dir = tempdir();
     let mut cfg = config(4, 64);
