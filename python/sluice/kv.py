@@ -244,8 +244,9 @@ class KvStore:
         return dict(self._native.stats().to_dict())
 
     def close(self) -> None:
-        """Syncs (as :meth:`sync`) and releases the store (for a connection: waits for
-        its jobs and hangs up; the sidecar and its store go on); later calls raise
+        """Waits for the store's jobs and for calls running on other threads, syncs (as
+        :meth:`sync`) and releases the store (for a connection: waits for its jobs and
+        hangs up; the sidecar and its store go on); calls made once it began raise
         ``SluiceError``."""
         self._native.close()
 

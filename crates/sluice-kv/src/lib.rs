@@ -21,13 +21,15 @@
 //!   `config`, `stats`, `manifest`;
 //! - storage: `segment_io` (the trait; `fs_dir`, and `faulty` for tests), `dram_tier`,
 //!   `ssd_tier` (with `compaction` and `recovery`), `foreign`, `reclaimer`;
-//! - the store: `tiers` (all tiers together), `state` (what handles share), `io_path`
+//! - the store: `tiers` (all tiers together), `call_gate` (the calls running, and
+//!   closing), `state` (what handles share), `io_path`
 //!   (puts and gets), `jobs`, then `store` ([`KvStore`]);
 //! - over it: `block_store`, `serve` (the sidecar and its client), `fsck`, `defaults`
 //!   (every option's default, for the CLI and Python).
 
 mod args;
 mod block_store;
+mod call_gate;
 mod config;
 mod defaults;
 mod dram_tier;

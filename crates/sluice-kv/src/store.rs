@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::args::{check_buffers, check_keys};
+use crate::call_gate::Call;
 use crate::config::{KvConfig, RecomputeModel};
 use crate::error::KvError;
 use crate::fork_guard::ForkGuard;
@@ -135,18 +136,19 @@ impl KvStore {
         }
     }
 
-    fn check_open(&self) -> Result<(), KvError> {
+    /// Enters the store for one call, which holds the returned guard until it is done
+    /// (`close()` waits for it): `Closed` once `close()` began, `Forked` in a child forked
+    /// from the owner.
+    fn enter(&self) -> Result<Call<'_>, KvError> {
         self.inner.fork.check(self.root())?;
-        match self.state().is_closed() {
-            true => Err(KvError::Closed),
-            false => Ok(()),
-        }
+        self.state().enter().ok_or(KvError::Closed)
     }
 
     /// What a lookup checks: the store is open, the keys are valid.
-    fn check_lookup(&self, keys: &[&[u8]]) -> Result<(), KvError> {
-        self.check_open()?;
-        check_keys(keys, self.config().key_bytes)
+    fn check_lookup(&self, keys: &[&[u8]]) -> Result<Call<'_>, KvError> {
+        let call = self.enter()?;
+        check_keys(keys, self.config().key_bytes)?;
+        Ok(call)
     }
 
     /// What a checked lookup does first: ends expired leases, counts itself, and hashes
@@ -164,7 +166,7 @@ impl KvStore {
     /// the blocks found stay readable (not reused, not torn) until a get of them finishes
     /// or `lease_timeout_ms` passes.
     pub fn lookup(&self, keys: &[&[u8]], lease: bool) -> Result<usize, KvError> {
-        self.check_lookup(keys)?;
+        let _call = self.check_lookup(keys)?;
         let fps = self.start_lookup(keys);
         let state = self.state();
         if lease {
@@ -180,7 +182,7 @@ impl KvStore {
     /// recompute from the prefill rate. The answer is the longest such prefix, so a hit
     /// slower than recomputing is reported as a miss. Only that prefix is leased.
     pub fn lookup_worth_loading(&self, keys: &[&[u8]], lease: bool) -> Result<usize, KvError> {
-        self.check_lookup(keys)?;
+        let _call = self.check_lookup(keys)?;
         let Some(model) = self.recompute else {
             return Err(KvError::arg(
                 "lookup_worth_loading",
@@ -218,7 +220,7 @@ impl KvStore {
     /// kept it (a policy declined it, the batch was larger than a tier, or I/O failed;
     /// `stats()` counts `put_declined` and `put_failures` apart).
     pub fn put_batch(&self, keys: &[&[u8]], blocks: &[&[u8]]) -> Result<Vec<bool>, KvError> {
-        self.check_batch(keys, blocks.iter().map(|b| b.len()))?;
+        let _call = self.check_batch(keys, blocks.iter().map(|b| b.len()))?;
         Ok(self.run_put(keys, blocks))
     }
 
@@ -230,7 +232,7 @@ impl KvStore {
         keys: &[&[u8]],
         bufs: &mut [&mut [u8]],
     ) -> Result<Vec<bool>, KvError> {
-        self.check_batch(keys, bufs.iter().map(|b| b.len()))?;
+        let _call = self.check_batch(keys, bufs.iter().map(|b| b.len()))?;
         Ok(self.run_get(keys, bufs))
     }
 
@@ -240,12 +242,13 @@ impl KvStore {
         &self,
         keys: &[&[u8]],
         lens: impl Iterator<Item = usize>,
-    ) -> Result<(), KvError> {
-        self.check_open()?;
+    ) -> Result<Call<'_>, KvError> {
+        let call = self.enter()?;
         let config = self.config();
         check_keys(keys, config.key_bytes)?;
         let lens: Vec<usize> = lens.collect();
-        check_buffers(keys.len(), &lens, config.block_bytes)
+        check_buffers(keys.len(), &lens, config.block_bytes)?;
+        Ok(call)
     }
 
     /// Queues a put batch and returns at once; see [`crate::jobs`]. Keys and buffers are
@@ -276,7 +279,7 @@ impl KvStore {
         bufs: Vec<Box<dyn JobBuffer>>,
     ) -> Result<KvJob, KvError> {
         let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
-        self.check_batch(&refs, bufs.iter().map(|b| b.bytes().len()))?;
+        drop(self.check_batch(&refs, bufs.iter().map(|b| b.bytes().len()))?);
         let n = keys.len();
         let work = crate::jobs::batch_work(self.clone(), kind, keys);
         self.inner
@@ -294,7 +297,7 @@ impl KvStore {
     /// in write-back, first writes every block only DRAM holds to the SSD tier (a block
     /// the SSD policy declines stays only in DRAM; a warning counts them).
     pub fn sync(&self) -> Result<(), KvError> {
-        self.check_open()?;
+        let _call = self.enter()?;
         flush_and_sync(self.state())
     }
 
@@ -302,14 +305,14 @@ impl KvStore {
         self.state().stats()
     }
 
-    /// Syncs (in write-back, writing DRAM-only blocks to SSD first, as [`KvStore::sync`]),
-    /// stops the reclaimer and releases the store's lock once the last clone and job are
-    /// gone. Later calls fail with [`KvError::Closed`].
+    /// Waits for queued jobs and for calls running on other threads, syncs (in
+    /// write-back, writing DRAM-only blocks to SSD first, as [`KvStore::sync`]), stops the
+    /// reclaimer and releases the store's files and lock. Calls made once `close()` began
+    /// fail with [`KvError::Closed`].
     pub fn close(&self) -> Result<(), KvError> {
         if self.inner.fork.is_forked() {
-            // A forked child lets go of its copy: the files, the lock and the job and
-            // reclaim threads are its parent's.
-            self.state().mark_closed();
+            // A forked child lets go of its copy (every call there fails already): the
+            // files, the lock and the threads are its parent's.
             return Ok(());
         }
         self.inner.jobs.drain();
@@ -327,6 +330,13 @@ impl KvStore {
         self.state().tiers().release_files();
         lock(&self.inner.owner_lock).take();
         synced
+    }
+
+    /// Whether a `close()` is waiting for calls still running on other threads (what
+    /// tests wait for).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn close_is_waiting_for_calls(&self) -> bool {
+        self.state().closer_waiting()
     }
 
     fn wake_reclaimer(&self) {

@@ -248,6 +248,44 @@ fn write_back_blocks_that_cannot_reach_the_ssd_make_sync_fail_naming_how_many() 
     assert_eq!(get(&store, &in_dram), vec![true; in_dram.len()]);
 }
 
+/// Issue 27: `close()` did not wait for a put running on another thread. The put went on
+/// writing after the lock passed to the next owner, whose recovery had sealed that
+/// segment without it: the put was acknowledged, and no later open found the block.
+#[test]
+fn close_waits_for_a_put_running_on_another_thread() {
+    let dir = tempdir();
+    let (store, faulty) = open_faulty(dir.path(), config(0, 64), vec![]);
+    assert_eq!(put(&store, &[1]), vec![true]); // the segment exists
+    faulty.set_faults(vec![KvFault::HoldWrites]);
+    let writer = {
+        let store = store.clone();
+        std::thread::spawn(move || put(&store, &[2, 3]))
+    };
+    wait_until("the put is writing", || faulty.held_writes() > 0);
+    let closer = {
+        let store = store.clone();
+        std::thread::spawn(move || store.close())
+    };
+    wait_until("close() waits for the put, or returned", || {
+        store.close_is_waiting_for_calls() || closer.is_finished()
+    });
+    assert!(
+        !closer.is_finished(),
+        "close() returned while a put was writing"
+    );
+    let k = key(4);
+    assert!(matches!(store.lookup(&[&k], false), Err(KvError::Closed)));
+    assert!(matches!(
+        KvStore::open(dir.path(), config(0, 64)),
+        Err(KvError::Locked { .. })
+    ));
+    faulty.release_writes();
+    assert_eq!(writer.join().unwrap(), vec![true, true]);
+    closer.join().unwrap().unwrap();
+    let store = KvStore::open(dir.path(), config(0, 64)).unwrap();
+    assert_eq!(get(&store, &[1, 2, 3]), vec![true; 3]);
+}
+
 #[test]
 fn garbage_and_truncation_in_a_segment_are_skipped_at_reopen() {
     let dir = tempdir();
