@@ -131,7 +131,8 @@ class KvJob:
 
     def wait(self, timeout: Optional[float] = None) -> list[bool]:
         """Per-key success once the job is done (GIL released while waiting). Raises
-        :class:`TimeoutError` when ``timeout`` seconds pass first."""
+        :class:`TimeoutError` when ``timeout`` seconds pass first (``None``, ``inf`` or a
+        timeout too large for the clock: no limit)."""
         ok = self._native.wait(timeout)
         if ok is None:
             raise TimeoutError(f"kv job {self.id} ({self.kind}) not done after {timeout} s")

@@ -195,8 +195,12 @@ def test_bad_submits_raise_at_once_naming_the_value(store_dir):
         with pytest.raises(ConfigError, match="twice"):
             store.submit_get(keys_for(2), [same, same])
         job = store.submit_get(keys_for(1), [np.zeros(BLOCK, np.uint8)])
-        with pytest.raises(ConfigError, match="timeout"):
-            job.wait(timeout=-1)
+        for bad in (-1, float("nan")):
+            with pytest.raises(ConfigError, match="timeout"):
+                job.wait(timeout=bad)
+        # Longer than a Duration holds (a PanicException before): as long as it takes.
+        assert job.wait(timeout=1e300) == [False]
+        assert job.wait(timeout=float("inf")) == [False]
         assert job.wait() == [False]
     with pytest.raises(SluiceError, match="closed"):
         store.submit_put(keys_for(1), blocks_for(keys_for(1)))
