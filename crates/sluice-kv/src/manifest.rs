@@ -60,7 +60,9 @@ pub fn open_or_create(root: &Path, block_bytes: u64) -> Result<Manifest, KvError
             detail: "is not a directory".into(),
         });
     }
-    if path.exists() {
+    // A manifest that cannot even be looked at (a link that loops) is named, not taken
+    // for a missing one.
+    if path.try_exists().map_err(KvError::io(&path))? {
         let m = read_manifest(root)?;
         if m.block_bytes != block_bytes {
             return Err(KvError::Incompatible {
@@ -73,7 +75,7 @@ pub fn open_or_create(root: &Path, block_bytes: u64) -> Result<Manifest, KvError
         }
         return Ok(m);
     }
-    std::fs::create_dir_all(root).map_err(KvError::io(root))?;
+    create_dir(root)?;
     let mut entries = std::fs::read_dir(root).map_err(KvError::io(root))?;
     if entries.next().is_some() {
         return Err(KvError::Incompatible {
@@ -93,6 +95,21 @@ pub fn open_or_create(root: &Path, block_bytes: u64) -> Result<Manifest, KvError
         source: std::io::Error::other(e.to_string()),
     })?;
     Ok(m)
+}
+
+/// Creates the directory `dir` (and its parents). A path there that is not a directory
+/// is named for what it is (`create_dir_all` says only "File exists"), as bad input.
+pub(crate) fn create_dir(dir: &Path) -> Result<(), KvError> {
+    std::fs::create_dir_all(dir).map_err(|e| {
+        let named = match std::fs::metadata(dir) {
+            Ok(meta) if !meta.is_dir() => {
+                Some(sluice_engine::wrong_kind("a directory", meta.file_type()))
+            }
+            Ok(_) => None,
+            Err(m) => sluice_engine::wrong_kind_of_error("a directory", &m),
+        };
+        KvError::io(dir)(named.unwrap_or(e))
+    })
 }
 
 /// Reads and checks the manifest of an existing store.

@@ -75,7 +75,7 @@ impl KvStore {
         let manifest = manifest::open_or_create(root, config.block_bytes)?;
         let owner = manifest::lock(root)?;
         let seg_root = root.join("segments");
-        std::fs::create_dir_all(&seg_root).map_err(KvError::io(&seg_root))?;
+        manifest::create_dir(&seg_root)?;
         let store_id = manifest
             .store_id_bytes()
             .expect("read() checked the store id");

@@ -548,6 +548,40 @@ fn fifos_and_files_in_the_stores_places_are_refused_or_skipped_without_hanging()
     assert!(fake.exists());
 }
 
+#[test]
+fn a_store_path_of_the_wrong_kind_is_named_for_what_it_is() {
+    // `segments` a regular file: create_dir_all says only "File exists".
+    let dir = tempdir();
+    let store_dir = dir.path().join("store");
+    KvStore::open(&store_dir, config(0, 64))
+        .unwrap()
+        .close()
+        .unwrap();
+    let segments = store_dir.join("segments");
+    std::fs::remove_dir_all(&segments).unwrap();
+    std::fs::write(&segments, b"x").unwrap();
+    let err = KvStore::open(&store_dir, config(0, 64)).err().unwrap();
+    let msg = err.to_string();
+    assert!(msg.contains("segments"), "{msg}");
+    assert!(msg.contains("not a directory but a regular file"), "{msg}");
+    std::fs::remove_file(&segments).unwrap();
+
+    // The manifest a symbolic link that loops: named, not taken for a missing manifest
+    // (which made the store look empty but not new: "not empty and not a store").
+    let manifest = store_dir.join("sluice-kv.json");
+    let saved = std::fs::read(&manifest).unwrap();
+    std::fs::remove_file(&manifest).unwrap();
+    std::os::unix::fs::symlink(&manifest, &manifest).unwrap();
+    let err = KvStore::open(&store_dir, config(0, 64)).err().unwrap();
+    assert!(err.to_string().contains("sluice-kv.json"), "{err}");
+    std::fs::remove_file(&manifest).unwrap();
+    std::fs::write(&manifest, saved).unwrap();
+    KvStore::open(&store_dir, config(0, 64))
+        .unwrap()
+        .close()
+        .unwrap();
+}
+
 /// Issue 27 #16: an SSD budget of N blocks holds N blocks. The policy used to get the
 /// budget less two segments, the low watermark and the segment headers (about 0.8 N); the
 /// on-disk overhead is now on top of the budget, and reported.
