@@ -131,7 +131,8 @@ class KvJob:
 
     def wait(self, timeout: Optional[float] = None) -> list[bool]:
         """Per-key success once the job is done (GIL released while waiting). Raises
-        :class:`TimeoutError` when ``timeout`` seconds pass first."""
+        :class:`TimeoutError` when ``timeout`` seconds pass first (``None``, ``inf`` or a
+        timeout too large for the clock: no limit)."""
         ok = self._native.wait(timeout)
         if ok is None:
             raise TimeoutError(f"kv job {self.id} ({self.kind}) not done after {timeout} s")
@@ -232,7 +233,10 @@ class KvStore:
     def sync(self) -> None:
         """Makes every acknowledged put durable: syncs the segments (for
         ``durability="none"``) and, in ``write-back``, first writes every block only DRAM
-        holds to the SSD tier (a block its policy declines stays in DRAM only, logged)."""
+        holds to the SSD tier (a block its policy declines stays in DRAM only, logged).
+        Raises :class:`~sluice.errors.SluiceIOError` when write-back blocks could not be
+        written to the SSD tier since the last sync (a full disk: errno ENOSPC), naming
+        how many (``stats()["write_back_failures"]`` counts them too)."""
         self._native.sync()
 
     def stats(self) -> dict[str, Any]:
@@ -241,8 +245,9 @@ class KvStore:
         return dict(self._native.stats().to_dict())
 
     def close(self) -> None:
-        """Syncs (as :meth:`sync`) and releases the store (for a connection: waits for
-        its jobs and hangs up; the sidecar and its store go on); later calls raise
+        """Waits for the store's jobs and for calls running on other threads, syncs (as
+        :meth:`sync`) and releases the store (for a connection: waits for its jobs and
+        hangs up; the sidecar and its store go on); calls made once it began raise
         ``SluiceError``."""
         self._native.close()
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sluice.kv
+from forking import status_in_fork
 from sluice.errors import ConfigError, SluiceError, StoreFormatError, StoreLockedError
 
 BLOCK = 16384
@@ -194,8 +195,12 @@ def test_bad_submits_raise_at_once_naming_the_value(store_dir):
         with pytest.raises(ConfigError, match="twice"):
             store.submit_get(keys_for(2), [same, same])
         job = store.submit_get(keys_for(1), [np.zeros(BLOCK, np.uint8)])
-        with pytest.raises(ConfigError, match="timeout"):
-            job.wait(timeout=-1)
+        for bad in (-1, float("nan")):
+            with pytest.raises(ConfigError, match="timeout"):
+                job.wait(timeout=bad)
+        # Longer than a Duration holds (a PanicException before): as long as it takes.
+        assert job.wait(timeout=1e300) == [False]
+        assert job.wait(timeout=float("inf")) == [False]
         assert job.wait() == [False]
     with pytest.raises(SluiceError, match="closed"):
         store.submit_put(keys_for(1), blocks_for(keys_for(1)))
@@ -448,3 +453,49 @@ def test_a_full_file_system_fails_puts_and_keeps_every_acknowledged_block(tmp_pa
     finally:
         if os.path.ismount(fs):
             subprocess.run(["umount", "--lazy", str(fs)], check=False)
+
+
+def test_a_forked_child_neither_uses_nor_keeps_locked_its_parents_store(store_dir):
+    # Issue 27: a child forked after open wrote into the slots its parent reserves too, its
+    # close() and its garbage collection panicked (joining the parent's threads), and it
+    # kept the store locked after the parent closed it ("this process already has it open").
+    keys = keys_for(4)
+    later = keys_for(1, 100)
+    store = open_store(store_dir)
+    assert store.put_batch(keys, blocks_for(keys)) == [True] * 4
+
+    def child():
+        calls = [
+            lambda: store.lookup(keys),
+            lambda: store.put_batch(later, blocks_for(later)),
+            lambda: store.get_batch_into(keys[:1], [np.empty(BLOCK, np.uint8)]),
+            lambda: store.submit_put(later, blocks_for(later)),
+            store.sync,
+        ]
+        forked = f"this process \\({os.getpid()}\\) is a fork"
+        for call in calls:
+            with pytest.raises(StoreLockedError, match=forked):
+                call()
+        store.close()  # lets go of the child's copy only
+
+    assert status_in_fork(child) == 0
+    assert store.lookup(keys) == 4
+    assert store.lookup(later) == 0
+    assert store.put_batch(later, blocks_for(later)) == [True]
+
+    # A child forked while the store is open, alive after the parent closed it, does not
+    # keep it locked.
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # waits until the parent says go
+        os.read(go_r, 1)
+        os._exit(0)
+    try:
+        store.close()
+        with open_store(store_dir) as again:
+            assert again.lookup(keys + later) == 5
+    finally:
+        os.write(go_w, b"x")
+        os.waitpid(pid, 0)
+        os.close(go_r)
+        os.close(go_w)

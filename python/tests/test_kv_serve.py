@@ -14,8 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sluice.kv
+from forking import status_in_fork
 from kv_server import Server
-from sluice.errors import ConfigError, SluiceFileNotFoundError, SluiceIOError, StoreFormatError
+from sluice.errors import (
+    ConfigError,
+    SluiceFileNotFoundError,
+    SluiceIOError,
+    StoreFormatError,
+    StoreLockedError,
+)
 
 BLOCK = 16384
 
@@ -217,3 +224,32 @@ def test_a_server_restarted_with_another_block_size_fails_calls_naming_both(serv
     for _ in range(2):
         with pytest.raises(StoreFormatError, match=r"32768-byte blocks.*16384-byte blocks"):
             client.lookup(keys)
+
+
+def test_a_forked_child_cannot_read_through_its_parents_connection(serve):
+    # Issue 27: a child forked after connect shared its parent's socket and shared region;
+    # their requests interleaved and each read the other's blocks: gets returned True with
+    # another key's bytes.
+    server = serve()
+    keys = keys_for(4)
+    data = blocks_for(keys)
+    with connect(server) as client:
+        assert client.put_batch(keys, data) == [True] * 4
+
+        def child():
+            out = [np.zeros(BLOCK, np.uint8) for _ in keys]
+            for call in (
+                lambda: client.get_batch_into(keys, out),
+                lambda: client.lookup(keys),
+                lambda: client.put_batch(keys, data),
+                lambda: client.submit_get(keys, out),
+            ):
+                with pytest.raises(StoreLockedError, match="is a fork"):
+                    call()
+            assert not any(o.any() for o in out)
+            client.close()
+
+        assert status_in_fork(child) == 0
+        out = [np.zeros(BLOCK, np.uint8) for _ in keys]
+        assert client.get_batch_into(keys, out) == [True] * 4
+        assert all((o == d).all() for o, d in zip(out, data))

@@ -185,6 +185,20 @@ impl FileLock {
         (!s.is_empty()).then(|| s.to_string())
     }
 
+    /// Releases the lock now (`LOCK_UN`) and closes the file. Dropping a lock only closes
+    /// this descriptor, and the lock lives on while another descriptor of the same open
+    /// file description does: one a `fork` copied into a child. An owner that lets go of a
+    /// store calls this, so a child forked while the store was open (and that never used
+    /// it) does not keep it locked. A forked child must never call it: it would release
+    /// its parent's lock.
+    pub fn release(self) -> io::Result<()> {
+        // SAFETY: flock on a descriptor this lock owns; LOCK_UN never blocks.
+        if unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -220,6 +234,24 @@ mod tests {
         a.write_owner("4242").unwrap();
         let e = FileLock::acquire(&p, LockMode::Exclusive, LockOpen::Create).unwrap_err();
         assert!(e.to_string().contains("pid 4242"), "{e}");
+    }
+
+    #[test]
+    fn release_lets_go_even_while_a_copied_descriptor_lives() {
+        // What a fork leaves behind: a second descriptor of the same open file
+        // description. Dropping the lock alone leaves it locked through the copy.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("lock");
+        let a = FileLock::acquire(&p, LockMode::Exclusive, LockOpen::Create).unwrap();
+        let copy = a.file.try_clone().unwrap();
+        drop(a);
+        assert!(!FileLock::is_free(&p).unwrap(), "the copy keeps it locked");
+        drop(copy);
+        let a = FileLock::acquire(&p, LockMode::Exclusive, LockOpen::Create).unwrap();
+        let copy = a.file.try_clone().unwrap();
+        a.release().unwrap();
+        assert!(FileLock::is_free(&p).unwrap(), "released despite the copy");
+        drop(copy);
     }
 
     #[test]

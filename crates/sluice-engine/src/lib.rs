@@ -68,7 +68,8 @@ pub use mapping::{page_size, Mapping};
 pub use os_error::{retry_eintr, OsError};
 pub use pread::pread_full;
 pub use regular_file::{
-    clear_nonblocking, is_not_regular, kind_name, open_regular, open_regular_rw,
+    clear_nonblocking, is_not_regular, kind_name, open_regular, open_regular_rw, wrong_kind,
+    wrong_kind_of_error,
 };
 pub use ring_batch::{read_in_order, with_ring, Part, RingBatch, MAX_PARTS};
 pub use shared_memory::{recv_with_fd, send_with_fd, SharedMemory};

@@ -37,12 +37,14 @@ fn open_checked(path: &Path, flags: i32, write: bool) -> io::Result<File> {
         .custom_flags(flags | libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)
         .map_err(|err| match err.raw_os_error() {
-            // open(2) of a Unix socket fails with ENXIO ("No such device or address"):
-            // say what the path is, as for the other kinds.
-            Some(libc::ENXIO) => match std::fs::metadata(path) {
+            // open(2) of a Unix socket fails with ENXIO ("No such device or address"), and
+            // of a directory for writing with EISDIR: say what the path is, as for the
+            // other kinds.
+            Some(libc::ENXIO | libc::EISDIR) => match std::fs::metadata(path) {
                 Ok(meta) => not_regular(meta.file_type()),
                 Err(_) => err,
             },
+            Some(libc::ELOOP) => wrong_kind_named("a regular file", LINK_LOOP),
             _ => err,
         })?;
     let kind = file.metadata()?.file_type();
@@ -67,8 +69,27 @@ pub fn clear_nonblocking(file: &File) {
 
 /// The refusal of a path of type `kind`, saying what it is.
 fn not_regular(kind: std::fs::FileType) -> io::Error {
-    let what = kind_name(kind);
-    io::Error::new(io::ErrorKind::InvalidInput, NotRegular { what })
+    wrong_kind("a regular file", kind)
+}
+
+/// What a path that is a symbolic link looping back on itself is called in messages.
+const LINK_LOOP: &str = "a symbolic link that loops";
+
+/// The refusal of a path of type `kind` where `want` belongs ("a directory", "a socket"),
+/// saying what it is: bad input, which [`is_not_regular`] recognises, as for a FIFO where
+/// a regular file belongs.
+pub fn wrong_kind(want: &'static str, kind: std::fs::FileType) -> io::Error {
+    wrong_kind_named(want, kind_name(kind))
+}
+
+/// [`wrong_kind`] of a path whose `metadata` failed with `err`: a symbolic link that loops
+/// is named as such; any other error is `None`.
+pub fn wrong_kind_of_error(want: &'static str, err: &io::Error) -> Option<io::Error> {
+    (err.raw_os_error() == Some(libc::ELOOP)).then(|| wrong_kind_named(want, LINK_LOOP))
+}
+
+fn wrong_kind_named(want: &'static str, what: &'static str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, NotRegular { want, what })
 }
 
 /// What a path of type `kind` is, for messages: "a FIFO", "a directory", "a device", "a
@@ -89,16 +110,18 @@ pub fn kind_name(kind: std::fs::FileType) -> &'static str {
     }
 }
 
-/// [`open_regular`]'s refusal, carried inside the `io::Error` so callers
-/// can tell it from a failed read whatever wraps it.
+/// [`open_regular`]'s refusal (or [`wrong_kind`]'s), carried inside the `io::Error` so
+/// callers can tell it from a failed read whatever wraps it.
 #[derive(Debug, thiserror::Error)]
-#[error("not a regular file but {what}")]
+#[error("not {want} but {what}")]
 struct NotRegular {
+    want: &'static str,
     what: &'static str,
 }
 
-/// Whether `err` is [`open_regular`]'s refusal of a path that is not a
-/// regular file: bad input, not a failed read.
+/// Whether `err` is [`open_regular`]'s refusal of a path that is not a regular file (or
+/// [`wrong_kind`]'s, of a path that is not what it must be): bad input, not a failed
+/// read.
 pub fn is_not_regular(err: &io::Error) -> bool {
     err.get_ref().is_some_and(|inner| inner.is::<NotRegular>())
 }
@@ -131,6 +154,23 @@ mod tests {
         let missing = open_regular(&dir.path().join("missing"), 0).unwrap_err();
         assert_eq!(missing.kind(), io::ErrorKind::NotFound);
         assert!(!is_not_regular(&missing));
+    }
+
+    #[test]
+    fn a_directory_opened_for_writing_or_a_link_loop_is_named_as_such() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = open_regular_rw(dir.path(), 0).unwrap_err();
+        assert!(is_not_regular(&err), "{err}");
+        assert_eq!(err.to_string(), "not a regular file but a directory");
+        let a = dir.path().join("a");
+        std::os::unix::fs::symlink(dir.path().join("b"), &a).unwrap();
+        std::os::unix::fs::symlink(&a, dir.path().join("b")).unwrap();
+        let err = open_regular_rw(&a, 0).unwrap_err();
+        assert!(is_not_regular(&err), "{err}");
+        assert!(
+            err.to_string().contains("symbolic link that loops"),
+            "{err}"
+        );
     }
 
     #[test]

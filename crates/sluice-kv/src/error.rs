@@ -37,12 +37,37 @@ pub enum KvError {
         #[source]
         source: std::io::Error,
     },
+    /// Write-back blocks, acknowledged in DRAM, that could not be written to the SSD tier
+    /// since the last `sync()`: `source` is the last failure.
+    #[error(
+        "{path}: {blocks} block(s) acknowledged in write-back mode could not be written to the \
+         SSD tier since the last sync ({source}); those DRAM had evicted are lost, the rest \
+         are still only in DRAM"
+    )]
+    NotDurable {
+        path: PathBuf,
+        blocks: u64,
+        #[source]
+        source: std::io::Error,
+    },
     /// A segment file that cannot be decoded at all (its header is damaged).
     #[error("{path}: {source}")]
     Format {
         path: PathBuf,
         #[source]
         source: KvFormatError,
+    },
+    /// A handle used in a child `fork`ed from the process that opened it: the child's copy
+    /// shares its parent's files, lock and sockets (see `fork_guard`).
+    #[error(
+        "{path}: opened by process {opened_by}, of which this process ({this}) is a fork; a \
+         forked child cannot use the store or sidecar connection it inherited: open it (or \
+         connect) again in this process"
+    )]
+    Forked {
+        path: PathBuf,
+        opened_by: u32,
+        this: u32,
     },
     /// The store was closed.
     #[error("the kv store is closed")]
@@ -96,15 +121,19 @@ impl sluice_engine::Classify for KvError {
         match self {
             KvError::Config { .. } | KvError::InvalidArgument { .. } => ErrorClass::Config,
             KvError::Incompatible { .. } | KvError::Format { .. } => ErrorClass::BadStore,
-            KvError::Locked { .. } => ErrorClass::Locked,
-            KvError::Io { source, .. } => ErrorClass::of_io(source),
+            KvError::Locked { .. } | KvError::Forked { .. } => ErrorClass::Locked,
+            KvError::Io { source, .. } | KvError::NotDurable { source, .. } => {
+                ErrorClass::of_io(source)
+            }
             KvError::Closed | KvError::UnknownJob(_) => ErrorClass::Failed,
         }
     }
 
     fn errno(&self) -> Option<i32> {
         match self {
-            KvError::Io { source, .. } => source.raw_os_error(),
+            KvError::Io { source, .. } | KvError::NotDurable { source, .. } => {
+                source.raw_os_error()
+            }
             _ => None,
         }
     }

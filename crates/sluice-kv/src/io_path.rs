@@ -111,8 +111,17 @@ pub(crate) fn reserve_demotions(v: View<'_>, demoted: &mut [Demotion]) {
     };
     for dm in demoted.iter_mut().filter(|d| d.slot.is_none()) {
         let b = &dm.block;
-        if let SsdPut::Reserved(r) = lock(ssd).put(b.fp, &b.namespace_id, &b.key) {
-            dm.slot = Some(r);
+        let mut tier = lock(ssd);
+        match tier.put(b.fp, &b.namespace_id, &b.key) {
+            SsdPut::Reserved(r) => dm.slot = Some(r),
+            // No segment could be created: DRAM evicted an acknowledged block for nothing.
+            SsdPut::Failed => {
+                let e = tier.create_error();
+                drop(tier);
+                v.state.write_back_failed(1, e);
+            }
+            // Already there, or the policy's choice (declined, no room): a cache's eviction.
+            SsdPut::Present | SsdPut::Declined | SsdPut::Full => {}
         }
     }
 }
@@ -132,10 +141,12 @@ pub(crate) fn demote(v: View<'_>, demoted: Vec<Demotion>) {
     };
     for Demotion { block: d, slot } in demoted {
         if let Some(r) = slot {
-            let ok = write_record(v, &r, &d.key, &d.bytes)
-                .and_then(|()| r.file.sync())
-                .is_ok();
-            let _ = lock(ssd).publish(vec![(r, ok)]);
+            let written = write_record(v, &r, &d.key, &d.bytes).and_then(|()| r.file.sync());
+            let _ = lock(ssd).publish(vec![(r, written.is_ok())]);
+            if let Err(e) = written {
+                tracing::warn!("kv: a write-back block DRAM evicted could not be written: {e}");
+                v.state.write_back_failed(1, e);
+            }
         }
         let mut map = lock(v.state.tiers().demoting());
         if map.get(&d.fp).is_some_and(|e| Arc::ptr_eq(e, &d)) {
@@ -165,32 +176,61 @@ pub(crate) fn flush_dram(v: View<'_>) -> usize {
     for chunk in pinned.chunks(v.state.config().io_threads.max(1) * 4) {
         let mut planned = Vec::with_capacity(chunk.len());
         for p in chunk {
-            match lock(ssd).put(p.fp, &p.namespace_id, &p.key) {
+            let mut tier = lock(ssd);
+            match tier.put(p.fp, &p.namespace_id, &p.key) {
                 SsdPut::Reserved(r) => planned.push((p, r)),
                 SsdPut::Present => {}
-                _ => declined += 1,
+                SsdPut::Failed => {
+                    let e = tier.create_error();
+                    drop(tier);
+                    v.state.write_back_failed(1, e);
+                }
+                SsdPut::Declined | SsdPut::Full => declined += 1,
             }
         }
-        let cells: Vec<Mutex<Option<(&PinnedBlock, Reservation)>>> =
-            planned.into_iter().map(|x| Mutex::new(Some(x))).collect();
-        let mut written = parallel(cells.len(), v.state.config().io_threads, |i| {
-            let (p, r) = lock(&cells[i]).take().expect("each record is written once");
-            let ptr = lock(d).slot_ptr(p.slot);
-            // SAFETY: the slot is pinned (pin_where), so it is neither reused nor written
-            // while we read it, and it holds block_bytes filled bytes.
-            let bytes =
-                unsafe { std::slice::from_raw_parts(ptr, v.state.config().block_bytes as usize) };
-            let ok = write_record(v, &r, &p.key, bytes).is_ok();
-            (r, ok)
-        });
-        sync_written(&mut written);
-        lock(ssd).publish(written);
+        write_flushed(v, d, planned);
         let mut dg = lock(d);
         for p in chunk {
             dg.unpin(p.slot);
         }
     }
     declined
+}
+
+/// Writes pinned DRAM blocks into the SSD slots reserved for them, `io_threads` at a time,
+/// syncs and publishes them; counts those whose write or sync failed (they stay only in
+/// DRAM, and the next `sync()` reports them).
+fn write_flushed(v: View<'_>, d: &Mutex<DramTier>, planned: Vec<(&PinnedBlock, Reservation)>) {
+    let Some(ssd) = v.state.tiers().ssd() else {
+        return;
+    };
+    let failure: Mutex<Option<std::io::Error>> = Mutex::new(None);
+    let cells: Vec<Mutex<Option<(&PinnedBlock, Reservation)>>> =
+        planned.into_iter().map(|x| Mutex::new(Some(x))).collect();
+    let mut written = parallel(cells.len(), v.state.config().io_threads, |i| {
+        let (p, r) = lock(&cells[i]).take().expect("each record is written once");
+        let ptr = lock(d).slot_ptr(p.slot);
+        // SAFETY: the slot is pinned (pin_where), so it is neither reused nor written
+        // while we read it, and it holds block_bytes filled bytes.
+        let bytes =
+            unsafe { std::slice::from_raw_parts(ptr, v.state.config().block_bytes as usize) };
+        let written = write_record(v, &r, &p.key, bytes);
+        let ok = written.is_ok();
+        if let Err(e) = written {
+            *lock(&failure) = Some(e);
+        }
+        (r, ok)
+    });
+    sync_written(&mut written);
+    let failed = written.iter().filter(|(_, ok)| !ok).count() as u64;
+    lock(ssd).publish(written);
+    if failed > 0 {
+        let e = lock(&failure)
+            .take()
+            .unwrap_or_else(|| std::io::Error::other("fdatasync failed (see the log)"));
+        tracing::warn!("kv sync: {failed} write-back block(s) could not be written: {e}");
+        v.state.write_back_failed(failed, e);
+    }
 }
 
 /// Writes one record into its reserved slot: the header from a pooled aligned buffer, the

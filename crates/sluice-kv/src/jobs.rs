@@ -161,9 +161,10 @@ impl KvJob {
     }
 
     /// Waits for the job (`None`: for ever) and returns per-key success; `None` if the
-    /// timeout passed first. Counts as the job's report: `poll` will not return it.
+    /// timeout passed first. Counts as the job's report: `poll` will not return it. A
+    /// timeout past what the clock can hold waits for ever.
     pub fn wait(&self, timeout: Option<Duration>) -> Option<Vec<bool>> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let mut g = lock(&self.state.outcome);
         loop {
             if let Some(o) = g.as_ref() {

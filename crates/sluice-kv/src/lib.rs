@@ -17,22 +17,25 @@
 //! Every module is private; this file re-exports the public API. Imports point one way
 //! (`scripts/module_cycles.py`, run by `make lint`, fails on a cycle), each layer only
 //! using the ones below it:
-//! - leaves: `sync`, `error`, `args`, `load_model`, then `namespace`, `config`, `stats`,
-//!   `manifest`;
+//! - leaves: `sync`, `error`, `fork_guard`, `args`, `load_model`, then `namespace`,
+//!   `config`, `stats`, `manifest`;
 //! - storage: `segment_io` (the trait; `fs_dir`, and `faulty` for tests), `dram_tier`,
 //!   `ssd_tier` (with `compaction` and `recovery`), `foreign`, `reclaimer`;
-//! - the store: `tiers` (all tiers together), `state` (what handles share), `io_path`
+//! - the store: `tiers` (all tiers together), `call_gate` (the calls running, and
+//!   closing), `state` (what handles share), `io_path`
 //!   (puts and gets), `jobs`, then `store` ([`KvStore`]);
 //! - over it: `block_store`, `serve` (the sidecar and its client), `fsck`, `defaults`
 //!   (every option's default, for the CLI and Python).
 
 mod args;
 mod block_store;
+mod call_gate;
 mod config;
 mod defaults;
 mod dram_tier;
 mod error;
 mod foreign;
+mod fork_guard;
 mod fsck;
 mod io_path;
 mod jobs;

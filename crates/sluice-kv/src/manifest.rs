@@ -21,6 +21,7 @@ use sluice_formats::kv::KV_FORMAT_VERSION;
 use sluice_engine::{FileLock, LockError, LockMode, LockOpen};
 
 use crate::error::KvError;
+use crate::fork_guard::ForkGuard;
 
 pub const MANIFEST_NAME: &str = "sluice-kv.json";
 const FORMAT_NAME: &str = "sluice-kv";
@@ -59,7 +60,9 @@ pub fn open_or_create(root: &Path, block_bytes: u64) -> Result<Manifest, KvError
             detail: "is not a directory".into(),
         });
     }
-    if path.exists() {
+    // A manifest that cannot even be looked at (a link that loops) is named, not taken
+    // for a missing one.
+    if path.try_exists().map_err(KvError::io(&path))? {
         let m = read_manifest(root)?;
         if m.block_bytes != block_bytes {
             return Err(KvError::Incompatible {
@@ -72,7 +75,7 @@ pub fn open_or_create(root: &Path, block_bytes: u64) -> Result<Manifest, KvError
         }
         return Ok(m);
     }
-    std::fs::create_dir_all(root).map_err(KvError::io(root))?;
+    create_dir(root)?;
     let mut entries = std::fs::read_dir(root).map_err(KvError::io(root))?;
     if entries.next().is_some() {
         return Err(KvError::Incompatible {
@@ -92,6 +95,21 @@ pub fn open_or_create(root: &Path, block_bytes: u64) -> Result<Manifest, KvError
         source: std::io::Error::other(e.to_string()),
     })?;
     Ok(m)
+}
+
+/// Creates the directory `dir` (and its parents). A path there that is not a directory
+/// is named for what it is (`create_dir_all` says only "File exists"), as bad input.
+pub(crate) fn create_dir(dir: &Path) -> Result<(), KvError> {
+    std::fs::create_dir_all(dir).map_err(|e| {
+        let named = match std::fs::metadata(dir) {
+            Ok(meta) if !meta.is_dir() => {
+                Some(sluice_engine::wrong_kind("a directory", meta.file_type()))
+            }
+            Ok(_) => None,
+            Err(m) => sluice_engine::wrong_kind_of_error("a directory", &m),
+        };
+        KvError::io(dir)(named.unwrap_or(e))
+    })
 }
 
 /// Reads and checks the manifest of an existing store.
@@ -132,7 +150,25 @@ pub fn read_manifest(root: &Path) -> Result<Manifest, KvError> {
 
 /// The owner lock, held while the store is open.
 pub struct StoreLock {
-    _lock: FileLock,
+    lock: Option<FileLock>,
+    fork: ForkGuard,
+}
+
+/// The owner releases the lock outright, so that a child forked while the store was open
+/// (it holds a copy of the lock's descriptor) does not keep the store locked after the
+/// owner let go of it. Such a child's copy only closes its descriptor: releasing would
+/// unlock its parent's store.
+impl Drop for StoreLock {
+    fn drop(&mut self) {
+        let Some(lock) = self.lock.take() else { return };
+        if self.fork.is_forked() {
+            return;
+        }
+        let path = lock.path().to_path_buf();
+        if let Err(e) = lock.release() {
+            tracing::warn!("{}: releasing the store's lock: {e}", path.display());
+        }
+    }
 }
 
 /// Takes the store's exclusive lock without waiting; [`KvError::Locked`] names the holder.
@@ -141,7 +177,10 @@ pub fn lock(root: &Path) -> Result<StoreLock, KvError> {
     let mut lock = FileLock::acquire(&path, LockMode::Exclusive, LockOpen::Create)
         .map_err(|e| locked_or_io(root, e))?;
     let _ = lock.write_owner(&std::process::id().to_string());
-    Ok(StoreLock { _lock: lock })
+    Ok(StoreLock {
+        lock: Some(lock),
+        fork: ForkGuard::this_process(),
+    })
 }
 
 /// A busy lock as [`KvError::Locked`] naming the holder's pid, else an I/O error.

@@ -14,6 +14,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::foreign::{self, ForeignIndex};
+use crate::fork_guard::ForkGuard;
 use crate::ssd_tier::SsdTier;
 use crate::sync::lock;
 
@@ -42,6 +43,8 @@ pub(crate) struct Tended {
 pub(crate) struct Reclaimer {
     signal: Arc<(Mutex<Signal>, Condvar)>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The thread exists only in the process that started it, not in a forked child.
+    fork: ForkGuard,
 }
 
 impl Reclaimer {
@@ -55,6 +58,7 @@ impl Reclaimer {
         Ok(Reclaimer {
             signal,
             thread: Mutex::new(Some(thread)),
+            fork: ForkGuard::this_process(),
         })
     }
 
@@ -66,7 +70,12 @@ impl Reclaimer {
     }
 
     /// Stops the thread and waits for it: a pass in progress finishes first. Idempotent.
+    /// In a forked child, where the thread does not exist, it only forgets it.
     pub(crate) fn stop(&self) {
+        if self.fork.is_forked() {
+            std::mem::forget(lock(&self.thread).take());
+            return;
+        }
         {
             let (m, cv) = &*self.signal;
             lock(m).stopping = true;

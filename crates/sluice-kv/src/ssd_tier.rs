@@ -125,6 +125,8 @@ pub struct SsdTier {
     /// Segment creations failed in a row (a full disk fails every put's try: logged at
     /// the first, then every [`CREATE_FAILURES_LOGGED_EVERY`]th, then when it works again).
     create_failures: u64,
+    /// Why the last segment creation failed (errno), for a write-back `sync()` to report.
+    create_errno: Option<i32>,
 }
 
 /// See [`SsdTier::create_failures`].
@@ -174,6 +176,7 @@ impl SsdTier {
             evicted: Vec::new(),
             counters: SsdCounters::default(),
             create_failures: 0,
+            create_errno: None,
         };
         recovery::recover(&mut tier)?;
         Ok(tier)
@@ -365,6 +368,7 @@ impl SsdTier {
                     );
                 }
                 self.create_failures += 1;
+                self.create_errno = e.raw_os_error();
                 self.counters.write_errors += 1;
                 return None;
             }
@@ -626,6 +630,14 @@ impl SsdTier {
     /// Approximate bytes of the index (table slots, control bytes included).
     pub fn index_bytes(&self) -> usize {
         crate::namespace::fp_map_bytes(&self.index)
+    }
+
+    /// Why the last put answered [`SsdPut::Failed`]: a new segment could not be created.
+    pub(crate) fn create_error(&self) -> std::io::Error {
+        match self.create_errno {
+            Some(errno) => std::io::Error::from_raw_os_error(errno),
+            None => std::io::Error::other("a new segment could not be created"),
+        }
     }
 
     pub fn root(&self) -> &PathBuf {

@@ -5,12 +5,12 @@
 //! parts only an owner has (the directory lock, the reclaim thread, the job queue).
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use sluice_engine::{BufferPool, BufferPoolConfig};
 
+use crate::call_gate::{Call, CallGate};
 use crate::config::KvConfig;
 use crate::load_model::{GetTiers, LoadModel};
 use crate::namespace::{fp_map, Fingerprint, FpMap};
@@ -37,9 +37,13 @@ pub(crate) struct StoreState {
     /// Aligned staging for SSD records (writes, unaligned reads, record headers): one slot
     /// per I/O thread, reused, so the data path maps no memory per block.
     staging: BufferPool,
-    closed: AtomicBool,
+    /// The calls running, and whether `close()` began.
+    gate: CallGate,
     /// Measured seconds per block served from each tier, for `lookup_worth_loading`.
     load_model: Mutex<LoadModel>,
+    /// Write-back blocks whose SSD write failed since the last `sync()`, and the last
+    /// failure: what the next `sync()` reports.
+    not_durable: Mutex<(u64, Option<std::io::Error>)>,
 }
 
 impl StoreState {
@@ -55,8 +59,23 @@ impl StoreState {
             leases: Mutex::new(fp_map(0)),
             counters: Counters::default(),
             staging,
-            closed: AtomicBool::new(false),
+            gate: CallGate::default(),
+            not_durable: Mutex::new((0, None)),
         }
+    }
+
+    /// Counts write-back blocks, acknowledged in DRAM, whose SSD write failed with `error`.
+    pub(crate) fn write_back_failed(&self, blocks: u64, error: std::io::Error) {
+        crate::sync::add(&self.counters.write_back_failures, blocks);
+        let mut g = lock(&self.not_durable);
+        g.0 += blocks;
+        g.1 = Some(error);
+    }
+
+    /// The write-back failures since the last call: how many blocks, and the last error.
+    pub(crate) fn take_not_durable(&self) -> Option<(u64, std::io::Error)> {
+        let (blocks, error) = std::mem::take(&mut *lock(&self.not_durable));
+        Some((blocks, error?)).filter(|(n, _)| *n > 0)
     }
 
     pub(crate) fn config(&self) -> &KvConfig {
@@ -80,12 +99,24 @@ impl StoreState {
     }
 
     pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        self.gate.is_shut()
     }
 
-    /// Marks the store closed; `true` if it already was.
+    /// Enters the store for one call (held until the call is done); `None` once
+    /// `close()` began.
+    pub(crate) fn enter(&self) -> Option<Call<'_>> {
+        self.gate.enter()
+    }
+
+    /// Marks the store closed, so that every later call fails, and waits for the calls
+    /// running; `true` if it was closed already.
     pub(crate) fn mark_closed(&self) -> bool {
-        self.closed.swap(true, Ordering::AcqRel)
+        self.gate.shut()
+    }
+
+    /// Whether a `close()` waits for calls still running.
+    pub(crate) fn closer_waiting(&self) -> bool {
+        self.gate.closer_waiting()
     }
 
     /// The seconds per block gets measured on each tier.
@@ -153,6 +184,15 @@ impl StoreState {
         l.count = l.count.saturating_sub(1);
         if l.count == 0 {
             let l = leases.remove(&fp).expect("just found");
+            self.unpin_lease(l);
+        }
+    }
+
+    /// Ends every lease (the store is closing): none may keep a slot pinned or a segment
+    /// file open once the store let go of its files.
+    pub(crate) fn end_leases(&self) {
+        let leases = std::mem::replace(&mut *lock(&self.leases), fp_map(0));
+        for (_, l) in leases {
             self.unpin_lease(l);
         }
     }

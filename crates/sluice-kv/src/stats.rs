@@ -22,6 +22,7 @@ pub(crate) struct Counters {
     pub put_hits_dram: AtomicU64,
     pub put_hits_ssd: AtomicU64,
     pub staged_writes: AtomicU64,
+    pub write_back_failures: AtomicU64,
 }
 
 /// One tier's occupancy.
@@ -69,6 +70,10 @@ pub struct KvStats {
     pub put_hits_dram: u64,
     /// Puts of blocks the SSD tier already held (a hit for its policy).
     pub put_hits_ssd: u64,
+    /// Write-back blocks, acknowledged in DRAM, whose SSD write failed (a full disk, EIO):
+    /// lost when DRAM had evicted them (a demotion), still only in DRAM when `sync()` or
+    /// `close()` could not write them. `sync()` reports them as an error.
+    pub write_back_failures: u64,
     /// Records that failed verification on read (dropped, served as misses).
     pub corrupt_blocks: u64,
     pub read_errors: u64,
@@ -159,6 +164,7 @@ impl KvStats {
             misses: get(&c.misses),
             put_hits_dram: get(&c.put_hits_dram),
             put_hits_ssd: get(&c.put_hits_ssd),
+            write_back_failures: get(&c.write_back_failures),
             corrupt_blocks: ssd.corrupt_blocks,
             read_errors: ssd.read_errors,
             write_errors: ssd.write_errors,

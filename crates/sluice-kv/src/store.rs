@@ -19,8 +19,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::args::{check_buffers, check_keys};
+use crate::call_gate::Call;
 use crate::config::{KvConfig, RecomputeModel};
 use crate::error::KvError;
+use crate::fork_guard::ForkGuard;
 use crate::io_path;
 use crate::jobs::{BatchRunner, JobBuffer, JobKind, JobQueue, KvJob};
 use crate::manifest::{self, StoreLock};
@@ -38,6 +40,8 @@ struct Inner {
     reclaimer: Option<Reclaimer>,
     owner_lock: Mutex<Option<StoreLock>>,
     jobs: Arc<JobQueue>,
+    /// The process that opened the store: a forked child's copy refuses every call.
+    fork: ForkGuard,
 }
 
 /// An open KV block store, seen through one namespace. Cheap to clone; every clone is
@@ -71,7 +75,7 @@ impl KvStore {
         let manifest = manifest::open_or_create(root, config.block_bytes)?;
         let owner = manifest::lock(root)?;
         let seg_root = root.join("segments");
-        std::fs::create_dir_all(&seg_root).map_err(KvError::io(&seg_root))?;
+        manifest::create_dir(&seg_root)?;
         let store_id = manifest
             .store_id_bytes()
             .expect("read() checked the store id");
@@ -88,6 +92,7 @@ impl KvStore {
             reclaimer,
             owner_lock: Mutex::new(Some(owner)),
             jobs: Arc::new(JobQueue::default()),
+            fork: ForkGuard::this_process(),
         });
         Ok(KvStore {
             inner,
@@ -131,17 +136,19 @@ impl KvStore {
         }
     }
 
-    fn check_open(&self) -> Result<(), KvError> {
-        match self.state().is_closed() {
-            true => Err(KvError::Closed),
-            false => Ok(()),
-        }
+    /// Enters the store for one call, which holds the returned guard until it is done
+    /// (`close()` waits for it): `Closed` once `close()` began, `Forked` in a child forked
+    /// from the owner.
+    fn enter(&self) -> Result<Call<'_>, KvError> {
+        self.inner.fork.check(self.root())?;
+        self.state().enter().ok_or(KvError::Closed)
     }
 
     /// What a lookup checks: the store is open, the keys are valid.
-    fn check_lookup(&self, keys: &[&[u8]]) -> Result<(), KvError> {
-        self.check_open()?;
-        check_keys(keys, self.config().key_bytes)
+    fn check_lookup(&self, keys: &[&[u8]]) -> Result<Call<'_>, KvError> {
+        let call = self.enter()?;
+        check_keys(keys, self.config().key_bytes)?;
+        Ok(call)
     }
 
     /// What a checked lookup does first: ends expired leases, counts itself, and hashes
@@ -159,7 +166,7 @@ impl KvStore {
     /// the blocks found stay readable (not reused, not torn) until a get of them finishes
     /// or `lease_timeout_ms` passes.
     pub fn lookup(&self, keys: &[&[u8]], lease: bool) -> Result<usize, KvError> {
-        self.check_lookup(keys)?;
+        let _call = self.check_lookup(keys)?;
         let fps = self.start_lookup(keys);
         let state = self.state();
         if lease {
@@ -175,7 +182,7 @@ impl KvStore {
     /// recompute from the prefill rate. The answer is the longest such prefix, so a hit
     /// slower than recomputing is reported as a miss. Only that prefix is leased.
     pub fn lookup_worth_loading(&self, keys: &[&[u8]], lease: bool) -> Result<usize, KvError> {
-        self.check_lookup(keys)?;
+        let _call = self.check_lookup(keys)?;
         let Some(model) = self.recompute else {
             return Err(KvError::arg(
                 "lookup_worth_loading",
@@ -213,7 +220,7 @@ impl KvStore {
     /// kept it (a policy declined it, the batch was larger than a tier, or I/O failed;
     /// `stats()` counts `put_declined` and `put_failures` apart).
     pub fn put_batch(&self, keys: &[&[u8]], blocks: &[&[u8]]) -> Result<Vec<bool>, KvError> {
-        self.check_batch(keys, blocks.iter().map(|b| b.len()))?;
+        let _call = self.check_batch(keys, blocks.iter().map(|b| b.len()))?;
         Ok(self.run_put(keys, blocks))
     }
 
@@ -225,7 +232,7 @@ impl KvStore {
         keys: &[&[u8]],
         bufs: &mut [&mut [u8]],
     ) -> Result<Vec<bool>, KvError> {
-        self.check_batch(keys, bufs.iter().map(|b| b.len()))?;
+        let _call = self.check_batch(keys, bufs.iter().map(|b| b.len()))?;
         Ok(self.run_get(keys, bufs))
     }
 
@@ -235,12 +242,13 @@ impl KvStore {
         &self,
         keys: &[&[u8]],
         lens: impl Iterator<Item = usize>,
-    ) -> Result<(), KvError> {
-        self.check_open()?;
+    ) -> Result<Call<'_>, KvError> {
+        let call = self.enter()?;
         let config = self.config();
         check_keys(keys, config.key_bytes)?;
         let lens: Vec<usize> = lens.collect();
-        check_buffers(keys.len(), &lens, config.block_bytes)
+        check_buffers(keys.len(), &lens, config.block_bytes)?;
+        Ok(call)
     }
 
     /// Queues a put batch and returns at once; see [`crate::jobs`]. Keys and buffers are
@@ -271,7 +279,7 @@ impl KvStore {
         bufs: Vec<Box<dyn JobBuffer>>,
     ) -> Result<KvJob, KvError> {
         let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
-        self.check_batch(&refs, bufs.iter().map(|b| b.bytes().len()))?;
+        drop(self.check_batch(&refs, bufs.iter().map(|b| b.bytes().len()))?);
         let n = keys.len();
         let work = crate::jobs::batch_work(self.clone(), kind, keys);
         self.inner
@@ -289,28 +297,24 @@ impl KvStore {
     /// in write-back, first writes every block only DRAM holds to the SSD tier (a block
     /// the SSD policy declines stays only in DRAM; a warning counts them).
     pub fn sync(&self) -> Result<(), KvError> {
-        self.check_open()?;
-        self.flush_and_sync()
-    }
-
-    fn flush_and_sync(&self) -> Result<(), KvError> {
-        let declined = io_path::flush_dram(self.view());
-        if declined > 0 {
-            tracing::warn!(
-                "kv sync: the SSD policy declined {declined} block(s) only DRAM holds; they are not durable"
-            );
-        }
-        self.state().tiers().sync_segments()
+        let _call = self.enter()?;
+        flush_and_sync(self.state())
     }
 
     pub fn stats(&self) -> KvStats {
         self.state().stats()
     }
 
-    /// Syncs (in write-back, writing DRAM-only blocks to SSD first, as [`KvStore::sync`]),
-    /// stops the reclaimer and releases the store's lock once the last clone and job are
-    /// gone. Later calls fail with [`KvError::Closed`].
+    /// Waits for queued jobs and for calls running on other threads, syncs (in
+    /// write-back, writing DRAM-only blocks to SSD first, as [`KvStore::sync`]), stops the
+    /// reclaimer and releases the store's files and lock. Calls made once `close()` began
+    /// fail with [`KvError::Closed`].
     pub fn close(&self) -> Result<(), KvError> {
+        if self.inner.fork.is_forked() {
+            // A forked child lets go of its copy (every call there fails already): the
+            // files, the lock and the threads are its parent's.
+            return Ok(());
+        }
         self.inner.jobs.drain();
         if self.state().mark_closed() {
             return Ok(());
@@ -319,12 +323,20 @@ impl KvStore {
         if let Some(r) = &self.inner.reclaimer {
             r.stop();
         }
-        let synced = self.flush_and_sync();
-        // Its files go with it (a closed store still referenced must not keep its file
-        // system busy); only then does the next owner get the lock.
+        let synced = flush_and_sync(self.state());
+        // Its files go with it, those leases hold too (a closed store still referenced
+        // must not keep its file system busy); only then does the next owner get the lock.
+        self.state().end_leases();
         self.state().tiers().release_files();
         lock(&self.inner.owner_lock).take();
         synced
+    }
+
+    /// Whether a `close()` is waiting for calls still running on other threads (what
+    /// tests wait for).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn close_is_waiting_for_calls(&self) -> bool {
+        self.state().closer_waiting()
     }
 
     fn wake_reclaimer(&self) {
@@ -337,13 +349,49 @@ impl KvStore {
     }
 }
 
+/// Writes every block only DRAM holds to the SSD tier (write-back), then syncs the
+/// segments: what `sync()` and `close()` promise, and what letting go of the last handle
+/// without `close()` does too.
+fn flush_and_sync(state: &StoreState) -> Result<(), KvError> {
+    // A flushed record carries its block's own namespace, so any view will do.
+    let view = View {
+        state,
+        namespace_id: [0; 16],
+    };
+    let declined = io_path::flush_dram(view);
+    if declined > 0 {
+        tracing::warn!(
+            "kv sync: the SSD policy declined {declined} block(s) only DRAM holds; they are not durable"
+        );
+    }
+    state.tiers().sync_segments()?;
+    match state.take_not_durable() {
+        None => Ok(()),
+        Some((blocks, source)) => Err(KvError::NotDurable {
+            path: state.root().join("segments"),
+            blocks,
+            source,
+        }),
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         self.jobs.shutdown();
+        if self.fork.is_forked() {
+            return; // the parent's files; the reclaimer forgets its thread by itself
+        }
         if let Some(r) = &self.reclaimer {
             r.stop();
         }
-        let _ = self.state.tiers().sync_segments();
+        if self.state.is_closed() {
+            return; // close() flushed and synced, and let go of the files
+        }
+        // Dropped without close() (a script's end, a collected object): what close()
+        // would have made durable still is.
+        if let Err(e) = flush_and_sync(&self.state) {
+            tracing::warn!("kv: syncing the store as its last handle goes: {e}");
+        }
     }
 }
 

@@ -22,6 +22,7 @@ use crate::config::KvConfig;
 use crate::dram_tier::{Demoted, DramTier};
 use crate::error::KvError;
 use crate::foreign::{self, ForeignIndex};
+use crate::manifest::create_dir;
 use crate::namespace::{fp_map, Fingerprint, FpMap};
 use crate::reclaimer::Tended;
 use crate::segment_io::{FsSegmentDir, SegmentDir, SegmentFile};
@@ -270,12 +271,12 @@ fn open_shared(
     };
     let own_name: String = store_id.iter().map(|b| format!("{b:02x}")).collect();
     let own_dir = root.join(&own_name);
-    std::fs::create_dir_all(root).map_err(KvError::io(root))?;
+    create_dir(root)?;
     std::fs::read_dir(root).map_err(KvError::io(root))?;
     let own = match config.shared_bytes {
         0 => None, // a reader: nothing of ours in the directory
         _ => {
-            std::fs::create_dir_all(&own_dir).map_err(KvError::io(&own_dir))?;
+            create_dir(&own_dir)?;
             let dir =
                 FsSegmentDir::new(&own_dir, config.direct).with_io_uring(config.use_io_uring()?);
             let dir = Arc::new(dir);

@@ -155,6 +155,16 @@ fn a_wait_with_a_timeout_returns_none_while_the_job_runs() {
 }
 
 #[test]
+fn a_wait_longer_than_the_clock_can_count_waits_for_the_job() {
+    // Issue 27: a deadline past what `Instant` can hold panicked ("overflow when adding
+    // duration to instant"); from Python, `job.wait(1e300)` raised a PanicException.
+    let dir = tempdir();
+    let store = KvStore::open(dir.path(), config(0, 64)).unwrap();
+    let job = store.submit_put(keys(&[1]), blocks(&[1])).unwrap();
+    assert_eq!(job.wait(Some(Duration::MAX)).unwrap(), vec![true]);
+}
+
+#[test]
 fn dropping_a_store_with_jobs_in_flight_neither_hangs_nor_loses_acknowledged_blocks() {
     let dir = tempdir();
     {

@@ -396,3 +396,57 @@ fn stopping_the_server_ends_sessions_blocked_on_a_silent_client() {
 fn running_socket_exists(sock: &Path) -> bool {
     UnixStream::connect(sock).is_ok()
 }
+
+/// A sidecar that answers hellos (when `hello`) and then nothing (a stopped process, a
+/// SIGSTOPped one): the connections it accepted. Its thread lives for the test binary.
+fn stalled_server(sock: &Path, hello: bool) -> Arc<std::sync::Mutex<Vec<UnixStream>>> {
+    let listener = std::os::unix::net::UnixListener::bind(sock).unwrap();
+    let accepted: Arc<std::sync::Mutex<Vec<UnixStream>>> = Arc::default();
+    let kept = Arc::clone(&accepted);
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let s = s.unwrap();
+            kept.lock().unwrap().push(s.try_clone().unwrap()); // before the client can go on
+            if hello {
+                let _ = answer(&s); // the client's hello, read as a frame
+                let reply = Response::Hello {
+                    version: WIRE_VERSION,
+                    block_bytes: BLOCK,
+                    server_pid: 1,
+                };
+                (&s).write_all(&reply.encode()).unwrap();
+            }
+        }
+    });
+    accepted
+}
+
+/// Issue 27: a sidecar that stalls. A request unanswered for `timeout_ms` was tried again
+/// on a fresh connection, which waited `timeout_ms` too, so each call stalled the engine
+/// twice as long as configured; and the error said only "Resource temporarily
+/// unavailable (os error 11)".
+#[test]
+fn a_stalled_server_costs_one_timeout_and_says_so() {
+    let dir = tempdir();
+    let sock = dir.path().join("kv.sock");
+    let accepted = stalled_server(&sock, true);
+    let mut cfg = client_cfg("m");
+    cfg.timeout_ms = 200;
+    cfg.retry_ms = 60_000;
+    let c = KvClient::connect(&sock, cfg).unwrap();
+    assert_eq!(lookup(&c, &[1]), 0, "fails open");
+    assert_eq!(
+        accepted.lock().unwrap().len(),
+        1,
+        "no second connection to a server that did not answer"
+    );
+    let s = c.stats_json().unwrap();
+    assert_eq!(s["client"]["outages"], 1);
+
+    let silent = dir.path().join("silent.sock");
+    let _accepted = stalled_server(&silent, false);
+    let mut cfg = client_cfg("m");
+    cfg.timeout_ms = 200;
+    let err = KvClient::connect(&silent, cfg).err().unwrap().to_string();
+    assert!(err.contains("did not answer within 200 ms"), "{err}");
+}

@@ -145,6 +145,25 @@ fn close_lets_go_of_every_file_while_the_store_is_still_referenced() {
 }
 
 #[test]
+fn close_lets_go_of_the_files_that_leases_held() {
+    // Issue 27: a lookup's lease holds its record's segment file until the get; a lookup
+    // never followed by a get kept that file open past close(), and `umount` of the file
+    // system under the store failed ("target is busy").
+    let dir = tempdir();
+    let store = KvStore::open(dir.path(), config(0, 64)).unwrap();
+    put(&store, &[1, 2]);
+    drop(store);
+    let store = KvStore::open(dir.path(), config(0, 64)).unwrap();
+    let k = key(1);
+    assert_eq!(store.lookup(&[&k], true).unwrap(), 1);
+    store.close().unwrap();
+    assert_eq!(
+        open_files_under(dir.path()),
+        Vec::<std::path::PathBuf>::new()
+    );
+}
+
+#[test]
 fn keys_and_buffers_of_the_wrong_size_are_refused_naming_the_value() {
     let dir = tempdir();
     let mut cfg = config(4, 64);
@@ -359,6 +378,22 @@ fn write_back_demotes_to_ssd_on_dram_eviction() {
     assert_eq!(get(&store, &[1, 2, 3, 4]), vec![true; 4]);
 }
 
+/// Issue 27: a write-back store let go of without `close()` (a script's last line, a
+/// collected Python object) synced its segments but never wrote the blocks only DRAM held:
+/// every put acknowledged since the last demotion was gone at reopen.
+#[test]
+fn a_write_back_store_dropped_without_close_keeps_what_it_acknowledged() {
+    let dir = tempdir();
+    let mut cfg = config(16, 64);
+    cfg.write_mode = WriteMode::WriteBack;
+    let store = KvStore::open(dir.path(), cfg.clone()).unwrap();
+    assert_eq!(put(&store, &[1, 2, 3]), vec![true; 3]);
+    assert_eq!(store.stats().ssd.unwrap().blocks, 0, "only DRAM holds them");
+    drop(store);
+    let store = KvStore::open(dir.path(), cfg).unwrap();
+    assert_eq!(get(&store, &[1, 2, 3]), vec![true; 3]);
+}
+
 /// The live store's SSD residency follows the policy exactly: a put is the policy's miss,
 /// a get its hit, so the sequence of answers equals `sluice-policy`'s on the same keys.
 #[test]
@@ -511,6 +546,40 @@ fn fifos_and_files_in_the_stores_places_are_refused_or_skipped_without_hanging()
     let store = KvStore::open(&store_dir, config(0, 64)).unwrap();
     assert_eq!(get(&store, &[1]), vec![true]);
     assert!(fake.exists());
+}
+
+#[test]
+fn a_store_path_of_the_wrong_kind_is_named_for_what_it_is() {
+    // `segments` a regular file: create_dir_all says only "File exists".
+    let dir = tempdir();
+    let store_dir = dir.path().join("store");
+    KvStore::open(&store_dir, config(0, 64))
+        .unwrap()
+        .close()
+        .unwrap();
+    let segments = store_dir.join("segments");
+    std::fs::remove_dir_all(&segments).unwrap();
+    std::fs::write(&segments, b"x").unwrap();
+    let err = KvStore::open(&store_dir, config(0, 64)).err().unwrap();
+    let msg = err.to_string();
+    assert!(msg.contains("segments"), "{msg}");
+    assert!(msg.contains("not a directory but a regular file"), "{msg}");
+    std::fs::remove_file(&segments).unwrap();
+
+    // The manifest a symbolic link that loops: named, not taken for a missing manifest
+    // (which made the store look empty but not new: "not empty and not a store").
+    let manifest = store_dir.join("sluice-kv.json");
+    let saved = std::fs::read(&manifest).unwrap();
+    std::fs::remove_file(&manifest).unwrap();
+    std::os::unix::fs::symlink(&manifest, &manifest).unwrap();
+    let err = KvStore::open(&store_dir, config(0, 64)).err().unwrap();
+    assert!(err.to_string().contains("sluice-kv.json"), "{err}");
+    std::fs::remove_file(&manifest).unwrap();
+    std::fs::write(&manifest, saved).unwrap();
+    KvStore::open(&store_dir, config(0, 64))
+        .unwrap()
+        .close()
+        .unwrap();
 }
 
 /// Issue 27 #16: an SSD budget of N blocks holds N blocks. The policy used to get the

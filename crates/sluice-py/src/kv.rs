@@ -163,12 +163,13 @@ impl PyKvJob {
         self.job.result()
     }
 
-    /// Waits (GIL released) up to `timeout` seconds (None: for ever); None on timeout.
+    /// Waits (GIL released) up to `timeout` seconds (None, inf, or more than a `Duration`
+    /// holds: for ever); None on timeout.
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<Vec<bool>>> {
         let timeout = match timeout {
             None => None,
-            Some(t) if t.is_finite() && t >= 0.0 => Some(Duration::from_secs_f64(t)),
+            Some(t) if t >= 0.0 => Duration::try_from_secs_f64(t).ok(),
             Some(t) => {
                 return Err(config_error(format!(
                     "timeout = {t}: must be a number of seconds >= 0, or None"

@@ -38,6 +38,9 @@ pub enum KvFault {
     /// Reads made by the store's reclaim thread wait until [`FaultyDir::release_reads`]
     /// (a compaction stalled in the middle of its copies).
     HoldReclaimReads,
+    /// Every write waits until [`FaultyDir::release_writes`] (a put stalled in the middle
+    /// of its I/O).
+    HoldWrites,
 }
 
 #[derive(Default)]
@@ -49,6 +52,8 @@ struct FaultState {
     written_bytes: u64,
     /// Reads waiting under `HoldReclaimReads`.
     held: u64,
+    /// Writes waiting under `HoldWrites`.
+    held_writes: u64,
     /// Removals sleeping under `SlowRemove` now.
     removing: u64,
 }
@@ -81,6 +86,19 @@ impl FaultyDir {
     /// Reads waiting under [`KvFault::HoldReclaimReads`] now.
     pub fn held_reads(&self) -> u64 {
         lock(&self.state).held
+    }
+
+    /// Writes waiting under [`KvFault::HoldWrites`] now.
+    pub fn held_writes(&self) -> u64 {
+        lock(&self.state).held_writes
+    }
+
+    /// Lets held writes go on (and stops holding new ones).
+    pub fn release_writes(&self) {
+        lock(&self.state)
+            .faults
+            .retain(|f| *f != KvFault::HoldWrites);
+        self.released.notify_all();
     }
 
     /// Removals slowed by [`KvFault::SlowRemove`] in progress now (a reclaim pass that is
@@ -184,10 +202,24 @@ impl FaultySegment {
         }
         st.held -= 1;
     }
+
+    /// Under `HoldWrites`, a write waits for the release.
+    fn hold_write(&self) {
+        let mut st = lock(&self.state);
+        if !st.faults.contains(&KvFault::HoldWrites) {
+            return;
+        }
+        st.held_writes += 1;
+        while st.faults.contains(&KvFault::HoldWrites) {
+            st = self.released.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        st.held_writes -= 1;
+    }
 }
 
 impl SegmentFile for FaultySegment {
     fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        self.hold_write();
         let (n, faults, written) = {
             let mut st = lock(&self.state);
             st.writes += 1;

@@ -27,6 +27,7 @@ use crate::args::{check_buffers, check_keys};
 use crate::block_store::BlockStore;
 use crate::config::RecomputeModel;
 use crate::error::KvError;
+use crate::fork_guard::ForkGuard;
 use crate::jobs::{JobBuffer, JobKind, JobQueue, KvJob};
 use crate::namespace::Namespace;
 use crate::sync::lock;
@@ -114,6 +115,9 @@ struct ClientInner {
     jobs: Arc<JobQueue>,
     counters: ClientCounters,
     closed: AtomicBool,
+    /// The process that connected: a forked child shares its sockets and regions, so its
+    /// copy refuses every call.
+    fork: ForkGuard,
 }
 
 /// A connection to a `sluice kv serve` sidecar. Cheap to clone; clones share connections.
@@ -146,7 +150,7 @@ impl KvClient {
         config.namespace.validate()?;
         super::check_socket_path(socket)?;
         let (conn, block_bytes, pid) = open_conn(socket, &config).map_err(|e| match e {
-            CallError::Io(e) => KvError::io(socket)(e),
+            CallError::Io(e) => KvError::io(socket)(named_timeout(e, config.timeout_ms)),
             CallError::Refused(kind, message) => refused(socket, kind, message),
         })?;
         let stride = align_up(block_bytes).unwrap_or(u64::MAX) as usize;
@@ -173,6 +177,7 @@ impl KvClient {
             jobs: Arc::new(JobQueue::default()),
             counters: ClientCounters::default(),
             closed: AtomicBool::new(false),
+            fork: ForkGuard::this_process(),
         };
         Ok(KvClient {
             inner: Arc::new(inner),
@@ -223,14 +228,16 @@ impl KvClient {
                     self.release(keep.then_some(conn));
                     return Err(refused(&inner.socket, kind, message));
                 }
-                Err(CallError::Io(_)) if !fresh && tries == 1 => {
+                // A broken pooled connection may only be stale; one that timed out
+                // reached a server that did not answer, and so would a fresh one.
+                Err(CallError::Io(e)) if !fresh && tries == 1 && !is_timeout(&e) => {
                     self.release(None);
                     // Its idle siblings were opened to the same server: stale too.
                     lock(&inner.pool).drop_idle();
                 }
                 Err(CallError::Io(e)) => {
                     self.release(None);
-                    self.outage(&e.to_string());
+                    self.outage(&named_timeout(e, inner.config.timeout_ms).to_string());
                     inner.counters.failed_open.fetch_add(1, Ordering::Relaxed);
                     return Ok(None);
                 }
@@ -260,6 +267,7 @@ impl KvClient {
     /// unreachable or stores blocks of another size.
     fn acquire(&self) -> Result<Option<(Conn, bool)>, KvError> {
         let inner = &self.inner;
+        inner.fork.check(&inner.socket)?;
         if inner.closed.load(Ordering::Acquire) {
             return Err(KvError::Closed);
         }
@@ -309,7 +317,7 @@ impl KvClient {
             }
             Err(CallError::Io(e)) => {
                 self.release(None);
-                self.outage(&e.to_string());
+                self.outage(&named_timeout(e, inner.config.timeout_ms).to_string());
                 None
             }
             Err(CallError::Refused(_, message)) => {
@@ -451,6 +459,7 @@ impl KvClient {
         keys: Vec<Vec<u8>>,
         bufs: Vec<Box<dyn JobBuffer>>,
     ) -> Result<KvJob, KvError> {
+        self.inner.fork.check(&self.inner.socket)?;
         let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
         check_keys(&refs, None)?;
         let lens: Vec<usize> = bufs.iter().map(|b| b.bytes().len()).collect();
@@ -578,6 +587,11 @@ impl BlockStore for KvClient {
 
     /// Waits for queued jobs, then drops the connections. The server and its store go on.
     fn close(&self) -> Result<(), KvError> {
+        if self.inner.fork.is_forked() {
+            // A forked child lets go of its copy; the connections are its parent's.
+            self.inner.closed.store(true, Ordering::Release);
+            return Ok(());
+        }
         self.inner.jobs.drain();
         self.inner.closed.store(true, Ordering::Release);
         lock(&self.inner.pool).drop_idle();
@@ -632,6 +646,28 @@ fn open_conn(socket: &Path, config: &KvClientConfig) -> Result<(Conn, u64, u32),
         Response::Error { kind, message } => Err(CallError::Refused(kind, message)),
         other => Err(unexpected(&other)),
     }
+}
+
+/// Whether a socket read or write ran past its timeout (`SO_RCVTIMEO` reads as EAGAIN).
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
+}
+
+/// A timeout in words: the socket says only "Resource temporarily unavailable".
+fn named_timeout(e: std::io::Error, timeout_ms: u64) -> std::io::Error {
+    if !is_timeout(&e) {
+        return e;
+    }
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!(
+            "the server did not answer within {timeout_ms} ms (timeout_ms): it is stopped, \
+             stalled or overloaded"
+        ),
+    )
 }
 
 /// Sends a request and reads its answer; a refusal becomes [`CallError::Refused`].
