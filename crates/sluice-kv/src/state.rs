@@ -115,6 +115,7 @@ impl StoreState {
     }
 
     /// Whether a `close()` waits for calls still running.
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn closer_waiting(&self) -> bool {
         self.gate.closer_waiting()
     }
