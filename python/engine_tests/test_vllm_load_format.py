@@ -7,6 +7,8 @@ must be registered there by the `vllm.general_plugins` entry point, not by this 
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,11 +20,16 @@ pytest.importorskip("vllm", reason="the real-engine tests run in .venv-vllm (mak
 HERE = Path(__file__).resolve().parent
 
 
-def run_engine(model: Path, load_format: str, extra: dict | None = None) -> tuple[int, str, list]:
+def run_engine(
+    model: Path, load_format: str, extra: dict | None = None, tp: int = 1
+) -> tuple[int, str, list]:
     cmd = [sys.executable, str(HERE / "vllm_run.py"), str(model), load_format]
-    if extra is not None:
-        cmd.append(json.dumps(extra))
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    cmd += [json.dumps(extra if extra is not None else {}), str(tp)]
+    env = dict(os.environ)
+    if tp > 1:
+        # vLLM's CPU workers bind their threads per NUMA node; this machine has one.
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(r % os.cpu_count()) for r in range(tp))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     out = proc.stdout + proc.stderr
     result = [
         line.removeprefix("RESULT ") for line in out.splitlines() if line.startswith("RESULT ")
@@ -49,6 +56,29 @@ def test_sluice_generates_what_the_default_loader_does(model):
     assert "Registered model loader" in out and "load_format=sluice" in out
     # Token ids and logprobs, bit for bit: the same weights reached the same parameters.
     assert got == want
+
+
+def test_tensor_parallel_ranks_read_the_checkpoint_once_between_them(model):
+    code, out, want = run_engine(model, "safetensors", tp=2)
+    assert code == 0 and want, out[-3000:]
+    code, out, got = run_engine(model, "sluice", tp=2)
+    assert code == 0 and got, out[-3000:]
+    assert got == want
+    reads = [
+        int(b)
+        for b in re.findall(
+            r"sluice read (\d+) bytes of the checkpoint.s files \(tensor-parallel", out
+        )
+    ]
+    assert len(reads) == 2, out[-3000:]
+    size = sum(f.stat().st_size for f in model.glob("*.safetensors"))
+    tensors = len(json.loads((model / "model.safetensors.index.json").read_text())["weight_map"])
+    # Both ranks read, and between them each byte once: at most the files, plus the page
+    # each direct read's ends round out to (tiny tensors here; on a real model the
+    # rounding is far below 5%, the issue's bound, which the benchmark measures).
+    assert all(r > 0 for r in reads), reads
+    assert sum(reads) <= size + 2 * 4096 * tensors, (reads, size)
+    assert sum(reads) < 1.5 * size, (reads, size)  # not once per rank
 
 
 def test_a_bad_extra_config_key_is_named(model):

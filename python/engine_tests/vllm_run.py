@@ -1,7 +1,7 @@
 """One vLLM engine run, for the real-engine tests: loads MODEL with --load-format FORMAT,
 generates greedily from fixed token ids, and prints the token ids and logprobs as JSON.
 
-    python vllm_run.py MODEL FORMAT [EXTRA_CONFIG_JSON]
+    python vllm_run.py MODEL FORMAT [EXTRA_CONFIG_JSON] [TP]
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ def main() -> None:
     from vllm.inputs import TokensPrompt
 
     model, load_format = sys.argv[1], sys.argv[2]
-    extra = {"model_loader_extra_config": json.loads(sys.argv[3])} if len(sys.argv) > 3 else {}
+    extra = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+    tp = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    extra = {"model_loader_extra_config": extra} if extra else {}
     llm = LLM(
         model=model,
         load_format=load_format,
@@ -31,6 +33,7 @@ def main() -> None:
         dtype="bfloat16",
         max_model_len=256,
         seed=0,
+        tensor_parallel_size=tp,
     )
     params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=1, detokenize=False)
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params)

@@ -19,6 +19,10 @@ architecture's fused and renamed parameters (q/k/v into ``qkv_proj``, gate/up in
 the host memory above the model is bounded by ``memory_limit``. Which parameters were not
 filled is checked as vLLM's default loader checks it.
 
+Under tensor parallelism the ranks split the reads (:func:`split_reads`): each reads one
+contiguous run of every round of tensors and broadcasts it over vLLM's CPU (gloo) group, so
+the files are read once between the ranks, not once per rank.
+
 The class needs vLLM at import; this module does not, so the loader is built on the first
 :func:`register` (or access to ``SluiceModelLoader``).
 """
@@ -26,6 +30,7 @@ The class needs vLLM at import; this module does not, so the loader is built on 
 from __future__ import annotations
 
 import os
+import re
 import time
 from typing import Any, Optional
 
@@ -37,13 +42,24 @@ _DIRECT = ("auto", "on", "off")
 _ENGINES = ("auto", "io_uring", "threads")
 
 
-def _byte_size(key: str, value: Any) -> Any:
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2}
+_UNITS.update({"mib": 1 << 20, "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4})
+_UNITS.update({"tb": 1000**4, "tib": 1 << 40})
+
+
+def _byte_size(key: str, value: Any) -> int:
+    """A positive byte count from an int or a size string ("512MiB", "2GB", "4096")."""
+    bad = f"model_loader_extra_config {key}={value!r}"
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ConfigError(
-            f"model_loader_extra_config {key}={value!r}: a byte count or a size string ('2GiB')"
-        )
-    if isinstance(value, int) and value <= 0:
-        raise ConfigError(f"model_loader_extra_config {key}={value!r}: must be positive")
+        raise ConfigError(f"{bad}: a byte count or a size string ('2GiB')")
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value)
+        unit = _UNITS.get(m.group(2).lower()) if m else None
+        if m is None or unit is None:
+            raise ConfigError(f"{bad}: a byte count or a size string ('2GiB', '512MiB')")
+        value = int(float(m.group(1)) * unit)
+    if value <= 0:
+        raise ConfigError(f"{bad}: must be positive")
     return value
 
 
@@ -78,6 +94,7 @@ EXTRA_CONFIG = {
     "direct": _choice(_DIRECT),
     "engine": _choice(_ENGINES),
     "drop_cache": _boolean,
+    "distributed": _boolean,
 }
 
 
@@ -99,6 +116,38 @@ def stream_options(extra: Optional[dict[str, Any]]) -> dict[str, Any]:
     return {key: EXTRA_CONFIG[key](key, value) for key, value in extra.items()}
 
 
+def split_reads(
+    names: list[str], nbytes: list[int], ranks: int, round_bytes: int
+) -> list[list[tuple[str, int]]]:
+    """Rounds of ``(name, owner rank)``, in file order: every tensor is read by one rank. A
+    round holds at most about ``round_bytes`` (one tensor larger than that is a round
+    alone), and each rank owns one contiguous run of it, as even in bytes as whole tensors
+    allow: a rank's reads are then one span per file, with no other rank's bytes between
+    them to read and throw away."""
+    rounds: list[list[tuple[str, int]]] = []
+    start, held = 0, 0
+    for i, size in enumerate(nbytes):
+        if i > start and held + size > round_bytes:
+            rounds.append(_contiguous(names[start:i], nbytes[start:i], ranks))
+            start, held = i, 0
+        held += size
+    if start < len(names):
+        rounds.append(_contiguous(names[start:], nbytes[start:], ranks))
+    return rounds
+
+
+def _contiguous(names: list[str], nbytes: list[int], ranks: int) -> list[tuple[str, int]]:
+    """``names`` cut into ``ranks`` contiguous runs of about equal bytes: a tensor goes to
+    the rank whose share holds its middle byte."""
+    total = max(sum(nbytes), 1)
+    out, before = [], 0
+    for name, size in zip(names, nbytes):
+        middle = before + size / 2
+        out.append((name, min(ranks - 1, int(middle * ranks / total))))
+        before += size
+    return out
+
+
 def weights_source(model: str) -> str:
     """Where the safetensors of ``model`` are: a local directory (a Hugging Face snapshot
     or any directory of shards), a ``.safetensors`` or index file, or an object URL."""
@@ -110,6 +159,78 @@ def weights_source(model: str) -> str:
             "checkpoint or an s3://, gs:// or az:// URL; download a Hub model first)"
         )
     return model
+
+
+def _tp_group():
+    """vLLM's tensor-parallel group coordinator when it has more than one rank."""
+    try:
+        from vllm.distributed import parallel_state
+    except ImportError:
+        return None
+    if not parallel_state.model_parallel_is_initialized():
+        return None
+    group = parallel_state.get_tp_group()
+    return group if group.world_size > 1 else None
+
+
+def _bytes_read(stats: Optional[dict[str, Any]]) -> int:
+    """What a load took from its files: read into buffers, or through a mapping when
+    Sluice found the file in the page cache."""
+    stats = stats or {}
+    return int(stats.get("read_bytes", 0)) + int(stats.get("mapped_bytes", 0))
+
+
+def _log_read(options: dict[str, Any], group) -> int:
+    """Logs (and returns) the bytes this process read from storage in its last stream."""
+    from vllm.logger import init_logger
+
+    from sluice import last_load_stats
+
+    read = _bytes_read(last_load_stats())
+    where = (
+        f"tensor-parallel rank {group.rank_in_group} of {group.world_size}"
+        if group
+        else "one process"
+    )
+    init_logger("vllm.model_executor.model_loader.sluice").info(
+        "sluice read %d bytes of the checkpoint's files (%s)", read, where
+    )
+    return read
+
+
+def _shared_weights(source: str, group, options: dict[str, Any]):
+    """Every tensor, read by one rank of ``group`` and broadcast over its CPU (gloo) group,
+    round by round under the memory limit."""
+    import torch
+    import torch.distributed as dist
+
+    from sluice import _sluice, last_load_stats
+    from sluice._core import set_last_load_stats
+    from sluice.torch import stream, torch_dtype
+
+    ckpt = _sluice.open_checkpoint(source)
+    names = ckpt.keys()
+    info = {name: ckpt.info(name) for name in names}  # (dtype, shape, shard, nbytes)
+    me = group.rank_in_group
+    sizes = [info[n][3] for n in names]
+    rounds = split_reads(names, sizes, group.world_size, options.get("memory_limit", 512 << 20))
+    read = 0
+    for round_ in rounds:
+        mine = [name for name, owner in round_ if owner == me]
+        held: dict[str, Any] = {}
+        if mine:
+            held = dict(stream(source, names=mine, **options))
+            read += _bytes_read(last_load_stats())
+        for name, owner in round_:
+            dtype, shape = info[name][0], info[name][1]
+            if owner == me:
+                tensor = held.pop(name)
+            else:
+                tensor = torch.empty(shape, dtype=torch_dtype(name, dtype))
+            dist.broadcast(tensor, src=group.ranks[owner], group=group.cpu_group)
+            yield name, tensor
+    set_last_load_stats({"read_bytes": read, "mapped_bytes": 0})
+    _log_read(options, group)
 
 
 def _build():
@@ -133,9 +254,19 @@ def _build():
 
         def get_all_weights(self, model_config, model):
             """``(name, tensor)`` of every checkpoint tensor, as its bytes land (vLLM's
-            in-place reload and sleep/wake use this too)."""
-            progress = bool(getattr(self.load_config, "use_tqdm_on_load", False))
-            yield from stream(self._source(model_config), progress=progress, **self.options)
+            in-place reload and sleep/wake use this too). Under tensor parallelism each
+            tensor is read by one rank and broadcast to the others (``distributed``, on by
+            default), so the checkpoint is read from storage once, not once per rank."""
+            options = dict(self.options)
+            distributed = options.pop("distributed", True)
+            source = self._source(model_config)
+            group = _tp_group() if distributed else None
+            if group is None:
+                progress = bool(getattr(self.load_config, "use_tqdm_on_load", False))
+                yield from stream(source, progress=progress, **options)
+                _log_read(options, None)
+                return
+            yield from _shared_weights(source, group, options)
 
         def load_weights(self, model, model_config) -> None:
             from vllm.logger import init_logger
