@@ -467,12 +467,22 @@ fn sigterm_reaches_the_service_which_exits_in_its_grace_period_with_its_own_stat
 #[test]
 fn a_second_signal_kills_a_deaf_service_at_once() {
     let (_dir, m, templates) = model();
-    // Deaf to SIGTERM, and so is its sleep; an hour of grace.
-    let script = "trap '' TERM; sleep 1000 & echo ready; wait";
-    let child = start_service(&m, &templates, "3600s", script);
-    // Two different signals: two of the same may merge into one while
-    // pending.
+    // Deaf to SIGTERM (it says so and waits on), an hour of grace.
+    let script = "trap 'echo term' TERM; sleep 1000 & echo ready; while :; do wait; done";
+    let mut child = start_service(&m, &templates, "3600s", script);
+    // The second signal only once the service has answered the first: sent
+    // back to back, both could be pending at once and the runtime could take
+    // either for the first (it forwarded SIGHUP once, and the service died
+    // of it). Two different signals, as two of the same may merge.
     signal(&child, libc::SIGTERM);
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    assert_eq!(
+        line, "term\n",
+        "the service never got the forwarded SIGTERM"
+    );
+    child.stdout = Some(stdout.into_inner());
     signal(&child, libc::SIGHUP);
     let out = finish(child);
     assert_eq!(
