@@ -21,11 +21,11 @@ HERE = Path(__file__).resolve().parent
 
 
 def run_engine(
-    model: Path, load_format: str, extra: dict | None = None, tp: int = 1
+    model: Path, load_format: str, extra: dict | None = None, tp: int = 1, env: dict | None = None
 ) -> tuple[int, str, list]:
     cmd = [sys.executable, str(HERE / "vllm_run.py"), str(model), load_format]
     cmd += [json.dumps(extra if extra is not None else {}), str(tp)]
-    env = dict(os.environ)
+    env = dict(os.environ, **(env or {}))
     if tp > 1:
         # vLLM's CPU workers bind their threads per NUMA node; this machine has one.
         env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(r % os.cpu_count()) for r in range(tp))
@@ -79,6 +79,57 @@ def test_tensor_parallel_ranks_read_the_checkpoint_once_between_them(model):
     assert all(r > 0 for r in reads), reads
     assert sum(reads) <= size + 2 * 4096 * tensors, (reads, size)
     assert sum(reads) < 1.5 * size, (reads, size)  # not once per rank
+
+
+MAIN_VENV = HERE.parents[1] / ".venv" / "bin" / "python"
+
+
+@pytest.fixture
+def s3_model(model, tmp_path):
+    """The model's safetensors in a bucket of moto's S3 server (run from the project's
+    main venv, which has moto and boto3), and its config alone in a local directory."""
+    if not MAIN_VENV.exists():
+        pytest.skip(f"{MAIN_VENV} is missing: make develop builds it")
+    script = f"""
+import sys, time
+sys.path.insert(0, {str(HERE.parents[0] / "tests")!r})
+from pathlib import Path
+from s3_support import S3Server
+server = S3Server()
+url = server.upload_dir(Path({str(model)!r}), "tiny")
+print(url, server.endpoint, flush=True)
+sys.stdin.read()
+server.stop()
+"""
+    proc = subprocess.Popen([str(MAIN_VENV), "-c", script], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    line = proc.stdout.readline().split()
+    assert len(line) == 2, "moto did not start"
+    config = tmp_path / "config-only"
+    config.mkdir()
+    for f in model.iterdir():
+        if f.suffix == ".json":
+            (config / f.name).write_bytes(f.read_bytes())
+    env = {
+        "AWS_ENDPOINT_URL": line[1],
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_REGION": "us-east-1",
+        "AWS_ALLOW_HTTP": "true",
+    }
+    yield config, line[0], env
+    proc.stdin.close()
+    proc.wait(timeout=30)
+
+
+def test_weights_from_an_object_store_generate_the_same_tokens(model, s3_model):
+    code, out, want = run_engine(model, "safetensors")
+    assert code == 0 and want, out[-3000:]
+    config, url, env = s3_model
+    assert not list(config.glob("*.safetensors"))
+    code, out, got = run_engine(config, "sluice", {"weights": url + "/"}, env=env)
+    assert code == 0 and got, out[-3000:]
+    assert got == want
 
 
 def test_a_bad_extra_config_key_is_named(model):

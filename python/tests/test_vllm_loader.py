@@ -32,6 +32,8 @@ def test_the_extra_config_keys_become_stream_options():
         ({"memory_limit": "2 GiBs"}, "memory_limit='2 GiBs'"),
         ({"memory_limit": "0MiB"}, "memory_limit='0MiB'"),
         ({"distributed": "yes"}, "distributed='yes'"),
+        ({"weights": ""}, "weights=''"),
+        ({"weights": 3}, "weights=3"),
         ({"direct": "yes"}, "direct='yes'"),
         ({"engine": "aio"}, "engine='aio'"),
         ({"drop_cache": 1}, "drop_cache=1"),

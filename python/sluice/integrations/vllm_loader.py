@@ -12,6 +12,13 @@ options, each checked before anything is read (an unknown key or a bad value is 
 
     --model-loader-extra-config '{"memory_limit": "2GiB", "concurrency": 8, "direct": "auto"}'
 
+``weights`` reads the safetensors from elsewhere than ``--model``, which then only needs
+the config (and tokenizer) files: an ``s3://``, ``gs://`` or ``az://`` prefix, with the
+store configured by the environment as for every Sluice load::
+
+    vllm serve /models/llama-config --load-format sluice \
+        --model-loader-extra-config '{"weights": "s3://models/llama-3-8b/"}'
+
 How weights reach the parameters: the checkpoint is streamed under ``memory_limit`` (its
 tensors arrive as their bytes land) into the model's own ``load_weights``, which knows the
 architecture's fused and renamed parameters (q/k/v into ``qkv_proj``, gate/up into
@@ -86,6 +93,12 @@ def _boolean(key: str, value: Any) -> bool:
     return value
 
 
+def _weights_key(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"model_loader_extra_config {key}={value!r}: a path or an object URL")
+    return value
+
+
 #: The keys ``--model-loader-extra-config`` takes, and how each is checked.
 EXTRA_CONFIG = {
     "memory_limit": _byte_size,
@@ -95,6 +108,7 @@ EXTRA_CONFIG = {
     "engine": _choice(_ENGINES),
     "drop_cache": _boolean,
     "distributed": _boolean,
+    "weights": _weights_key,
 }
 
 
@@ -247,7 +261,8 @@ def _build():
             self.options = stream_options(load_config.model_loader_extra_config)
 
         def _source(self, model_config) -> str:
-            return weights_source(model_config.model_weights or model_config.model)
+            where = self.options.get("weights") or model_config.model_weights
+            return weights_source(where or model_config.model)
 
         def download_model(self, model_config) -> None:
             self._source(model_config)
@@ -258,6 +273,7 @@ def _build():
             tensor is read by one rank and broadcast to the others (``distributed``, on by
             default), so the checkpoint is read from storage once, not once per rank."""
             options = dict(self.options)
+            options.pop("weights", None)
             distributed = options.pop("distributed", True)
             source = self._source(model_config)
             group = _tp_group() if distributed else None
