@@ -373,3 +373,22 @@ def test_tiers_of_two_engines_share_one_sidecar_store(tmp_path, sluice_bin):
             other.close()
     finally:
         server.close()
+
+
+def test_shutdown_lets_vllm_close_its_mapping(tmp_path):
+    # vLLM closes the primary tier's mmap after shutting the secondary tiers down
+    # (shared_offload_region.py); a view the tier kept made that a BufferError.
+    region = mmap.mmap(-1, ROW * ROWS, flags=mmap.MAP_SHARED)
+    base = memoryview(region)
+    view = base.cast("b", (ROWS, ROW))
+    tier, _ = make_tier(tmp_path / "kv", view)
+    fill(view, 0, 1)
+    store(tier, 1, keys_for(7), [0])
+    assert finished(tier)[1].success
+    lookup_cycle(tier, keys_for(7))
+    load(tier, 2, keys_for(7), [1])
+    assert finished(tier)[2].success
+    tier.shutdown()
+    view.release()
+    base.release()
+    region.close()  # BufferError: cannot close exported pointers exist, before

@@ -76,6 +76,11 @@ class PrimaryRows:
             out.append(self._flat[c * self.row_bytes : (c + 1) * self.row_bytes])
         return out
 
+    def release(self) -> None:
+        """Lets go of the view (at shutdown): vLLM closes the mapping under it next, which
+        fails while any view of it is alive."""
+        self._flat.release()
+
 
 @dataclass
 class _Job:
@@ -242,6 +247,7 @@ def _build_tier_class() -> type:
         def shutdown(self) -> None:
             self.drain_jobs()
             self._store.close()
+            self._rows.release()
 
         def store_stats(self) -> dict[str, Any]:
             """The store's counters (hits per tier, misses, corrupt blocks, bytes)."""
