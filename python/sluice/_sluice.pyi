@@ -111,6 +111,10 @@ def check_options(
     out-of-range int for a count or size included); reads neither the environment nor
     any file."""
 
+def parse_byte_size(name: str, value: _ByteSize) -> int:
+    """The bytes of option ``name`` (an int, or a size string like ``"512MiB"``), by the
+    rules of every load option; ``ConfigError`` naming it otherwise."""
+
 def start_stream(
     path: _StrPath,
     names: list[str] | None = None,

@@ -12,7 +12,7 @@ def test_the_extra_config_keys_become_stream_options():
     assert stream_options(None) == {}
     opts = {"concurrency": 8, "direct": "off", "engine": "threads", "drop_cache": True}
     assert stream_options(dict(opts, memory_limit="2GiB", chunk_bytes="1.5 MB")) == dict(
-        opts, memory_limit=2 << 30, chunk_bytes=1_500_000
+        opts, memory_limit=2 << 30, chunk_bytes=1_572_864
     )
     assert stream_options({"memory_limit": 4096, "distributed": False}) == {
         "memory_limit": 4096,

@@ -126,6 +126,13 @@ fn count(name: &str, value: &Bound<'_, PyAny>) -> PyResult<usize> {
     usize::try_from(n).map_err(|_| config_error(format!("{name} is out of range: {n}")))
 }
 
+/// The bytes of an option `name` given as an int or a size string ("512MiB"), by the
+/// rules every load option follows; `ConfigError` naming it otherwise.
+#[pyfunction]
+pub fn parse_byte_size(name: &str, value: Bound<'_, PyAny>) -> PyResult<u64> {
+    byte_size(name, &value)
+}
+
 /// Accepts an int of bytes or a string like "512MiB".
 pub(crate) fn byte_size(name: &str, value: &Bound<'_, PyAny>) -> PyResult<u64> {
     if let Some(n) = integer(name, value)? {

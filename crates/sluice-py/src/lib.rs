@@ -34,6 +34,7 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(checkpoint::open_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(stream::start_stream, m)?)?;
     m.add_function(wrap_pyfunction!(config::check_options, m)?)?;
+    m.add_function(wrap_pyfunction!(config::parse_byte_size, m)?)?;
     m.add_function(wrap_pyfunction!(sim::sim_run, m)?)?;
     m.add_function(wrap_pyfunction!(warm::warm_run_dir, m)?)?;
     m.add_function(wrap_pyfunction!(warm::warm_status, m)?)?;

@@ -37,7 +37,6 @@ The class needs vLLM at import; this module does not, so the loader is built on 
 from __future__ import annotations
 
 import os
-import re
 import time
 from typing import Any, Optional
 
@@ -45,46 +44,19 @@ from sluice.errors import ConfigError
 
 LOAD_FORMAT = "sluice"
 
-_DIRECT = ("auto", "on", "off")
-_ENGINES = ("auto", "io_uring", "threads")
 
+def _load_option(key: str, value: Any) -> Any:
+    """A load option, checked by the same rules as every Sluice load (``check_options``);
+    a size comes back as its bytes."""
+    from sluice import _sluice
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2}
-_UNITS.update({"mib": 1 << 20, "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4})
-_UNITS.update({"tb": 1000**4, "tib": 1 << 40})
-
-
-def _byte_size(key: str, value: Any) -> int:
-    """A positive byte count from an int or a size string ("512MiB", "2GB", "4096")."""
-    bad = f"model_loader_extra_config {key}={value!r}"
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ConfigError(f"{bad}: a byte count or a size string ('2GiB')")
-    if isinstance(value, str):
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value)
-        unit = _UNITS.get(m.group(2).lower()) if m else None
-        if m is None or unit is None:
-            raise ConfigError(f"{bad}: a byte count or a size string ('2GiB', '512MiB')")
-        value = int(float(m.group(1)) * unit)
-    if value <= 0:
-        raise ConfigError(f"{bad}: must be positive")
+    try:
+        _sluice.check_options(**{key: value})
+        if key in ("memory_limit", "chunk_bytes"):
+            return _sluice.parse_byte_size(key, value)
+    except ConfigError as e:
+        raise ConfigError(f"model_loader_extra_config {key}={value!r}: {e}") from None
     return value
-
-
-def _positive_int(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"model_loader_extra_config {key}={value!r}: must be a positive integer")
-    return value
-
-
-def _choice(choices: tuple[str, ...]):
-    def check(key: str, value: Any) -> str:
-        if value not in choices:
-            raise ConfigError(
-                f"model_loader_extra_config {key}={value!r}: use one of {', '.join(choices)}"
-            )
-        return value
-
-    return check
 
 
 def _boolean(key: str, value: Any) -> bool:
@@ -101,11 +73,11 @@ def _weights_key(key: str, value: Any) -> str:
 
 #: The keys ``--model-loader-extra-config`` takes, and how each is checked.
 EXTRA_CONFIG = {
-    "memory_limit": _byte_size,
-    "chunk_bytes": _byte_size,
-    "concurrency": _positive_int,
-    "direct": _choice(_DIRECT),
-    "engine": _choice(_ENGINES),
+    "memory_limit": _load_option,
+    "chunk_bytes": _load_option,
+    "concurrency": _load_option,
+    "direct": _load_option,
+    "engine": _load_option,
     "drop_cache": _boolean,
     "distributed": _boolean,
     "weights": _weights_key,

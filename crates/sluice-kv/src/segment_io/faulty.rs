@@ -189,31 +189,27 @@ struct FaultySegment {
 impl FaultySegment {
     /// Under `HoldReclaimReads`, a read on the reclaim thread waits for the release.
     fn hold_if_reclaiming(&self) {
-        if std::thread::current().name() != Some("sluice-kv-reclaim") {
-            return;
+        if std::thread::current().name() == Some("sluice-kv-reclaim") {
+            self.hold_while(KvFault::HoldReclaimReads, |st| &mut st.held);
         }
-        let mut st = lock(&self.state);
-        if !st.faults.contains(&KvFault::HoldReclaimReads) {
-            return;
-        }
-        st.held += 1;
-        while st.faults.contains(&KvFault::HoldReclaimReads) {
-            st = self.released.wait(st).unwrap_or_else(|p| p.into_inner());
-        }
-        st.held -= 1;
     }
 
     /// Under `HoldWrites`, a write waits for the release.
     fn hold_write(&self) {
+        self.hold_while(KvFault::HoldWrites, |st| &mut st.held_writes);
+    }
+
+    /// Waits while `fault` is set, counted in `waiting` meanwhile (what tests wait for).
+    fn hold_while(&self, fault: KvFault, waiting: fn(&mut FaultState) -> &mut u64) {
         let mut st = lock(&self.state);
-        if !st.faults.contains(&KvFault::HoldWrites) {
+        if !st.faults.contains(&fault) {
             return;
         }
-        st.held_writes += 1;
-        while st.faults.contains(&KvFault::HoldWrites) {
+        *waiting(&mut st) += 1;
+        while st.faults.contains(&fault) {
             st = self.released.wait(st).unwrap_or_else(|p| p.into_inner());
         }
-        st.held_writes -= 1;
+        *waiting(&mut st) -= 1;
     }
 }
 
