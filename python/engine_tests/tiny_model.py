@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 
-def write(path: str, seed: int = 0) -> None:
+def write(path: str, seed: int = 0, max_positions: int = 512) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -18,7 +18,7 @@ def write(path: str, seed: int = 0) -> None:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=512,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(config).to(torch.bfloat16)

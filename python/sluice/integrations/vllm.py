@@ -30,6 +30,7 @@ first access (``sluice.integrations.vllm.SluiceTier``).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -261,6 +262,17 @@ def _build_tier_class() -> type:
 
         def shutdown(self) -> None:
             self.drain_jobs()
+            try:
+                s = self._store.stats()
+                _log().info(
+                    "sluice KV tier%s: %d puts, %d gets, hits dram=%d ssd=%d, %d misses, "
+                    "%d corrupt blocks, %d damaged records skipped at open",
+                    " (the server's counters)" if "client" in s else "",
+                    s["puts"], s["gets"], s["hits_dram"], s["hits_ssd"], s["misses"],
+                    s["corrupt_blocks"], s["torn_slots_skipped"],
+                )  # fmt: skip
+            except Exception as e:  # a closed sidecar: the counters are gone with it
+                _log().info("sluice KV tier: no counters (%s)", e)
             self._store.close()
             self._rows.release()
 
@@ -269,6 +281,11 @@ def _build_tier_class() -> type:
             return self._store.stats()
 
     return SluiceTier
+
+
+def _log() -> logging.Logger:
+    """A logger under vLLM's ("vllm"), so the line shows in the engine's own log."""
+    return logging.getLogger("vllm.v1.kv_offload.sluice")
 
 
 class _Done:
@@ -288,11 +305,16 @@ _tier_class: Optional[type] = None
 
 
 def __getattr__(name: str) -> Any:
-    # vLLM's factory does getattr(module, "SluiceTier"): build the class then, when
-    # vLLM is importable, and only once.
+    # vLLM's factories do getattr(module, "SluiceTier") and getattr(module,
+    # "SluiceOffloadingSpec"): build the classes then, when vLLM is importable, and once.
     global _tier_class
     if name == "SluiceTier":
         if _tier_class is None:
             _tier_class = _build_tier_class()
         return _tier_class
+    if name in ("SluiceOffloadingSpec", "HostCopyWorker"):
+        from . import vllm_offload
+
+        spec, worker = vllm_offload.classes()
+        return spec if name == "SluiceOffloadingSpec" else worker
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
