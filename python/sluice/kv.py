@@ -204,6 +204,21 @@ class KvStore:
         ks, addrs, _ = _batch(keys, buffers, writable=True)
         return list(self._native.get_batch_into(ks, addrs))
 
+    def delete(self, keys: Sequence[bytes]) -> int:
+        """Deletes blocks and returns how many of ``keys`` the store held (an absent key
+        is not an error). A deleted block leaves every tier at once: a later
+        :meth:`lookup` or :meth:`get_batch_into` misses, its lease ends, its DRAM bytes
+        are free, and its SSD record is dead space that the store reclaims (a segment
+        left with no live record is removed at once). A delete is not written to disk:
+        after a restart, a block whose segment was not reclaimed yet is found again
+        (keys name immutable bytes, so it is still the right block). Through
+        :func:`connect`, an unreachable sidecar raises
+        :class:`~sluice.errors.SluiceIOError`."""
+        try:
+            return int(self._native.delete(keys))
+        except TypeError:
+            return int(self._native.delete(_keys(keys)))
+
     def submit_put(self, keys: Sequence[bytes], blocks: Sequence[Any]) -> KvJob:
         """:meth:`put_batch` without waiting: arguments are checked now (errors raise
         here), the batch runs in the background."""

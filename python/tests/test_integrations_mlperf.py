@@ -9,8 +9,15 @@ import threading
 import numpy as np
 import pytest
 from integration_fakes.engine_fakes import flip_byte_of_block
-from sluice.errors import SluiceIOError
-from sluice.integrations.mlperf import SluiceKVBenchBackend, SluiceReadError
+from sluice.errors import ConfigError, SluiceIOError
+from sluice.integrations.mlperf import (
+    CAPACITY_RESERVE,
+    SluiceCapacityError,
+    SluiceKVBenchBackend,
+    SluiceReadError,
+    capacity_args,
+    main,
+)
 
 
 def context(seed, shape=(8, 2, 250, 8, 128)):
@@ -99,3 +106,87 @@ def test_sixteen_request_threads_write_read_delete(backend):
     for th in threads:
         th.join(60)
     assert errors == []
+
+
+def test_a_deleted_entry_gives_its_blocks_back_to_the_store(backend):
+    data = context(6, (2, 2, 64, 8, 128))  # 128 KiB a token row: 2 blocks of 256 KiB
+    backend.write("a", data)
+    backend.write("b", data)
+    held = backend._store.stats()["ssd"]["blocks"]
+    assert held == backend.held_blocks() > 0
+    backend.delete("a")
+    s = backend._store.stats()
+    assert s["ssd"]["blocks"] == held // 2 == backend.held_blocks()
+    assert s["deletes"] == held // 2
+    backend.clear()
+    assert backend._store.stats()["ssd"]["blocks"] == 0 == backend.held_blocks()
+
+
+def test_a_rewrite_of_a_key_frees_the_old_version(backend):
+    backend.write("k", context(7, (2, 2, 64, 8, 128)))
+    held = backend._store.stats()["ssd"]["blocks"]
+    new = context(8, (2, 2, 64, 8, 128))
+    backend.write("k", new)
+    assert backend._store.stats()["ssd"]["blocks"] == held
+    assert backend.read("k")[0].tobytes() == new.tobytes()
+
+
+def test_a_write_past_sluices_capacity_is_refused_naming_both_figures(tmp_path):
+    b = SluiceKVBenchBackend(str(tmp_path / "c"), block_bytes="256KiB", ssd="4MiB")
+    try:
+        assert b.capacity_blocks == 16
+        b.write("fits", np.zeros(12 << 18, np.uint8))  # 12 blocks
+        with pytest.raises(SluiceCapacityError, match=r"5 blocks .* 16 blocks .* 12 of them"):
+            b.write("big", np.zeros(5 << 18, np.uint8))
+        assert b.rejected_writes == 1 and b.held_blocks() == 12
+        with pytest.raises(KeyError):
+            b.read("big")
+        # The entry the benchmark holds was never evicted for it.
+        assert b.read("fits")[0].nbytes == 12 << 18
+        b.delete("fits")
+        b.write("big", np.zeros(5 << 18, np.uint8))
+    finally:
+        b.close()
+
+
+def test_buffers_reach_o_direct_without_a_staging_copy(backend):
+    """Fails without the aligned buffers: every block of an entry numpy allocated was
+    copied through the store's staging pool (16 bytes off a page, as malloc leaves it)."""
+    raw = np.zeros((2 << 20) + 16, np.uint8)
+    off = -raw.ctypes.data % 4096 + 16
+    unaligned = raw[off : off + (1 << 20)]
+    backend.write("u", unaligned)
+    assert np.array_equal(backend.read("u")[0], unaligned)
+    assert backend._store.stats()["staged_writes"] == 0
+
+
+def test_a_read_that_loses_a_race_with_a_delete_is_a_key_error_not_a_failure(backend):
+    backend.write("k", context(9, (2, 2, 64, 8, 128)))
+    get = backend._store.get_batch_into
+
+    def deleted_meanwhile(keys, bufs):
+        backend.delete("k")
+        return get(keys, bufs)
+
+    backend._store.get_batch_into = deleted_meanwhile
+    with pytest.raises(KeyError, match="deleted while it was read"):
+        backend.read("k")
+    assert (backend.raced_reads, backend.failed_reads) == (1, 0)
+
+
+def test_the_runner_gives_the_benchmark_sluices_capacity_or_refuses_a_larger_one(capsys):
+    args = ["--model", "llama3.1-8b"]
+    got = capacity_args(args, "20GiB", "1MiB")
+    assert got[:2] == args and got[2] == "--storage-capacity-gb"
+    assert float(got[3]) == pytest.approx(20 * CAPACITY_RESERVE)
+    for zero in (["--storage-capacity-gb", "0"], ["--storage-capacity-gb=0"]):
+        got = capacity_args([*zero, "--seed", "1"], "2GiB", "1MiB")
+        assert got[:2] == ["--seed", "1"] and float(got[3]) == pytest.approx(2 * CAPACITY_RESERVE)
+    assert capacity_args(["--storage-capacity-gb", "19.5"], "20GiB", "1MiB")[1] == "19.5"
+    with pytest.raises(ConfigError, match=r"30 GiB .* --sluice-ssd 20GiB is 20480 blocks"):
+        capacity_args(["--storage-capacity-gb=30"], "20GiB", "1MiB")
+    with pytest.raises(ConfigError, match="'lots'"):
+        capacity_args(["--storage-capacity-gb", "lots"], "20GiB", "1MiB")
+    # The runner refuses before it imports the benchmark.
+    assert main(["--sluice-ssd", "1GiB", "--", "--storage-capacity-gb", "2"]) == 2
+    assert "more than Sluice holds" in capsys.readouterr().err

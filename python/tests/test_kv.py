@@ -74,6 +74,28 @@ def test_prefix_semantics_and_reopen_recovers_blocks(store_dir):
     store.close()
 
 
+def test_delete_frees_both_tiers_and_counts_what_was_held(store_dir):
+    keys = keys_for(6)
+    with open_store(store_dir) as store:
+        store.put_batch(keys, blocks_for(keys))
+        before = store.stats()
+        assert store.delete([keys[1], b"absent", keys[1], bytearray(keys[2])]) == 2
+        assert store.delete(keys[1:3]) == 0
+        assert store.lookup(keys) == 1
+        s = store.stats()
+        assert s["deletes"] == 2
+        for tier in ("dram", "ssd"):
+            assert s[tier]["blocks"] == before[tier]["blocks"] - 2
+        outs = [np.zeros(BLOCK, np.uint8)]
+        assert store.get_batch_into(keys[2:3], outs) == [False]
+        with pytest.raises(ConfigError, match="key 0"):
+            store.delete([b""])
+        with pytest.raises(TypeError, match="key 1: expected bytes, got str"):
+            store.delete([b"ok", "not bytes"])
+    with pytest.raises(SluiceError):
+        store.delete(keys[:1])
+
+
 def test_a_corrupted_block_is_a_miss_and_fsck_finds_and_drops_it(store_dir):
     keys = keys_for(3)
     with open_store(store_dir, dram=0) as store:
@@ -239,7 +261,8 @@ def test_a_store_open_elsewhere_or_of_another_kind_is_refused(store_dir, tmp_pat
 def test_the_documented_kv_examples_run_as_written(tmp_path, monkeypatch, capsys):
     repo = Path(__file__).resolve().parents[2]
     head = "```python\nimport numpy as np\nimport sluice.kv\n"
-    pages = {"docs/guide/kv.md": 2, "README.md": 1}  # the store and jobs examples; the short one
+    # The store, jobs and delete examples; the short one.
+    pages = {"docs/guide/kv.md": 3, "README.md": 1}
     monkeypatch.chdir(tmp_path)
     for page, count in pages.items():
         text = (repo / page).read_text()
@@ -253,6 +276,7 @@ def test_the_documented_kv_examples_run_as_written(tmp_path, monkeypatch, capsys
     out = capsys.readouterr().out
     assert "'good_blocks': 8" in out and "'bad_blocks': 0" in out
     assert "[True, True, True, True] [7 7 7 7]" in out
+    assert "4\n0 4\n" in out
 
 
 def test_kv_bench_draws_its_plots_through_python(sluice_bin, tmp_path):

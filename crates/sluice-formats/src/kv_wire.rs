@@ -93,6 +93,11 @@ pub enum Request {
     },
     Stats,
     Sync,
+    /// Delete `keys` (answered with the number the store held). Servers before
+    /// 2026-11-28 do not know it: they answer it as an unknown request.
+    Delete {
+        keys: Vec<Vec<u8>>,
+    },
 }
 
 /// Why a request failed, as the client's typed errors need it.
@@ -159,6 +164,7 @@ const REQ_PUT: u8 = 3;
 const REQ_GET: u8 = 4;
 const REQ_STATS: u8 = 5;
 const REQ_SYNC: u8 = 6;
+const REQ_DELETE: u8 = 7;
 
 const RESP_HELLO: u8 = 1;
 const RESP_COUNT: u8 = 2;
@@ -211,6 +217,10 @@ impl Request {
             }
             Request::Stats => REQ_STATS,
             Request::Sync => REQ_SYNC,
+            Request::Delete { keys } => {
+                w.keys(keys);
+                REQ_DELETE
+            }
         };
         w.finish(tag)
     }
@@ -265,6 +275,7 @@ impl Request {
             }
             REQ_STATS => Request::Stats,
             REQ_SYNC => Request::Sync,
+            REQ_DELETE => Request::Delete { keys: r.keys()? },
             tag => {
                 return Err(WireError::UnknownTag {
                     what: "request",
@@ -578,6 +589,9 @@ mod tests {
             },
             Request::Stats,
             Request::Sync,
+            Request::Delete {
+                keys: vec![b"gone".to_vec(), vec![7u8; 300]],
+            },
         ]
     }
 
@@ -682,7 +696,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn arbitrary_bytes_never_panic(tag in 0u8..8, body in proptest::collection::vec(any::<u8>(), 0..256)) {
+        fn arbitrary_bytes_never_panic(tag in 0u8..9, body in proptest::collection::vec(any::<u8>(), 0..256)) {
             let _ = Request::decode(tag, &body);
             let _ = Response::decode(tag, &body);
         }

@@ -15,6 +15,8 @@ pub trait BlockStore: Send + Sync {
     fn lookup_worth_loading(&self, keys: &[&[u8]], lease: bool) -> Result<usize, KvError>;
     fn put_batch(&self, keys: &[&[u8]], blocks: &[&[u8]]) -> Result<Vec<bool>, KvError>;
     fn get_batch_into(&self, keys: &[&[u8]], bufs: &mut [&mut [u8]]) -> Result<Vec<bool>, KvError>;
+    /// Deletes blocks; returns how many the store held.
+    fn delete(&self, keys: &[&[u8]]) -> Result<usize, KvError>;
     fn submit_put(
         &self,
         keys: Vec<Vec<u8>>,
@@ -48,6 +50,9 @@ impl BlockStore for KvStore {
     }
     fn get_batch_into(&self, keys: &[&[u8]], bufs: &mut [&mut [u8]]) -> Result<Vec<bool>, KvError> {
         KvStore::get_batch_into(self, keys, bufs)
+    }
+    fn delete(&self, keys: &[&[u8]]) -> Result<usize, KvError> {
+        KvStore::delete(self, keys)
     }
     fn submit_put(
         &self,

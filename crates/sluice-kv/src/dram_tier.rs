@@ -189,6 +189,15 @@ impl DramTier {
         self.evict(fp);
     }
 
+    /// Deletes a block: it leaves the index and the policy's books at once, its slot
+    /// when no pin holds it. Returns whether the tier held it.
+    pub fn delete(&mut self, fp: Fingerprint) -> bool {
+        self.policy.remove(fp.0);
+        let held = self.contains(fp);
+        self.evict(fp);
+        held
+    }
+
     /// Drops one pin; frees the slot if it was evicted meanwhile.
     pub fn unpin(&mut self, slot: u32) {
         let Some(s) = self.slots[slot as usize].as_mut() else {

@@ -42,6 +42,7 @@ pub use crate::stats::SsdCounters;
 use crate::stats::TierStats;
 
 mod compaction;
+mod delete;
 mod recovery;
 pub(crate) use compaction::reclaim_unlocked;
 
@@ -573,6 +574,11 @@ impl SsdTier {
 
     fn drop_segment(&mut self, id: u32) {
         self.index.retain(|_, loc| loc.segment != id);
+        self.remove_segment_file(id);
+    }
+
+    /// Removes segment `id` and its files; no index entry may point there any more.
+    fn remove_segment_file(&mut self, id: u32) {
         self.segments.remove(&id);
         let path = self.dir.path_of(id.into());
         if let Err(e) = self.dir.remove(id.into()) {

@@ -189,6 +189,22 @@ impl StoreState {
         }
     }
 
+    /// Deletes `fps` from the store's tiers and ends their leases, holding the lease
+    /// table throughout (the store's lock order), so no get after the delete is served
+    /// from a lease taken before it. Returns how many some tier held.
+    pub(crate) fn delete(&self, fps: &[Fingerprint]) -> usize {
+        let mut leases = lock(&self.leases);
+        for fp in fps {
+            if let Some(l) = leases.remove(fp) {
+                self.unpin_lease(l);
+            }
+        }
+        let n = self.tiers.delete(fps);
+        drop(leases);
+        crate::sync::add(&self.counters.deletes, n as u64);
+        n
+    }
+
     /// Ends every lease (the store is closing): none may keep a slot pinned or a segment
     /// file open once the store let go of its files.
     pub(crate) fn end_leases(&self) {

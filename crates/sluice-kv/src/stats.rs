@@ -23,6 +23,7 @@ pub(crate) struct Counters {
     pub put_hits_ssd: AtomicU64,
     pub staged_writes: AtomicU64,
     pub write_back_failures: AtomicU64,
+    pub deletes: AtomicU64,
 }
 
 /// One tier's occupancy.
@@ -74,6 +75,8 @@ pub struct KvStats {
     /// lost when DRAM had evicted them (a demotion), still only in DRAM when `sync()` or
     /// `close()` could not write them. `sync()` reports them as an error.
     pub write_back_failures: u64,
+    /// Blocks `delete` found and removed (from any tier of this store).
+    pub deletes: u64,
     /// Records that failed verification on read (dropped, served as misses).
     pub corrupt_blocks: u64,
     pub read_errors: u64,
@@ -165,6 +168,7 @@ impl KvStats {
             put_hits_dram: get(&c.put_hits_dram),
             put_hits_ssd: get(&c.put_hits_ssd),
             write_back_failures: get(&c.write_back_failures),
+            deletes: get(&c.deletes),
             corrupt_blocks: ssd.corrupt_blocks,
             read_errors: ssd.read_errors,
             write_errors: ssd.write_errors,

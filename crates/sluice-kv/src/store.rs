@@ -224,6 +224,24 @@ impl KvStore {
         Ok(self.run_put(keys, blocks))
     }
 
+    /// Deletes blocks: each key's block leaves every tier of this store (DRAM, SSD, this
+    /// store's shared segments) and its lease ends, so a later lookup or get misses; its
+    /// DRAM slot is free at once (or when a get copying it finishes), its SSD record is
+    /// dead space, and a segment left with no live record is removed. A delete is not
+    /// recorded on disk: a record whose segment was not reclaimed yet is found again
+    /// after a restart (docs/design/kv.md, "Deletes"). Returns how many keys the store
+    /// held; an absent key is not an error.
+    pub fn delete(&self, keys: &[&[u8]]) -> Result<usize, KvError> {
+        let _call = self.check_lookup(keys)?;
+        let fps: Vec<Fingerprint> = keys
+            .iter()
+            .map(|k| Fingerprint::of(&self.namespace_id, k))
+            .collect();
+        let n = self.state().delete(&fps);
+        self.wake_reclaimer();
+        Ok(n)
+    }
+
     /// Loads blocks into `bufs`. `true` for key `i` means `bufs[i]` holds exactly the bytes
     /// stored under it; after the first `false`, every later key is `false` too (prefix
     /// semantics) and its buffer's contents are unspecified.

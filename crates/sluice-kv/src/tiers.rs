@@ -190,6 +190,35 @@ impl Tiers {
         })
     }
 
+    /// Deletes blocks from every tier this store writes: DRAM (with a write-back block on
+    /// its way to SSD), the SSD and our shared segments; other stores' blocks are theirs.
+    /// Each tier is locked once for all of them, in the store's lock order. Returns how
+    /// many of `fps` some tier held.
+    pub(crate) fn delete(&self, fps: &[Fingerprint]) -> usize {
+        let mut held = vec![false; fps.len()];
+        if let Some(d) = &self.dram {
+            let mut d = lock(d);
+            for (h, fp) in held.iter_mut().zip(fps) {
+                *h |= d.delete(*fp);
+            }
+        }
+        {
+            // A demotion in flight then finds its block gone from the SSD policy too, and
+            // does not publish it.
+            let mut moving = lock(&self.demoting);
+            for (h, fp) in held.iter_mut().zip(fps) {
+                *h |= moving.remove(fp).is_some();
+            }
+        }
+        for t in self.ssd.iter().chain(self.shared.iter()) {
+            let mut t = lock(t);
+            for (h, fp) in held.iter_mut().zip(fps) {
+                *h |= t.delete(*fp);
+            }
+        }
+        held.into_iter().filter(|h| *h).count()
+    }
+
     /// A read from `at` failed (`corrupt`: it did not verify): the block is dropped from
     /// the index that pointed there.
     pub(crate) fn drop_lower(&self, fp: Fingerprint, at: &RecordLoc, corrupt: bool) {

@@ -450,3 +450,27 @@ fn a_stalled_server_costs_one_timeout_and_says_so() {
     let err = KvClient::connect(&silent, cfg).err().unwrap().to_string();
     assert!(err.contains("did not answer within 200 ms"), "{err}");
 }
+
+/// Issue 28: a delete through the sidecar reaches the shared store (another client misses
+/// afterwards); with the server gone it is an error, never a silent "nothing held".
+#[test]
+fn a_delete_through_the_client_reaches_the_store_and_fails_loudly_without_a_server() {
+    let dir = tempdir();
+    let sock = dir.path().join("kv.sock");
+    let store = KvStore::open(dir.path(), config(4, 64)).unwrap();
+    let server = serve(&store, &sock, KvServerConfig::default());
+    let a = KvClient::connect(&sock, client_cfg("m")).unwrap();
+    let b = KvClient::connect(&sock, client_cfg("m")).unwrap();
+    assert_eq!(put(&a, &[1, 2, 3]), vec![true; 3]);
+    let keys = [key(2), key(3), key(9)];
+    let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+    assert_eq!(BlockStore::delete(&b, &refs).unwrap(), 2);
+    assert_eq!(get(&a, &[1, 2]), vec![true, false]);
+    assert_eq!(store.stats().deletes, 2);
+    let err = BlockStore::delete(&a, &[b""]).unwrap_err();
+    assert!(err.to_string().contains("key 0"), "{err}");
+    drop(server);
+    store.close().unwrap();
+    let err = BlockStore::delete(&a, &refs[..1]).unwrap_err();
+    assert!(err.to_string().contains("unreachable"), "{err}");
+}

@@ -90,6 +90,10 @@ impl<P: Policy, A: Admission> Policy for Admitted<P, A> {
     fn name(&self) -> &'static str {
         self.name
     }
+
+    fn remove(&mut self, id: u64) -> bool {
+        self.policy.remove(id)
+    }
 }
 
 #[cfg(test)]

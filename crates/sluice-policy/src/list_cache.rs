@@ -76,11 +76,56 @@ impl<const PROMOTE: bool> Policy for ListCache<PROMOTE> {
         self.slab.report(&[&self.list], f);
     }
 
+    fn remove(&mut self, id: u64) -> bool {
+        let Some(slot) = self.map.remove(&id) else {
+            return false;
+        };
+        self.slab.unlink(&mut self.list, slot);
+        self.slab.free(slot);
+        true
+    }
+
     fn name(&self) -> &'static str {
         if PROMOTE {
             "lru"
         } else {
             "fifo"
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ListCache;
+    use crate::policy::{Evicted, Policy, Request};
+
+    fn put(p: &mut impl Policy, id: u64) -> Vec<u64> {
+        let mut ev: Vec<Evicted> = Vec::new();
+        p.access(&Request::new(id, 1), &mut ev);
+        ev.iter().map(|e| e.id).collect()
+    }
+
+    /// A removed object frees its room at once: the next admission evicts nothing, and
+    /// the objects left keep their order.
+    fn removal_frees_room(p: &mut impl Policy) {
+        for id in [1, 2, 3] {
+            put(p, id);
+        }
+        assert!(p.remove(2));
+        assert!(!p.remove(2), "a second remove finds nothing");
+        assert!(!p.remove(99), "an id never admitted");
+        assert!(!p.contains(2));
+        assert_eq!((p.len(), p.used()), (2, 2));
+        assert_eq!(put(p, 4), Vec::<u64>::new());
+        assert_eq!(put(p, 5), vec![1], "the oldest object left is next");
+        assert_eq!(p.victim(), Some(3));
+        assert!(p.remove(5) && p.remove(4) && p.remove(3));
+        assert_eq!((p.len(), p.used(), p.victim()), (0, 0, None));
+    }
+
+    #[test]
+    fn lru_and_fifo_forget_a_removed_object() {
+        removal_frees_room(&mut ListCache::<true>::new(3)); // lru
+        removal_frees_room(&mut ListCache::<false>::new(3)); // fifo
     }
 }

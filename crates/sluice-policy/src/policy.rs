@@ -105,6 +105,15 @@ pub trait Policy {
 
     /// A short stable name, as used on the command line.
     fn name(&self) -> &'static str;
+
+    /// Forgets `id` without counting an eviction (its owner deleted it): it is no
+    /// longer resident and its bytes are free for the next admission. Returns whether
+    /// the policy held it and let it go. A policy that cannot forget one object
+    /// answers `false` and keeps it until it evicts it (the default).
+    fn remove(&mut self, id: u64) -> bool {
+        let _ = id;
+        false
+    }
 }
 
 impl<P: Policy + ?Sized> Policy for Box<P> {
@@ -131,5 +140,8 @@ impl<P: Policy + ?Sized> Policy for Box<P> {
     }
     fn name(&self) -> &'static str {
         (**self).name()
+    }
+    fn remove(&mut self, id: u64) -> bool {
+        (**self).remove(id)
     }
 }

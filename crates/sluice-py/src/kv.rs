@@ -271,6 +271,12 @@ impl PyKvStore {
             .map_err(kv_to_py)
     }
 
+    /// Deletes blocks; returns how many the store held.
+    fn delete(&self, py: Python<'_>, keys: Vec<PyBackedBytes>) -> PyResult<usize> {
+        let refs = key_refs(&keys);
+        py.detach(|| self.store.delete(&refs)).map_err(kv_to_py)
+    }
+
     /// Makes every acknowledged put durable.
     fn sync(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| self.store.sync()).map_err(kv_to_py)

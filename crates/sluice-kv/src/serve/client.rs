@@ -568,6 +568,31 @@ impl BlockStore for KvClient {
         self.inner.jobs.poll()
     }
 
+    /// Deletes in requests of `per_request()` keys. A server that cannot be reached
+    /// deleted nothing: an error, not a miss, since the caller's space accounting
+    /// depends on it.
+    fn delete(&self, keys: &[&[u8]]) -> Result<usize, KvError> {
+        check_keys(keys, None)?;
+        let mut found = 0;
+        for chunk in keys.chunks(self.per_request()) {
+            let req = Request::Delete {
+                keys: chunk.iter().map(|k| k.to_vec()).collect(),
+            };
+            let n = self.call(|c| match exchange(c, &req)? {
+                Response::Count(n) => Ok(n as usize),
+                other => Err(unexpected(&other)),
+            })?;
+            let Some(n) = n else {
+                return Err(KvError::io(&self.inner.socket)(std::io::Error::new(
+                    std::io::ErrorKind::NotConnected,
+                    "the kv server is unreachable; the delete did not finish",
+                )));
+            };
+            found += n.min(chunk.len());
+        }
+        Ok(found)
+    }
+
     fn sync(&self) -> Result<(), KvError> {
         let done = self.call(|c| match exchange(c, &Request::Sync)? {
             Response::Done => Ok(()),

@@ -444,6 +444,10 @@ impl Session {
             }
             Request::Stats => Ok(Response::Text(self.stats(store))),
             Request::Sync => store.sync().map(|()| Response::Done),
+            Request::Delete { keys } => {
+                let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+                store.delete(&refs).map(|n| Response::Count(n as u64))
+            }
             Request::Hello { .. } => Ok(error(
                 WireErrorKind::BadRequest,
                 "Hello sent twice on one connection",
