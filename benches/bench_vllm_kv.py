@@ -6,7 +6,8 @@ the second turn of a conversation shares a prefix of CONTEXT tokens with the fir
 
 For each context length and round (the scenarios interleaved), the second turn's TTFT with
 its prefix:
-  recompute    a fresh engine, no offloading: the prefix is computed again;
+  recompute    a fresh engine with vLLM's defaults, no offloading: the prefix is computed
+               again (recompute_no_prefix_caching: the same with prefix caching off);
   vllm_prefix  vLLM's own prefix cache: the same engine ran the first turn;
   sluice_dram  a fresh engine after the one that ran the first turn stopped, both connected
                to one `sluice kv serve` whose DRAM tier holds the prefix;
@@ -64,6 +65,9 @@ def write_model(path: Path, max_positions: int) -> None:
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
 
 
+CPU_BYTES = 256 << 20  # vLLM's host tier in front of Sluice (--cpu-bytes)
+
+
 def engine(model: Path, max_len: int, sluice: dict | None, prefix_caching: bool = True):
     from vllm import LLM
 
@@ -75,7 +79,7 @@ def engine(model: Path, max_len: int, sluice: dict | None, prefix_caching: bool 
             "kv_connector_extra_config": {
                 "spec_name": "SluiceOffloadingSpec",
                 "spec_module_path": "sluice.integrations.vllm",
-                "cpu_bytes_to_use": 256 << 20,
+                "cpu_bytes_to_use": CPU_BYTES,
                 "block_size": CHUNK,
                 "sluice": sluice,
             },
@@ -132,7 +136,12 @@ class KvServer:
         self.proc.wait(timeout=60)
 
 
-def one_round(model: Path, context: int, rnd: int, work: Path, row_bytes: int) -> list[dict]:
+CASES = ("recompute", "vllm_prefix", "sluice_dram", "sluice_ssd")
+
+
+def one_round(
+    model: Path, context: int, rnd: int, work: Path, row_bytes: int, cases=CASES
+) -> list[dict]:
     rng = random.Random(context * 100 + rnd)
     first = [rng.randrange(3, 32000) for _ in range(context)]
     second = first + [rng.randrange(3, 32000) for _ in range(NEW_TOKENS)]
@@ -145,17 +154,30 @@ def one_round(model: Path, context: int, rnd: int, work: Path, row_bytes: int) -
         print(json.dumps(r), flush=True)
         rows.append(r)
 
-    # recompute: no prefix anywhere.
-    llm = engine(model, max_len, None, prefix_caching=False)
-    row("recompute", *ttft(llm, second))
-    stop(llm)
+    # recompute: a fresh engine with vLLM's defaults, no prefix anywhere.
+    if "recompute" in cases:
+        llm = engine(model, max_len, None)
+        row("recompute", *ttft(llm, second))
+        stop(llm)
+    if "recompute_no_prefix_caching" in cases:
+        llm = engine(model, max_len, None, prefix_caching=False)
+        row("recompute_no_prefix_caching", *ttft(llm, second))
+        stop(llm)
     # vLLM's own prefix cache, same engine.
-    llm = engine(model, max_len, None)
-    ttft(llm, first)
-    row("vllm_prefix", *ttft(llm, second))
-    stop(llm)
-    # Sluice's SSD tier after a restart, page cache dropped.
-    store = work / f"ssd-{context}-{rnd}"
+    if "vllm_prefix" in cases:
+        llm = engine(model, max_len, None)
+        ttft(llm, first)
+        row("vllm_prefix", *ttft(llm, second))
+        stop(llm)
+    if "sluice_ssd" in cases:
+        sluice_ssd(model, max_len, work / f"ssd-{context}-{rnd}", first, second, row)
+    if "sluice_dram" in cases:
+        sluice_dram(model, max_len, work, f"{context}-{rnd}", row_bytes, first, second, row)
+    return rows
+
+
+def sluice_ssd(model: Path, max_len: int, store: Path, first, second, row) -> None:
+    """Sluice's SSD tier after a restart, page cache dropped."""
     llm = engine(model, max_len, {"path": str(store), "ssd": "8GiB"})
     ttft(llm, first)
     stop(llm)
@@ -164,9 +186,13 @@ def one_round(model: Path, context: int, rnd: int, work: Path, row_bytes: int) -
     row("sluice_ssd", *ttft(llm, second))
     stop(llm)
     shutil.rmtree(store, ignore_errors=True)
-    # Sluice's DRAM tier: a sidecar outlives the engines.
-    socket = work / f"kv-{context}-{rnd}.sock"
-    server = KvServer(work / f"dram-{context}-{rnd}", socket, row_bytes, dram="2GiB")
+
+
+def sluice_dram(model: Path, max_len: int, work: Path, tag: str, row_bytes: int, first, second,
+                row) -> None:  # fmt: skip
+    """Sluice's DRAM tier: a sidecar outlives the engines."""
+    socket = work / f"kv-{tag}.sock"
+    server = KvServer(work / f"dram-{tag}", socket, row_bytes, dram="2GiB")
     try:
         llm = engine(model, max_len, {"socket": str(socket)})
         ttft(llm, first)
@@ -177,8 +203,7 @@ def one_round(model: Path, context: int, rnd: int, work: Path, row_bytes: int) -
         stop(llm)
     finally:
         server.stop()
-        shutil.rmtree(work / f"dram-{context}-{rnd}", ignore_errors=True)
-    return rows
+        shutil.rmtree(work / f"dram-{tag}", ignore_errors=True)
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -187,7 +212,7 @@ def summarize(rows: list[dict]) -> list[dict]:
         base = statistics.median(
             r["ttft_s"] for r in rows if r["context"] == context and r["case"] == "recompute"
         )
-        for case in ("recompute", "vllm_prefix", "sluice_dram", "sluice_ssd"):
+        for case in ("recompute", "recompute_no_prefix_caching", *CASES[1:]):
             xs = [r["ttft_s"] for r in rows if r["context"] == context and r["case"] == case]
             cached = [
                 r["cached_tokens"] for r in rows if r["context"] == context and r["case"] == case
@@ -237,7 +262,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path("target/bench-vllm-kv"))
     ap.add_argument("--model", type=Path, help="model directory (written when absent)")
+    ap.add_argument("--cases", default=",".join(CASES), help="also: recompute_no_prefix_caching")
+    ap.add_argument("--cpu-bytes", type=int, default=256 << 20, help="vLLM's host tier, bytes")
     args = ap.parse_args()
+    global CPU_BYTES
+    CPU_BYTES = args.cpu_bytes
     contexts = [int(c) for c in args.contexts.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     model = args.model or args.out / "model"
@@ -251,7 +280,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-vllm-kv-", dir="/var/tmp") as work:
         for rnd in range(args.rounds):
             for context in contexts:
-                rows += one_round(model, context, rnd, Path(work), row_bytes)
+                rows += one_round(model, context, rnd, Path(work), row_bytes, args.cases.split(","))
     summary = summarize(rows)
     for s in summary:
         print("SUMMARY " + json.dumps(s), flush=True)

@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -128,7 +129,7 @@ def worker(model: str, fmt: str, tp: int) -> None:
     first = time.time()
     print("RESULT " + json.dumps({"first_token_at": first, "token": out.outputs[0].token_ids[0]}))
     sys.stdout.flush()
-    os._exit(0)  # the figure is taken; engine teardown is not part of a cold start
+    llm.llm_engine.engine_core.shutdown()  # untimed: teardown is not part of a cold start
 
 
 def one_run(model: Path, fmt: str, tp: int = 1) -> dict:
@@ -143,6 +144,7 @@ def one_run(model: Path, fmt: str, tp: int = 1) -> dict:
         stderr=subprocess.STDOUT,
         text=True,
         env=env,
+        start_new_session=True,  # the engine's processes go with it (killpg below)
     )
     peak = [0]
     done = threading.Event()
@@ -153,9 +155,13 @@ def one_run(model: Path, fmt: str, tp: int = 1) -> dict:
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    out = proc.communicate(timeout=900)[0]
-    done.set()
-    sampler.join()
+    try:
+        out = proc.communicate(timeout=900)[0]
+    finally:
+        done.set()
+        sampler.join()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # an engine process left behind
     result = [json.loads(x[7:]) for x in out.splitlines() if x.startswith("RESULT ")]
     if proc.returncode != 0 or not result:
         raise RuntimeError(f"{fmt}: engine failed\n{out[-4000:]}")

@@ -128,6 +128,7 @@ def test_two_engines_share_one_kv_server(model, tmp_path, kv_server):
     a_done, b_done = tmp_path / "a-done", tmp_path / "b-done"
     other = [rng.randrange(3, 500) for _ in range(70)]  # a second request keeps A stepping
     a = [{"sluice": store, "prompts": [PROMPT, other], "signal_after": str(a_done),
+          "await_puts": {"socket": str(kv_server), "puts": FULL_CHUNKS},
           "wait_after": str(b_done)}]  # fmt: skip
     b = [{"sluice": store, "prompts": [PROMPT], "wait_before": str(a_done),
           "signal_after": str(b_done)}]  # fmt: skip

@@ -136,4 +136,3 @@ def test_weights_from_an_object_store_generate_the_same_tokens(reference, s3_mod
     code, out, got = run_engine(config, "sluice", {"weights": url + "/"}, env=env)
     assert code == 0 and got, out[-3000:]
     assert got == want
-

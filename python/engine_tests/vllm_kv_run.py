@@ -7,8 +7,9 @@ greedily from token-id prompts, prints the outcome as JSON and shuts the engine 
 STEPS_JSON is a list of ``{"sluice": {...} | null, "prompts": [[ids], ...]}``: ``sluice`` is
 the store options of ``SluiceOffloadingSpec`` (null: no offloading). Optional keys order
 engines in two driver processes: ``wait_before`` (a file to wait for once the engine is up),
-``signal_after`` (a file to create once the prompts are done), ``wait_after`` (a file to
-wait for before shutting down). Each step prints
+``signal_after`` (a file to create once the prompts are done, and once a `sluice kv serve`
+counts ``await_puts: {"socket", "puts"}`` puts when that is given), ``wait_after`` (a file
+to wait for before shutting down). Each step prints
 ``RESULT {"outputs": [{"token_ids", "logprobs", "num_cached_tokens"}, ...]}``.
 """
 
@@ -49,6 +50,19 @@ def wait_for(path: str | None, timeout: float = 240) -> None:
         time.sleep(0.1)
 
 
+def await_puts(socket: str, puts: int, timeout: float = 120) -> None:
+    """Waits until the server on ``socket`` has stored ``puts`` blocks: vLLM hands chunks to
+    its secondary tier a few engine steps after it computed them."""
+    import sluice.kv
+
+    deadline = time.monotonic() + timeout
+    with sluice.kv.connect(socket) as store:
+        while store.stats()["puts"] < puts:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the kv server stored {store.stats()['puts']} < {puts} blocks")
+            time.sleep(0.1)
+
+
 def run_step(model: str, step: dict) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -79,6 +93,8 @@ def run_step(model: str, step: dict) -> dict:
                 "num_cached_tokens": out.num_cached_tokens,
             }
         )
+    if step.get("await_puts"):
+        await_puts(**step["await_puts"])
     if step.get("signal_after"):
         Path(step["signal_after"]).touch()
     wait_for(step.get("wait_after"))

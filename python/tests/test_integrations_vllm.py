@@ -164,6 +164,31 @@ def test_a_key_being_stored_answers_retry_until_its_job_is_reported(tmp_path):
         tier.shutdown()
 
 
+def test_one_request_gets_no_more_hits_than_half_the_primary_rows(tmp_path):
+    """vLLM stages every hit in its primary rows; a request whose hits overflow them got
+    none in a real engine (each promotion evicted an earlier one). Past half the rows
+    the tier answers miss, so the request loads that much and computes the rest."""
+    tier, view = make_tier(tmp_path / "kv")
+    try:
+        keys = keys_for(*range(40, 40 + ROWS))
+        for i in range(ROWS):
+            fill(view, i, seed=i)
+        store(tier, 1, keys, list(range(ROWS)))
+        assert finished(tier)[1].success
+        assert tier.hit_cap == ROWS // 2
+        first = [tier.lookup(k, CTX) for k in keys]
+        assert first == [LookupResult.HIT] * (ROWS // 2) + [LookupResult.MISS] * (ROWS // 2)
+        # Asked again (the scheduler retries), the granted keys still hit.
+        assert [tier.lookup(k, CTX) for k in keys[: ROWS // 2]] == [LookupResult.HIT] * (ROWS // 2)
+        # Another request has its own share; a finished request's share is gone.
+        other = ReqContext(req_id="req-1")
+        assert tier.lookup(keys[-1], other) == LookupResult.HIT
+        tier.on_request_finished(CTX)
+        assert tier.lookup(keys[-1], CTX) == LookupResult.HIT
+    finally:
+        tier.shutdown()
+
+
 def test_partial_promotion_reports_the_loaded_prefix_and_the_missing_key_misses(tmp_path):
     tier, view = make_tier(tmp_path / "kv")
     try:

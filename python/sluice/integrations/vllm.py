@@ -18,6 +18,8 @@ How the contract maps onto the store:
 - ``lookup`` answers from the store's in-memory index (``KvStore.lookup``, no I/O), so
   it is HIT or MISS at once; a key whose store job is still running is RETRY. A HIT
   leases the block until its load (or the lease timeout), so eviction cannot tear it.
+  One request gets at most ``hit_cap`` hits (half the primary's rows): vLLM stages every
+  hit in those rows, and a request whose hits overflow them gets none.
 - ``submit_store``/``submit_load`` validate the job (row ids in range, one row per key)
   and hand it to the store as a background job; nothing is copied on the caller's
   thread. A bad job is not raised into the scheduler: it finishes as failed.
@@ -189,6 +191,12 @@ def _build_tier_class() -> type:
             )
             self._jobs: dict[int, _Job] = {}
             self._storing: Counter[bytes] = Counter()
+            # vLLM promotes every hit through its host rows, and a request whose hits do
+            # not fit there at once gets none (each promotion evicts an earlier one; seen
+            # at 32k tokens over a 256 MiB host tier: 0 tokens cached). So one request is
+            # given at most half the rows; its prefix beyond that is a miss, computed.
+            self.hit_cap = max(1, self._rows.num_rows // 2)
+            self._granted: dict[str, set[bytes]] = {}
 
         def on_new_request(self, req_context: Any) -> Any:
             return RequestOffloadingContext()
@@ -196,7 +204,16 @@ def _build_tier_class() -> type:
         def lookup(self, key: bytes, req_context: Any) -> Any:
             if self._storing[key]:
                 return LookupResult.RETRY
-            return LookupResult.HIT if self._store.lookup([key], lease=True) else LookupResult.MISS
+            granted = self._granted.setdefault(req_context.req_id, set())
+            if key not in granted and len(granted) >= self.hit_cap:
+                return LookupResult.MISS
+            if not self._store.lookup([key], lease=True):
+                return LookupResult.MISS
+            granted.add(key)
+            return LookupResult.HIT
+
+        def on_request_finished(self, req_context: Any) -> None:
+            self._granted.pop(req_context.req_id, None)
 
         def submit_store(self, job_metadata: Any) -> None:
             job = self._submit(job_metadata, is_load=False)
