@@ -114,9 +114,11 @@ def worker(model: str, fmt: str, tp: int) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    extra = json.loads(os.environ.get("BENCH_LOADER_EXTRA", "{}"))
     llm = LLM(
         model=model,
         load_format=fmt,
+        **({"model_loader_extra_config": extra} if extra else {}),
         enforce_eager=True,
         skip_tokenizer_init=True,
         dtype="bfloat16",
@@ -132,9 +134,9 @@ def worker(model: str, fmt: str, tp: int) -> None:
     llm.llm_engine.engine_core.shutdown()  # untimed: teardown is not part of a cold start
 
 
-def one_run(model: Path, fmt: str, tp: int = 1) -> dict:
+def one_run(model: Path | str, fmt: str, tp: int = 1, env_extra: dict | None = None) -> dict:
     drop_page_cache()
-    env = dict(os.environ)
+    env = dict(os.environ, **(env_extra or {}))
     if tp > 1:
         env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(r % os.cpu_count()) for r in range(tp))
     start = time.time()
@@ -189,12 +191,21 @@ def main() -> None:
     ap.add_argument("--work-dir", type=Path, default=Path("/var/tmp/bench-vllm-load"))
     ap.add_argument("--out", type=Path, default=Path("target/bench-vllm-load"))
     ap.add_argument("--no-tp", action="store_true", help="skip the TP = 2 bytes check")
+    ap.add_argument(
+        "--remote-rtt",
+        type=float,
+        help="instead: runai_streamer and sluice from MinIO (in a network namespace, as "
+        "bench_remote.py runs it) through sluice-faultproxy adding this round trip, ms",
+    )
     args = ap.parse_args()
     if args.worker:
         worker(args.worker[1], args.worker[0], int(args.worker[2]))
         return
     model = args.work_dir / f"llama-{args.gib}gib"
     size = write_model(model, args.gib)
+    if args.remote_rtt is not None:
+        remote(model, size, args)
+        return
     print(json.dumps({"model": str(model), "safetensors_bytes": size}), flush=True)
     formats = args.formats.split(",")
     rows = []
@@ -246,6 +257,90 @@ def main() -> None:
         fig.savefig(args.out / "cold-start.png", dpi=120)
     except ImportError:
         print("matplotlib is not installed: no plot", file=sys.stderr)
+
+
+def remote(model: Path, size: int, args: argparse.Namespace) -> None:
+    """runai_streamer (`--model s3://...`) and sluice (`--model` a local config directory,
+    `weights` the S3 prefix) from MinIO through a proxy adding --remote-rtt ms, interleaved,
+    MinIO's page cache dropped before every run."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_remote as br
+    import boto3
+
+    root = Path(__file__).resolve().parents[1]
+    minio = Path.home() / ".cache/sluice/bin/minio"
+    proxy = root / "target/release/sluice-faultproxy"
+    br.install_signal_exits()
+    with br.Stack() as stack:
+        br.netns_up(stack)
+        endpoint = br.start_minio(stack, minio, args.work_dir / "minio-data")
+        base = br.measure_rtt(endpoint)
+        upstream = endpoint.removeprefix("http://")
+        ep = br.start_proxy(stack, proxy, upstream, args.remote_rtt, base)
+        s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=br.ACCESS_KEY,
+                          aws_secret_access_key=br.SECRET_KEY, region_name=br.REGION)  # fmt: skip
+        with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+            s3.create_bucket(Bucket=br.BUCKET)
+        for f in sorted(model.iterdir()):
+            s3.upload_file(str(f), br.BUCKET, f"vllm/{f.name}")
+        url = f"s3://{br.BUCKET}/vllm/"
+        env = {
+            "AWS_ACCESS_KEY_ID": br.ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": br.SECRET_KEY,
+            "AWS_REGION": br.REGION,
+            "AWS_DEFAULT_REGION": br.REGION,
+            "AWS_ALLOW_HTTP": "true",
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0",
+            "AWS_ENDPOINT_URL": ep.url,
+            "NO_PROXY": "*",
+        }
+        config_dir = args.work_dir / "config-only"
+        config_dir.mkdir(exist_ok=True)
+        for f in model.glob("*.json"):
+            if "index" not in f.name:
+                (config_dir / f.name).write_bytes(f.read_bytes())
+        # Run:ai's defaults, and the settings bench_remote.py found best for it here (4 object
+        # clients, 32 MiB reads).
+        tuned = {
+            "RUNAI_STREAMER_OBJ_CONCURRENCY": "4",
+            "RUNAI_STREAMER_CHUNK_BYTESIZE": str(32 << 20),
+        }
+        runs = {
+            "runai_streamer": ("runai_streamer", url, {}),
+            "runai_streamer-4x32MiB": ("runai_streamer", url, tuned),
+            "sluice": (
+                "sluice",
+                str(config_dir),
+                {"BENCH_LOADER_EXTRA": json.dumps({"weights": url})},
+            ),
+        }
+        rows = []
+        for rnd in range(args.rounds):
+            labels = list(runs)
+            order = labels[rnd % len(labels) :] + labels[: rnd % len(labels)]
+            for label in order:
+                fmt, where, extra = runs[label]
+                row = {"round": rnd, "label": label, "rtt_ms": args.remote_rtt,
+                       "added_rtt_ms": ep.added_rtt_ms,
+                       **one_run(where, fmt, env_extra={**env, **extra})}  # fmt: skip
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    summary = {}
+    for label in runs:
+        ttft = [r["first_token_s"] for r in rows if r["label"] == label]
+        rss = [r["peak_rss_bytes"] for r in rows if r["label"] == label]
+        summary[label] = {"first_token_s": [statistics.median(ttft), min(ttft), max(ttft)],
+                          "peak_rss_bytes": statistics.median(rss)}  # fmt: skip
+    best = min(summary[k]["first_token_s"][0] for k in runs if k != "sluice")
+    summary["sluice_vs_fastest_runai_first_token"] = round(
+        best / summary["sluice"]["first_token_s"][0], 3
+    )
+    print("SUMMARY " + json.dumps(summary), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"remote-{args.remote_rtt:g}ms.json").write_text(
+        json.dumps({"rows": rows, "summary": summary}, indent=1)
+    )
 
 
 if __name__ == "__main__":
