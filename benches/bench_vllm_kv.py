@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import page_cache
+
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
@@ -114,8 +116,8 @@ def stop(llm) -> None:
 
 
 def drop_page_cache() -> None:
-    os.sync()
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    if not page_cache.drop():
+        raise SystemExit("dropping the page cache needs root: run this benchmark as root")
 
 
 class KvServer:

@@ -16,16 +16,6 @@ pytest.importorskip("vllm", reason="the real-engine tests run in .venv-vllm (mak
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Path:
-    sys.path.insert(0, str(HERE))
-    import tiny_model
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tiny_model.write(str(path), max_positions=2048)  # vllm_kv_run.py's max_model_len
-    return path
-
-
 def test_bad_configuration_is_named(model, tmp_path):
     # A checkpoint of another format: the config and a PyTorch .bin, no safetensors.
     bin_only = tmp_path / "bin-only"

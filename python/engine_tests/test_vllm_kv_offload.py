@@ -55,16 +55,6 @@ def tier_counters(out: str) -> list[dict]:
     return [dict(zip(names, map(int, m))) for m in re.findall(pattern, out)]
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Path:
-    sys.path.insert(0, str(HERE))
-    import tiny_model
-
-    path = tmp_path_factory.mktemp("tiny-llama-2k")
-    tiny_model.write(str(path), max_positions=2048)
-    return path
-
-
 def test_a_restarted_engine_hits_the_ssd_tier_and_a_corrupt_block_is_a_miss(model, tmp_path):
     store = {"path": str(tmp_path / "kv"), **STORE}
     steps = [

@@ -38,17 +38,6 @@ def run_engine(
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Path:
-    sys.path.insert(0, str(HERE))
-    import tiny_model
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tiny_model.write(str(path))
-    assert len(list(path.glob("*.safetensors"))) > 1, "the model is sharded, with an index"
-    return path
-
-
-@pytest.fixture(scope="module")
 def reference(model) -> list:
     """What vLLM's own safetensors loader generates (TP = 1)."""
     code, out, want = run_engine(model, "safetensors")
