@@ -14,6 +14,8 @@
 //! - [`numa`]: accelerator → NUMA node, binding threads to nodes.
 //! - [`atomic_write`]: replace a file, whole or not at all; [`FileLock`]: the
 //!   `flock` every store directory is locked with.
+//! - [`gpu`]: the GPU data path's host side: a pinned pool registered once,
+//!   stream-ordered staged copies, the CUDA runtime opened at run time.
 //! - [`Mapping`]: the one owner of every memory mapping; [`SharedMemory`]:
 //!   sealed memfds shared with another process over a Unix socket.
 //!
@@ -32,6 +34,7 @@ mod error_class;
 mod faulty_engine;
 mod file_lock;
 mod file_mapping;
+pub mod gpu;
 mod io_engine;
 mod mapping;
 pub mod numa;
