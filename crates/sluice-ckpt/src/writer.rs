@@ -139,6 +139,9 @@ pub struct JobReport {
 
 type Outcome<T> = Option<Result<T, CkptError>>;
 
+/// A chunk staged into the pool, on its way to a writer thread.
+type Staged = (ChunkRef, AlignedBuf);
+
 struct Shared {
     staged: Mutex<Outcome<f64>>,
     durable: Mutex<Outcome<JobReport>>,
@@ -149,7 +152,7 @@ struct Shared {
     first_error: Mutex<Option<CkptError>>,
     pool: Arc<StagingPool>,
     /// Where pushed chunks go: the writers' queue while pushes are expected.
-    pushes: Mutex<Option<mpsc::Sender<(ChunkRef, AlignedBuf)>>>,
+    pushes: Mutex<Option<mpsc::Sender<Staged>>>,
     /// Set once the front end pushed its last chunk (or at once when none are expected).
     pushes_done: Mutex<bool>,
     pushes_ended: Condvar,
@@ -240,6 +243,9 @@ impl WriteJob {
                 ),
             ));
         }
+        // The channel exists before the thread does: a push made the moment `start` returns
+        // must find it (it raced the thread's start and lost under load).
+        let (tx, rx) = mpsc::channel::<Staged>();
         let shared = Arc::new(Shared {
             staged: Mutex::new(None),
             durable: Mutex::new(None),
@@ -248,7 +254,7 @@ impl WriteJob {
             stop: AtomicBool::new(false),
             first_error: Mutex::new(None),
             pool,
-            pushes: Mutex::new(None),
+            pushes: Mutex::new(pushes.then(|| tx.clone())),
             pushes_done: Mutex::new(!pushes),
             pushes_ended: Condvar::new(),
             pushed: Mutex::new(Vec::new()),
@@ -257,7 +263,7 @@ impl WriteJob {
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("sluice-ckpt-save".into())
-            .spawn(move || run(&s, &chunks, tasks, writers.max(1), keep))
+            .spawn(move || run(&s, &chunks, tasks, writers.max(1), keep, (tx, rx)))
             .map_err(CkptError::io("sluice-ckpt-save thread"))?;
         Ok(WriteJob {
             shared,
@@ -392,11 +398,10 @@ fn run(
     tasks: Vec<WriteTask>,
     writers: usize,
     keep: Box<dyn Send>,
+    (tx, rx): (mpsc::Sender<Staged>, mpsc::Receiver<Staged>),
 ) {
     let t0 = Instant::now();
-    let (tx, rx) = mpsc::channel::<(ChunkRef, AlignedBuf)>();
     let rx = Mutex::new(rx);
-    *s.pushes.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx.clone());
     let written = AtomicU64::new(0);
     let written_chunks = AtomicU64::new(0);
     let present = AtomicU64::new(0);

@@ -165,3 +165,37 @@ fn a_file_system_without_o_direct_gets_the_same_chunks_through_the_page_cache() 
             .unwrap();
     }
 }
+
+#[test]
+fn a_push_the_moment_the_job_starts_is_taken() {
+    // The job's channel used to be made by its thread: a push that beat the thread's start
+    // failed with "the job takes no more chunks" (a streamed save under load).
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let store = CkptStore::open(dir.path()).unwrap();
+    for round in 0..100u8 {
+        let bytes = pattern(round, 2 * CHUNK as usize);
+        let chunks = chunk(&bytes, CHUNK as usize, 1);
+        let pool = StagingPool::new(4 * CHUNK, CHUNK).unwrap();
+        // SAFETY: no tasks; the pushed bytes outlive the push (it returns once staged).
+        let job = unsafe {
+            WriteJob::start_with_pushes(store.chunks().clone(), vec![], pool, 1, Box::new(()), true)
+        }
+        .unwrap();
+        let pushed: Vec<_> = chunks
+            .iter()
+            .scan(bytes.as_ptr() as usize, |at, c| {
+                let p = (*c, *at);
+                *at += c.len as usize;
+                Some(p)
+            })
+            .collect();
+        // SAFETY: each address points at its chunk's bytes in `bytes`.
+        unsafe { job.push(&pushed) }.unwrap_or_else(|e| panic!("round {round}: {e}"));
+        job.end_pushes();
+        let r = job.wait_durable(None).unwrap().unwrap();
+        assert_eq!(
+            r.bytes_written + r.chunks_present as u64 * CHUNK,
+            bytes.len() as u64
+        );
+    }
+}
