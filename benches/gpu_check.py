@@ -535,6 +535,45 @@ def _():
     return compare_dicts(got, REF_UNALIGNED, DEV)
 
 
+# ---------------------------------------------------------------- pinned path (issue 29)
+@check("pinned.runtime")
+def _():
+    from sluice import _sluice
+
+    rt = _sluice.gpu_runtime()
+    assert CPU_MODE or rt is not None, "no CUDA runtime found to pin the read buffers"
+    return {"runtime": rt}
+
+
+@check("stream.big.cuda0.kernels_queued_before_any_sync")
+def _():
+    # A kernel queued on the current stream right after each tensor is yielded must see its
+    # bytes (the copy is ordered before it), over many windows reusing pinned buffers.
+    bad = []
+    for rnd in range(3):
+        sums = {}
+        for name, t in sluice.stream(BIG, device=REF_DEVICE, memory_limit="300MiB"):
+            sums[name] = as_bytes(t).to(torch.int64).sum()  # queued, not waited for
+        sync()
+        for name, total in sums.items():
+            want = int(as_bytes(REF[name]).to(torch.int64).sum())
+            if int(total) != want:
+                bad.append((rnd, name))
+    assert not bad, f"kernels saw wrong bytes: {bad[:5]}"
+    return {"rounds": 3, "tensors": len(REF)}
+
+
+@check("load_into.big.cuda_params")
+def _():
+    dest = {k: torch.zeros_like(v, device=DEV) for k, v in REF.items()}
+    sluice.load_into(BIG, dest)
+    sync()
+    out = compare_dicts(dest, REF, DEV)
+    del dest
+    free_cuda()
+    return out
+
+
 @check("stream.early_close.cuda0")
 def _():
     gen = sluice.stream(BIG, device=REF_DEVICE)

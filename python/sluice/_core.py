@@ -93,12 +93,15 @@ def iter_windows(
     checkpoint: Any = None,
     into: Optional[list[tuple[str, int, int]]] = None,
     lent: Any = None,
+    pin: bool = False,
 ) -> Generator[Any, None, None]:
     """Yields windows as their reads complete; stops the load if abandoned.
 
     With ``into`` (``(name, address, bytes)`` of each destination) the reads
     land in the caller's memory, owned by ``lent``, and the windows carry no
-    bytes: they report progress."""
+    bytes: they report progress. ``pin`` registers the stream's buffers with
+    the process's CUDA runtime (once each: they are recycled) so copies from
+    them to a GPU run asynchronously; without a runtime it changes nothing."""
     _local.stats = None
     if isinstance(direct, bool):
         direct = "on" if direct else "off"
@@ -123,6 +126,7 @@ def iter_windows(
         checkpoint=checkpoint,
         into=into,
         lent=lent,
+        pin=pin,
     )
     done, total = stream.progress()
     reporter = Progress(total, progress, on_progress)

@@ -115,6 +115,10 @@ def parse_byte_size(name: str, value: _ByteSize) -> int:
     """The bytes of option ``name`` (an int, or a size string like ``"512MiB"``), by the
     rules of every load option; ``ConfigError`` naming it otherwise."""
 
+def gpu_runtime() -> str | None:
+    """The CUDA runtime that pins the loader's buffers (``pin=True``), opened on first
+    use (torch's when torch loaded one); ``None`` where this process has none."""
+
 def start_stream(
     path: _StrPath,
     names: list[str] | None = None,
@@ -130,6 +134,7 @@ def start_stream(
     checkpoint: Checkpoint | None = None,
     into: list[tuple[str, int, int]] | None = None,
     lent: Any = None,
+    pin: bool = False,
 ) -> Stream:
     """Starts a load of ``names`` (all when None).
 

@@ -8,7 +8,8 @@ safetensors, rare in practice) is copied into a fresh, aligned tensor instead.
 from __future__ import annotations
 
 import os
-from collections.abc import Generator, Iterator, Mapping
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -125,6 +126,54 @@ def usable_device(device: Union[str, int, torch.device]) -> torch.device:
     return dev
 
 
+#: Windows whose copies to a device may still be running; the next reads go on meanwhile.
+_IN_FLIGHT = 2
+
+
+def _fenced(
+    windows: Iterable[Any], copy: Callable[[str, torch.Tensor], torch.Tensor]
+) -> Generator[tuple[str, torch.Tensor], None, None]:
+    """For each tensor of each window, ``copy(name, host_view)`` queues its copy to a device
+    (``non_blocking``: from the loader's pinned buffers the copy is asynchronous, ordered on
+    the device's current stream) and its result is yielded. A window's memory goes back to
+    the loader's pool, to be read into again, only once an event recorded after its copies
+    on each device's current stream has completed; at most ``_IN_FLIGHT`` windows wait, so
+    the reads of the next windows overlap the copies. Closing early or an error waits for
+    the copies queued so far."""
+    pending: deque[tuple[list[Any], Any, list[torch.Tensor]]] = deque()
+
+    def settle(keep: int) -> None:
+        while pending and (len(pending) > keep or all(e.query() for e in pending[0][0])):
+            for event in pending.popleft()[0]:
+                event.synchronize()
+
+    devices: set[torch.device] = set()  # those the current window's copies went to
+    try:
+        for window in windows:
+            hosts: list[torch.Tensor] = []
+            for name, host in window_tensors(window):
+                out = copy(name, host)
+                hosts.append(host)
+                if out.device.type == "cuda":
+                    devices.add(out.device)
+                yield name, out
+            events = []
+            for device in devices:
+                event = torch.cuda.Event()
+                event.record(torch.cuda.current_stream(device))
+                events.append(event)
+            devices = set()
+            pending.append((events, window, hosts))
+            del window, hosts
+            settle(_IN_FLIGHT)
+    finally:
+        # A window left part-way (closed early, an error) has no event yet: wait for its
+        # device streams before its memory can go back.
+        for device in devices:
+            torch.cuda.current_stream(device).synchronize()
+        settle(0)
+
+
 def load_file(
     filename: PathLike,
     device: Union[str, int, torch.device] = "cpu",
@@ -145,9 +194,12 @@ def load_file(
 
     Returns ``dict[str, torch.Tensor]`` bit-identical to
     ``safetensors.torch.load_file``. On CPU the tensors are views over
-    Sluice's buffers (a buffer is freed when all its tensors are). For any
-    other device each tensor is copied there as it lands, and host memory
-    stays under ``memory_limit`` (default 512 MiB). On error nothing is
+    Sluice's buffers (a buffer is freed when all its tensors are). For a
+    CUDA device the reads land in buffers registered with CUDA once (pinned)
+    and each tensor's copy is queued on the device's current stream as its
+    window lands, overlapping the next reads; host memory stays under
+    ``memory_limit`` (default 512 MiB). The tensors are ready for work queued
+    on that stream; the call returns once every copy has run. On error nothing is
     returned: there are no partial results. A checkpoint with a shard
     missing is an error unless ``allow_partial=True``, which loads the rest
     and lists the absent files in ``last_load_stats()["missing_shards"]``.
@@ -158,6 +210,7 @@ def load_file(
         filename,
         names,
         bounded=not on_cpu,
+        pin=dev.type == "cuda",
         progress=progress,
         on_progress=on_progress,
         direct=direct,
@@ -170,9 +223,13 @@ def load_file(
         checkpoint=checkpoint,
     )
     result: dict[str, torch.Tensor] = {}
-    for window in windows:
-        for name, tensor in window_tensors(window):
-            result[name] = tensor if on_cpu else tensor.to(dev)
+    if on_cpu:
+        for window in windows:
+            for name, tensor in window_tensors(window):
+                result[name] = tensor
+        return result
+    for name, tensor in _fenced(windows, lambda _, t: t.to(dev, non_blocking=True)):
+        result[name] = tensor
     return result
 
 
@@ -201,12 +258,16 @@ def stream(
     destination (``param.copy_(t)``) and let it go. Holding more than
     ``memory_limit`` of yielded tensors raises :class:`sluice.MemoryLimitError`
     instead of waiting forever. Closing the generator early stops the reads.
+    A tensor for a CUDA ``device`` is filled by a copy queued on the device's
+    current stream from pinned memory: use it on that stream (or synchronize
+    first).
     """
     dev = usable_device(device)
     windows = _core.iter_windows(
         filename,
         names,
         bounded=True,
+        pin=dev.type == "cuda",
         progress=progress,
         on_progress=on_progress,
         direct=direct,
@@ -218,10 +279,12 @@ def stream(
         allow_partial=allow_partial,
     )
     try:
-        for window in windows:
-            for name, tensor in window_tensors(window):
-                yield name, (tensor if dev.type == "cpu" else tensor.to(dev))
-            del window
+        if dev.type == "cpu":
+            for window in windows:
+                yield from window_tensors(window)
+                del window
+        else:
+            yield from _fenced(windows, lambda _, t: t.to(dev, non_blocking=True))
     finally:
         windows.close()
 
@@ -295,19 +358,28 @@ def load_into(
             copied[name] = t
 
     def copy_rest(report: ProgressCallback) -> None:
-        # Another device, dtype or layout: copy_ converts, as load_state_dict does.
-        with torch.no_grad():
-            for name, tensor in stream(
-                filename,
-                names=list(copied),
-                memory_limit=memory_limit,
-                concurrency=concurrency,
-                chunk_bytes=chunk_bytes,
-                drop_cache=drop_cache,
-                allow_partial=allow_partial,
-                on_progress=report,
-            ):
-                copied[name].copy_(tensor)
+        # Another device, dtype or layout: copy_ converts, as load_state_dict does. CUDA
+        # destinations are filled straight from the loader's pinned windows, each copy
+        # queued on the device's current stream (no CUDA tensor per checkpoint tensor).
+        windows = _core.iter_windows(
+            filename,
+            list(copied),
+            bounded=True,
+            pin=any(t.device.type == "cuda" for t in copied.values()),
+            on_progress=report,
+            concurrency=concurrency,
+            chunk_bytes=chunk_bytes,
+            memory_limit=memory_limit,
+            drop_cache=drop_cache,
+            allow_partial=allow_partial,
+            checkpoint=ckpt,
+        )
+        try:
+            with torch.no_grad():
+                for _ in _fenced(windows, lambda n, t: copied[n].copy_(t, non_blocking=True)):
+                    pass
+        finally:
+            windows.close()
 
     _core.fill_destinations(
         filename,

@@ -11,12 +11,23 @@
 //! windows' worth of memory instead of faulting in the whole model. Requests
 //! are rounded up to [`REUSE_GRANULE_BYTES`] so windows of slightly different
 //! sizes can share buffers.
+//!
+//! A pool built [`pinned_by`](BufferPoolConfig::pinned_by) a GPU runtime
+//! registers each buffer for DMA when it maps it and unregisters it when it
+//! unmaps it, so a recycling pool registers each buffer once per load and the
+//! budget bounds the pinned bytes (seed 002: registration per I/O costs more
+//! than a small transfer). A failed registration is logged once and the buffer
+//! is used unpinned.
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::collections::HashSet;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once};
 use std::time::Duration;
 
 use crate::aligned_buf::AlignedBuf;
 use crate::error::PoolError;
+use crate::gpu::GpuRuntime;
+
+static PIN_FAILURE_LOGGED: Once = Once::new();
 
 /// Rounding for large reusable buffers: 1 MiB keeps the slack under 2% for
 /// the 64 MiB windows the loader uses while letting near-equal windows share.
@@ -34,6 +45,25 @@ pub struct BufferPoolConfig {
     pub budget_bytes: Option<u64>,
     /// Keep released buffers for reuse instead of unmapping them.
     pub reuse: bool,
+    /// Register every buffer with this runtime while it is mapped.
+    pub pin: Option<PinWith>,
+}
+
+/// The runtime a pool registers its buffers with ([`BufferPoolConfig::pinned_by`]).
+#[derive(Clone)]
+pub struct PinWith(pub Arc<dyn GpuRuntime>);
+
+impl PartialEq for PinWith {
+    /// The same runtime object.
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl std::fmt::Debug for PinWith {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.describe())
+    }
 }
 
 impl BufferPoolConfig {
@@ -42,6 +72,7 @@ impl BufferPoolConfig {
         BufferPoolConfig {
             budget_bytes: Some(budget_bytes),
             reuse: true,
+            pin: None,
         }
     }
 
@@ -50,7 +81,16 @@ impl BufferPoolConfig {
         BufferPoolConfig {
             budget_bytes: None,
             reuse: false,
+            pin: None,
         }
+    }
+
+    /// The same pool with every buffer registered with `runtime` (page-locked for DMA)
+    /// from the moment it is mapped until it is unmapped. A runtime that cannot pin
+    /// ([`crate::gpu::HostRuntime`]) leaves the pool as it was.
+    pub fn pinned_by(mut self, runtime: Arc<dyn GpuRuntime>) -> Self {
+        self.pin = runtime.pins_memory().then_some(PinWith(runtime));
+        self
     }
 }
 
@@ -69,6 +109,10 @@ pub struct PoolStats {
     pub allocated: u64,
     /// Times `acquire` had to wait for a holder to release memory.
     pub waits: u64,
+    /// Bytes of mapped buffers registered with the pool's GPU runtime now.
+    pub pinned_bytes: u64,
+    /// Buffers whose registration failed (used unpinned).
+    pub pin_failures: u64,
 }
 
 /// A byte-budgeted pool of [`AlignedBuf`]s. Cheap to clone; clones share state.
@@ -90,6 +134,8 @@ struct PoolState {
     /// Number of threads blocked in `acquire` waiting for memory.
     waiting: usize,
     closed: bool,
+    /// Base addresses of the mapped buffers registered with the pin runtime.
+    pinned: HashSet<usize>,
 }
 
 impl BufferPool {
@@ -217,6 +263,7 @@ impl BufferPool {
             bytes: capacity as u64,
             source,
         })?;
+        self.inner.pin(state, &buf);
         state.stats.allocated += 1;
         charge(&mut state.stats, capacity as u64);
         Ok(Some(self.wrap(buf)))
@@ -268,6 +315,7 @@ impl BufferPool {
                 return false;
             };
             state.stats.mapped_bytes -= idle.len() as u64;
+            self.inner.unmap(state, idle);
         }
         true
     }
@@ -287,7 +335,7 @@ impl BufferPool {
             state.free.push(buf);
         } else {
             state.stats.mapped_bytes -= bytes;
-            drop(buf);
+            self.inner.unmap(&mut state, buf);
         }
         let wake = state.waiting > 0;
         drop(state);
@@ -310,6 +358,55 @@ impl BufferPool {
     /// True when some caller is blocked in `acquire` right now.
     pub fn has_waiters(&self) -> bool {
         self.lock().waiting > 0
+    }
+}
+
+impl PoolInner {
+    /// Registers a freshly mapped buffer with the pin runtime, if the pool has one.
+    fn pin(&self, state: &mut PoolState, buf: &AlignedBuf) {
+        let Some(PinWith(rt)) = &self.config.pin else {
+            return;
+        };
+        // SAFETY: the buffer stays mapped until `unmap` (or the pool's drop) unregisters it.
+        match unsafe { rt.host_register(buf.as_ptr().cast_mut(), buf.len()) } {
+            Ok(()) => {
+                state.pinned.insert(buf.as_ptr() as usize);
+                state.stats.pinned_bytes += buf.len() as u64;
+            }
+            Err(e) => {
+                state.stats.pin_failures += 1;
+                PIN_FAILURE_LOGGED.call_once(|| {
+                    tracing::warn!("registering a read buffer for DMA failed ({e}): buffers run unpinned, copies to the GPU will be slower");
+                });
+            }
+        }
+    }
+
+    /// Unregisters (if pinned) and unmaps a buffer the pool no longer keeps. The caller
+    /// guarantees no copy from it is still queued (it was released by its holder).
+    fn unmap(&self, state: &mut PoolState, buf: AlignedBuf) {
+        unmap_with(&self.config.pin, state, buf);
+    }
+}
+
+fn unmap_with(pin: &Option<PinWith>, state: &mut PoolState, buf: AlignedBuf) {
+    if let (Some(PinWith(rt)), true) = (pin, state.pinned.remove(&(buf.as_ptr() as usize))) {
+        state.stats.pinned_bytes -= buf.len() as u64;
+        // SAFETY: registered by `pin`; its holder released it, so nothing uses it.
+        if let Err(e) = unsafe { rt.host_unregister(buf.as_ptr().cast_mut()) } {
+            tracing::warn!("unregistering a read buffer failed: {e}");
+        }
+    }
+    drop(buf);
+}
+
+impl Drop for PoolInner {
+    fn drop(&mut self) {
+        let pin = self.config.pin.clone();
+        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        for buf in std::mem::take(&mut state.free) {
+            unmap_with(&pin, state, buf);
+        }
     }
 }
 
@@ -513,5 +610,52 @@ mod tests {
         let pool = BufferPool::new(BufferPoolConfig::unbounded());
         drop(pool.acquire(3 * MIB + 5).unwrap());
         assert_eq!(pool.stats().mapped_bytes, 0);
+    }
+
+    #[test]
+    fn a_pinned_pool_registers_each_buffer_once_and_unregisters_what_it_unmaps() {
+        use crate::gpu::{FakeCall, FakeRuntime};
+        let rt = Arc::new(FakeRuntime::deferred());
+        let pool = BufferPool::new(
+            BufferPoolConfig::bounded(8 * MIB as u64).pinned_by(rt.clone() as Arc<dyn GpuRuntime>),
+        );
+        for _ in 0..5 {
+            drop(pool.acquire(3 * MIB).unwrap()); // recycled: registered once
+        }
+        assert_eq!(rt.count(|c| matches!(c, FakeCall::Register { .. })), 1);
+        assert_eq!(pool.stats().pinned_bytes, 3 * MIB as u64);
+        // A 6 MiB request unmaps the idle 3 MiB buffer (unregistered) and maps a new one.
+        let big = pool.acquire(6 * MIB).unwrap();
+        assert_eq!(rt.count(|c| matches!(c, FakeCall::Unregister { .. })), 1);
+        assert_eq!(rt.registered(), vec![(big.as_ptr() as usize, 6 * MIB)]);
+        drop(big);
+        drop(pool);
+        assert!(
+            rt.registered().is_empty(),
+            "the pool's drop unregisters idle buffers"
+        );
+    }
+
+    #[test]
+    fn a_failed_registration_leaves_the_buffer_usable_and_counted() {
+        use crate::gpu::FakeRuntime;
+        let rt = Arc::new(FakeRuntime::deferred());
+        rt.fail_next("host_register");
+        let pool = BufferPool::new(
+            BufferPoolConfig::unbounded().pinned_by(rt.clone() as Arc<dyn GpuRuntime>),
+        );
+        let mut buf = pool.acquire(MIB).unwrap();
+        buf.as_mut_slice().fill(1);
+        let st = pool.stats();
+        assert_eq!((st.pin_failures, st.pinned_bytes), (1, 0));
+        drop(buf); // not reused: unmapped, and not unregistered (never registered)
+        assert!(rt.registered().is_empty());
+    }
+
+    #[test]
+    fn a_runtime_that_cannot_pin_leaves_the_pool_unpinned() {
+        let config = BufferPoolConfig::bounded(MIB as u64)
+            .pinned_by(Arc::new(crate::gpu::HostRuntime) as Arc<dyn GpuRuntime>);
+        assert!(config.pin.is_none());
     }
 }

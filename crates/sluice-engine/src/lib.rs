@@ -54,7 +54,7 @@ pub use aligned_buf::{populate_write, AlignedBuf};
 pub use atomic_write::{
     atomic_write, atomic_write_steps, atomic_write_with, AtomicSteps, Fill, RealSteps,
 };
-pub use buffer_pool::{BufferPool, BufferPoolConfig, PoolStats, PooledBuf, Reservation};
+pub use buffer_pool::{BufferPool, BufferPoolConfig, PinWith, PoolStats, PooledBuf, Reservation};
 pub use engine_choice::{select_engine, EngineChoice, EngineError};
 pub use error::{OpenError, PoolError};
 pub use error_class::{

@@ -1,6 +1,6 @@
 //! Load configuration: every knob, its default and why.
 
-use sluice_engine::{ConfigError, DirectMode, EngineChoice};
+use sluice_engine::{ConfigError, DirectMode, EngineChoice, PinWith};
 use sluice_formats::parse_bytes;
 
 const MIB: usize = 1 << 20;
@@ -51,6 +51,10 @@ pub struct LoadConfig {
     /// Treat io_uring as unavailable (`SLUICE_IO_URING=0`): for hosts where
     /// it misbehaves, and to exercise the thread-pool fallback.
     pub io_uring_disabled: bool,
+    /// Register a stream's buffers with this GPU runtime (page-locked for DMA) while they
+    /// are mapped, so copies from them to a device run asynchronously: the loader reads
+    /// straight into pinned memory. `None`: plain host memory.
+    pub pin: Option<PinWith>,
 }
 
 /// 512 MiB: eight 64 MiB windows, enough to keep 32 reads in flight while the
@@ -71,6 +75,7 @@ impl Default for LoadConfig {
             io_uring_disabled: false,
             map_cached: true,
             allow_partial: false,
+            pin: None,
         }
     }
 }

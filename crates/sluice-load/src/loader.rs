@@ -171,7 +171,7 @@ impl Loader {
             .memory_limit
             .unwrap_or(DEFAULT_STREAM_MEMORY_LIMIT);
         let window_bytes = (self.config.window_bytes as u64).min(limit / STREAM_WINDOWS_IN_LIMIT);
-        let pool = BufferPool::new(BufferPoolConfig::bounded(limit));
+        let pool = BufferPool::new(self.stream_pool(limit));
         self.start(names, window_bytes as usize, pool, Some(limit), None)
     }
 
@@ -208,9 +208,19 @@ impl Loader {
             .config
             .memory_limit
             .unwrap_or(DEFAULT_STREAM_MEMORY_LIMIT);
-        let pool = BufferPool::new(BufferPoolConfig::bounded(limit));
+        let pool = BufferPool::new(self.stream_pool(limit));
         let window_bytes = INTO_GATHER_BYTES.min((limit / STREAM_WINDOWS_IN_LIMIT) as usize);
         self.start(Some(&names), window_bytes, pool, Some(limit), Some(into))
+    }
+
+    /// A stream's buffers: `limit` bytes, recycled, registered with the GPU runtime when
+    /// the config names one.
+    fn stream_pool(&self, limit: u64) -> BufferPoolConfig {
+        let pool = BufferPoolConfig::bounded(limit);
+        match &self.config.pin {
+            Some(pin) => pool.pinned_by(pin.0.clone()),
+            None => pool,
+        }
     }
 
     /// Reads `names` (all when `None`) completely. Fails as a whole: on any
@@ -276,10 +286,13 @@ impl Loader {
             None => (self.config.chunk_bytes.min(window_bytes) / align).max(1) * align,
         };
         // "Burn after reading" must not keep pages mapped, so it turns
-        // mapping off along with staging.
+        // mapping off along with staging. So does pinning: a window mapped from the page
+        // cache is not the pool's registered memory, and its copy to a device would not
+        // be asynchronous.
         let map_cached = self.config.map_cached
             && self.config.direct != DirectMode::On
             && !self.config.drop_cache
+            && self.config.pin.is_none()
             && into.is_none();
         // Staging buffered reads and mapping them needs the pages to stay
         // cached, which "burn after reading" forbids.

@@ -11,6 +11,7 @@ mod cli;
 mod config;
 mod convert;
 mod errors;
+mod gpu;
 mod kv;
 mod kv_options;
 mod sim;
@@ -33,6 +34,7 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<window::Window>()?;
     m.add_function(wrap_pyfunction!(checkpoint::open_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(stream::start_stream, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu::gpu_runtime, m)?)?;
     m.add_function(wrap_pyfunction!(config::check_options, m)?)?;
     m.add_function(wrap_pyfunction!(config::parse_byte_size, m)?)?;
     m.add_function(wrap_pyfunction!(sim::sim_run, m)?)?;

@@ -66,7 +66,7 @@ fn lend(targets: IntoTargets) -> PyResult<HashMap<String, Arc<LentMemory>>> {
 #[pyfunction]
 #[pyo3(signature = (path, names=None, *, bounded, direct=None, engine=None, concurrency=None,
                     chunk_bytes=None, memory_limit=None, drop_cache=None, allow_partial=None,
-                    checkpoint=None, into=None, lent=None))]
+                    checkpoint=None, into=None, lent=None, pin=false))]
 #[allow(clippy::too_many_arguments)]
 pub fn start_stream(
     py: Python<'_>,
@@ -83,8 +83,9 @@ pub fn start_stream(
     checkpoint: Option<PyRef<'_, PyCheckpoint>>,
     into: Option<IntoTargets>,
     lent: Option<Py<PyAny>>,
+    pin: bool,
 ) -> PyResult<Stream> {
-    let cfg = config::build(
+    let mut cfg = config::build(
         direct,
         engine,
         concurrency,
@@ -93,6 +94,11 @@ pub fn start_stream(
         drop_cache,
         allow_partial,
     )?;
+    if pin {
+        // Buffers registered for DMA once each (the pool recycles them), so copies to a
+        // device run asynchronously; without a CUDA runtime the load is the same, unpinned.
+        cfg.pin = crate::gpu::runtime();
+    }
     let into = match into {
         Some(targets) if lent.is_some() => Some(lend(targets)?),
         Some(_) => {

@@ -1,0 +1,137 @@
+"""The GPU data path's host side, on a machine without CUDA: pinned streams fall back to
+plain host memory with the same bytes, and the fencing that keeps a window out of the
+loader's pool until the copies from it have run (issue 29; docs/design/gpu.md)."""
+
+from __future__ import annotations
+
+import weakref
+from typing import ClassVar
+
+import pytest
+import sluice
+import sluice.torch as st
+import torch
+from conftest import assert_same_tensors
+from safetensors.torch import load_file as st_load_file
+from safetensors.torch import save_file
+from sluice import _core, _sluice
+
+
+@pytest.fixture
+def model(tmp_path):
+    gen = torch.Generator().manual_seed(29)
+    tensors = {
+        f"w{i}": torch.randn((64, 33 + i), generator=gen).to(dt)
+        for i, dt in enumerate([torch.float32, torch.bfloat16, torch.float16] * 3)
+    }
+    tensors["odd"] = torch.arange(7, dtype=torch.int8)
+    path = tmp_path / "m.safetensors"
+    save_file(tensors, path)
+    return path
+
+
+def test_without_cuda_a_pinned_stream_reads_the_same_bytes_unpinned(model):
+    if _sluice.gpu_runtime() is not None:
+        pytest.skip(f"this machine has a CUDA runtime ({_sluice.gpu_runtime()})")
+    got = {}
+    for window in _core.iter_windows(model, None, bounded=True, pin=True, memory_limit="1MiB"):
+        for name, t in st.window_tensors(window):
+            got[name] = t.clone()
+    assert_same_tensors(got, st_load_file(model))
+    # load_into's converting path asks for pinned windows too.
+    dest = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in st_load_file(model).items()}
+    sluice.load_into(model, dest)
+    for k, v in st_load_file(model).items():
+        assert torch.equal(dest[k], v.to(torch.float64)), k
+
+
+class FakeEvent:
+    """Stands in for torch.cuda.Event: completes when the test says so."""
+
+    made: ClassVar[list[FakeEvent]] = []
+
+    def __init__(self):
+        self.done = False
+        self.recorded = None
+        FakeEvent.made.append(self)
+
+    def record(self, stream):
+        self.recorded = stream
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):
+        self.done = True
+
+
+class Window:
+    """A window whose memory is what its host views point into."""
+
+    def __init__(self, i):
+        self.i = i
+
+
+class DeviceTensor:
+    device = torch.device("cuda", 0)
+
+
+class FakeStream:
+    def __init__(self):
+        self.synchronized = 0
+
+    def synchronize(self):
+        self.synchronized += 1
+
+
+def test_a_window_goes_back_only_after_its_copies_event_and_at_most_two_wait(monkeypatch):
+    FakeEvent.made = []
+    stream = FakeStream()
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: stream)
+    monkeypatch.setattr(st, "window_tensors", lambda w: [(f"t{w.i}", torch.zeros(1))])
+    alive = []
+
+    def produce():
+        for i in range(5):
+            w = Window(i)
+            alive.append(weakref.ref(w))
+            yield w
+
+    copies = []
+
+    def copy(name, host):
+        copies.append(name)
+        return DeviceTensor()
+
+    gen = st._fenced(produce(), copy)
+    next(gen)  # window 0's copy queued
+    next(gen)  # window 0 fenced (an event on the device's current stream), window 1 queued
+    assert FakeEvent.made[0].recorded is stream
+    assert alive[0]() is not None, "window 0 is held while its copy may run"
+    next(gen)  # window 1 fenced; two wait, none released
+    assert alive[0]() is not None and alive[1]() is not None
+    next(gen)  # window 2 fenced: three would wait, so window 0's event is waited for
+    assert FakeEvent.made[0].done and alive[0]() is None
+    assert not FakeEvent.made[1].done and alive[1]() is not None
+    FakeEvent.made[1].done = True  # its copy finished
+    next(gen)  # window 3 fenced: window 1 released, window 2's copy still runs
+    assert alive[1]() is None and alive[2]() is not None
+    assert stream.synchronized == 0, "no host sync while the windows flow"
+    # Closing part-way through window 4 (its copy queued, no event yet) waits for the
+    # stream, then for every event, before any of their memory can go back.
+    gen.close()
+    assert stream.synchronized == 1
+    assert all(e.done for e in FakeEvent.made)
+    assert all(a() is None for a in alive)
+    assert copies == ["t0", "t1", "t2", "t3", "t4"]
+
+
+def test_host_copies_need_no_event(monkeypatch):
+    def no_event():
+        raise AssertionError("no CUDA event for host copies")
+
+    monkeypatch.setattr(torch.cuda, "Event", no_event)
+    monkeypatch.setattr(st, "window_tensors", lambda w: [(f"t{w.i}", torch.ones(2) * w.i)])
+    out = dict(st._fenced([Window(i) for i in range(4)], lambda n, t: t.clone()))
+    assert [float(v[0]) for v in out.values()] == [0.0, 1.0, 2.0, 3.0]
