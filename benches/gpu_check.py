@@ -563,6 +563,36 @@ def _():
     return {"rounds": 3, "tensors": len(REF)}
 
 
+@check("kv.cuda_blocks.ordered_round_trips")
+def _():
+    # Blocks written by kernels just before put_batch (its copies come after them on the
+    # stream), read back by get_batch_into and summed by kernels queued before any sync.
+    import tempfile
+
+    import sluice.kv
+
+    bad = []
+    with (
+        tempfile.TemporaryDirectory(dir=pick_data_dir()) as d,
+        sluice.kv.open(d, block_bytes=64 << 10, ssd="256MiB") as store,
+    ):
+        for rnd in range(20):
+            n = 1 + rnd * 37 % 300  # up to 300 blocks of 64 KiB: several 8 MiB slots
+            src = [torch.full(((64 << 10) // 4,), rnd * 1000 + i, dtype=torch.int32,
+                              device=DEV) for i in range(n)]  # fmt: skip
+            keys = [f"{rnd}-{i}".encode() for i in range(n)]
+            assert all(store.put_batch(keys, src)), f"round {rnd}: put refused"
+            out = [torch.zeros_like(t) for t in src]
+            assert all(store.get_batch_into(keys, out)), f"round {rnd}: a miss"
+            sums = [t.to(torch.int64).sum() for t in out]  # queued, not waited for
+            sync()
+            for i, total in enumerate(sums):
+                if int(total) != (rnd * 1000 + i) * ((64 << 10) // 4):
+                    bad.append((rnd, i))
+    assert not bad, f"wrong blocks: {bad[:5]}"
+    return {"rounds": 20}
+
+
 @check("load_into.big.cuda_params")
 def _():
     dest = {k: torch.zeros_like(v, device=DEV) for k, v in REF.items()}

@@ -49,7 +49,10 @@ def _address(buf: Any, index: int, writable: bool) -> tuple[int, int]:
     bytearray, bytes (read-only) or memoryview."""
     if hasattr(buf, "data_ptr") and hasattr(buf, "is_contiguous"):  # torch.Tensor
         if buf.device.type != "cpu":
-            raise ValueError(f"buffer {index}: a {buf.device} tensor; sluice.kv needs CPU memory")
+            raise ValueError(
+                f"buffer {index}: a {buf.device} tensor; put_batch and get_batch_into take "
+                "CUDA tensors, the other calls host memory"
+            )
         if not buf.is_contiguous():
             raise ValueError(f"buffer {index}: the tensor is not contiguous")
         return buf.data_ptr(), buf.numel() * buf.element_size()
@@ -70,6 +73,16 @@ def _address(buf: Any, index: int, writable: bool) -> tuple[int, int]:
     if writable and not arr.flags.writeable:
         raise ValueError(f"buffer {index}: read-only; get_batch_into needs writable buffers")
     return arr.__array_interface__["data"][0], arr.nbytes
+
+
+def _any_device(buffers: Sequence[Any]) -> bool:
+    """Whether a batch has a CUDA tensor (checked without importing torch when no buffer
+    is a tensor)."""
+    if not any(hasattr(b, "data_ptr") and hasattr(b, "device") for b in buffers):
+        return False
+    from ._kv_device import is_device
+
+    return any(is_device(b) for b in buffers)
 
 
 def _refuse_objects(index: int, what: str) -> None:
@@ -165,6 +178,14 @@ class KvStore:
         self.path = path
         # Submitted jobs not reported yet, by id: poll() hands back these objects.
         self._jobs: dict[int, KvJob] = {}
+        self._staging: Any = None  # pinned slots for CUDA blocks, made on first use
+
+    def _device_staging(self) -> Any:
+        if self._staging is None:
+            from ._kv_device import DeviceStaging
+
+            self._staging = DeviceStaging(self.block_bytes)
+        return self._staging
 
     @property
     def block_bytes(self) -> int:
@@ -193,14 +214,30 @@ class KvStore:
         since; in ``write-back`` it means DRAM holds it, and it survives a crash once DRAM
         demoted it to SSD or :meth:`sync` wrote it there. ``False``: no tier kept it (a
         policy declined it, the batch was larger than a tier, which keeps a batch's first
-        blocks, or I/O failed: ``stats()["put_declined"]`` and ``["put_failures"]``)."""
+        blocks, or I/O failed: ``stats()["put_declined"]`` and ``["put_failures"]``).
+
+        Blocks may be CUDA tensors: they are copied out through pinned host slots on each
+        device's current stream, so after every kernel queued there before the call (the
+        store gets what those kernels wrote); small blocks go to the store in batches of
+        8 MiB. The call returns once every block is stored."""
+        if _any_device(blocks):
+            return self._device_staging().put(_keys(keys), blocks, self._native.put_batch)
         ks, addrs, _ = _batch(keys, blocks, writable=False)
         return list(self._native.put_batch(ks, addrs))
 
     def get_batch_into(self, keys: Sequence[bytes], buffers: Sequence[Any]) -> list[bool]:
         """Loads blocks into writable buffers, zero-copy. ``True`` for key ``i`` means
         ``buffers[i]`` holds exactly its bytes; after the first ``False`` the rest are
-        ``False`` and their buffers unspecified."""
+        ``False`` and their buffers unspecified.
+
+        Buffers may be CUDA tensors: blocks land in pinned host slots (8 MiB of blocks per
+        store call) and their copies are queued on each buffer's device's current stream.
+        Work queued on that stream after this returns sees the bytes, with no host
+        synchronisation; other streams must wait for an event recorded on it."""
+        if _any_device(buffers):
+            return self._device_staging().get_into(
+                _keys(keys), buffers, self._native.get_batch_into
+            )
         ks, addrs, _ = _batch(keys, buffers, writable=True)
         return list(self._native.get_batch_into(ks, addrs))
 
