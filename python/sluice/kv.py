@@ -220,6 +220,7 @@ class KvStore:
         device's current stream, so after every kernel queued there before the call (the
         store gets what those kernels wrote); small blocks go to the store in batches of
         8 MiB. The call returns once every block is stored."""
+        blocks = blocks if isinstance(blocks, (list, tuple)) else list(blocks)
         if _any_device(blocks):
             return self._device_staging().put(_keys(keys), blocks, self._native.put_batch)
         ks, addrs, _ = _batch(keys, blocks, writable=False)
@@ -234,6 +235,7 @@ class KvStore:
         store call) and their copies are queued on each buffer's device's current stream.
         Work queued on that stream after this returns sees the bytes, with no host
         synchronisation; other streams must wait for an event recorded on it."""
+        buffers = buffers if isinstance(buffers, (list, tuple)) else list(buffers)
         if _any_device(buffers):
             return self._device_staging().get_into(
                 _keys(keys), buffers, self._native.get_batch_into

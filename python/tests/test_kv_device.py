@@ -142,3 +142,12 @@ def test_a_slot_is_reused_only_after_the_event_of_its_copies(monkeypatch):
     assert [e[0] for e in log].count("sync") == 2, "both devices' copies waited for"
     slot.wait()
     assert [e[0] for e in log].count("sync") == 2, "waited once"
+
+
+def test_blocks_given_as_generators_are_taken_whole(store):
+    # The device check looks at every buffer first: a generator must not be used up by it.
+    src = [np.full(BLOCK, i, np.uint8) for i in range(3)]
+    assert store.put_batch((k for k in [b"g0", b"g1", b"g2"]), (b for b in src)) == [True] * 3
+    out = [np.zeros(BLOCK, np.uint8) for _ in range(3)]
+    assert store.get_batch_into([b"g0", b"g1", b"g2"], (o for o in out)) == [True] * 3
+    assert all(int(o[0]) == i for i, o in enumerate(out))
