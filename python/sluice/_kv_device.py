@@ -21,7 +21,7 @@ Ordering (the contract on the methods):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 
@@ -67,35 +67,25 @@ def check_counts(keys: Sequence[bytes], buffers: Sequence[Any]) -> None:
 
 
 class Slot:
-    """One pinned staging buffer and the event that says its last copies have run."""
+    """One pinned staging buffer and the events that say its last copies have run (one per
+    device the copies went to)."""
 
     def __init__(self, nbytes: int) -> None:
         self.host = pinned_empty(nbytes)
-        self.event: Optional[Any] = None
+        self.events: list[Any] = []
 
     def wait(self) -> None:
-        if self.event is not None:
-            self.event.synchronize()
-            self.event = None
+        for event in self.events:
+            event.synchronize()
+        self.events = []
 
     def fence(self, devices: set[torch.device]) -> None:
         """Records an event after the copies just queued on each device's current stream."""
-        self.event = None
+        self.events = []
         for device in devices:
-            ev = new_event()
-            ev.record(current_stream(device))
-            self.event = ev if self.event is None else _Both(self.event, ev)
-
-
-class _Both:
-    """Two events waited for as one (copies to or from two devices in one group)."""
-
-    def __init__(self, a: Any, b: Any) -> None:
-        self.a, self.b = a, b
-
-    def synchronize(self) -> None:
-        self.a.synchronize()
-        self.b.synchronize()
+            event = new_event()
+            event.record(current_stream(device))
+            self.events.append(event)
 
 
 class DeviceStaging:

@@ -49,10 +49,13 @@ def _address(buf: Any, index: int, writable: bool) -> tuple[int, int]:
     bytearray, bytes (read-only) or memoryview."""
     if hasattr(buf, "data_ptr") and hasattr(buf, "is_contiguous"):  # torch.Tensor
         if buf.device.type != "cpu":
-            raise ValueError(
+            from ._kv_device import is_device
+
+            why = (
                 f"buffer {index}: a {buf.device} tensor; put_batch and get_batch_into take "
                 "CUDA tensors, the other calls host memory"
             )
+            raise _DeviceBuffer(why) if is_device(buf) else ValueError(why)
         if not buf.is_contiguous():
             raise ValueError(f"buffer {index}: the tensor is not contiguous")
         return buf.data_ptr(), buf.numel() * buf.element_size()
@@ -75,14 +78,9 @@ def _address(buf: Any, index: int, writable: bool) -> tuple[int, int]:
     return arr.__array_interface__["data"][0], arr.nbytes
 
 
-def _any_device(buffers: Sequence[Any]) -> bool:
-    """Whether a batch has a CUDA tensor (checked without importing torch when no buffer
-    is a tensor)."""
-    if not any(hasattr(b, "data_ptr") and hasattr(b, "device") for b in buffers):
-        return False
-    from ._kv_device import is_device
-
-    return any(is_device(b) for b in buffers)
+class _DeviceBuffer(ValueError):
+    """A CUDA tensor where a call wanted host memory: ``put_batch`` and ``get_batch_into``
+    catch it and stage the batch through pinned slots; the other calls raise it."""
 
 
 def _refuse_objects(index: int, what: str) -> None:
@@ -221,9 +219,10 @@ class KvStore:
         store gets what those kernels wrote); small blocks go to the store in batches of
         8 MiB. The call returns once every block is stored."""
         blocks = blocks if isinstance(blocks, (list, tuple)) else list(blocks)
-        if _any_device(blocks):
+        try:
+            ks, addrs, _ = _batch(keys, blocks, writable=False)
+        except _DeviceBuffer:
             return self._device_staging().put(_keys(keys), blocks, self._native.put_batch)
-        ks, addrs, _ = _batch(keys, blocks, writable=False)
         return list(self._native.put_batch(ks, addrs))
 
     def get_batch_into(self, keys: Sequence[bytes], buffers: Sequence[Any]) -> list[bool]:
@@ -236,11 +235,12 @@ class KvStore:
         Work queued on that stream after this returns sees the bytes, with no host
         synchronisation; other streams must wait for an event recorded on it."""
         buffers = buffers if isinstance(buffers, (list, tuple)) else list(buffers)
-        if _any_device(buffers):
+        try:
+            ks, addrs, _ = _batch(keys, buffers, writable=True)
+        except _DeviceBuffer:
             return self._device_staging().get_into(
                 _keys(keys), buffers, self._native.get_batch_into
             )
-        ks, addrs, _ = _batch(keys, buffers, writable=True)
         return list(self._native.get_batch_into(ks, addrs))
 
     def delete(self, keys: Sequence[bytes]) -> int:

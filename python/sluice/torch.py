@@ -140,7 +140,7 @@ def _fenced(
     on each device's current stream has completed; at most ``_IN_FLIGHT`` windows wait, so
     the reads of the next windows overlap the copies. Closing early or an error waits for
     the copies queued so far."""
-    pending: deque[tuple[list[Any], Any, list[torch.Tensor]]] = deque()
+    pending: deque[tuple[list[Any], Any]] = deque()  # (events, window)
 
     def settle(keep: int) -> None:
         while pending and (len(pending) > keep or all(e.query() for e in pending[0][0])):
@@ -150,10 +150,8 @@ def _fenced(
     devices: set[torch.device] = set()  # those the current window's copies went to
     try:
         for window in windows:
-            hosts: list[torch.Tensor] = []
             for name, host in window_tensors(window):
                 out = copy(name, host)
-                hosts.append(host)
                 if out.device.type == "cuda":
                     devices.add(out.device)
                 yield name, out
@@ -163,8 +161,8 @@ def _fenced(
                 event.record(torch.cuda.current_stream(device))
                 events.append(event)
             devices = set()
-            pending.append((events, window, hosts))
-            del window, hosts
+            pending.append((events, window))  # the window holds the memory copied from
+            del window
             settle(_IN_FLIGHT)
     finally:
         # A window left part-way (closed early, an error) has no event yet: wait for its

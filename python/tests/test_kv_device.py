@@ -17,8 +17,16 @@ BLOCK = 16 << 10  # a 16 KiB KV block, the small end seed 002 names
 
 @pytest.fixture
 def staged(monkeypatch):
-    """Every tensor takes the device path; slots of 5 blocks; native calls counted."""
-    monkeypatch.setattr(kd, "is_device", lambda b: isinstance(b, torch.Tensor))
+    """Every tensor takes the device path (as a CUDA tensor does: the host-address check
+    refuses it); slots of 5 blocks."""
+    host_address = kv._address
+
+    def address(buf, index, writable):
+        if isinstance(buf, torch.Tensor):
+            raise kv._DeviceBuffer(f"buffer {index}: a device tensor")
+        return host_address(buf, index, writable)
+
+    monkeypatch.setattr(kv, "_address", address)
     monkeypatch.setattr(kd, "pinned_empty", lambda n: torch.empty(n, dtype=torch.uint8))
     monkeypatch.setattr(kd, "SLOT_BYTES", 5 * BLOCK)
     return monkeypatch
