@@ -563,32 +563,43 @@ def _():
     return {"rounds": 3, "tensors": len(REF)}
 
 
-@check("kv.cuda_blocks.ordered_round_trips")
-def _():
-    # Blocks written by kernels just before put_batch (its copies come after them on the
-    # stream), read back by get_batch_into and summed by kernels queued before any sync.
+def kv_round_trips(block: int, rounds: int, count, put, get) -> list:
+    """Blocks written by kernels just before ``put`` (its copies come after them on the
+    stream), read back by ``get`` and summed by kernels queued before any sync; the
+    (round, block) pairs that came back wrong."""
     import tempfile
 
     import sluice.kv
 
     bad = []
+    words = block // 4
     with (
         tempfile.TemporaryDirectory(dir=pick_data_dir()) as d,
-        sluice.kv.open(d, block_bytes=64 << 10, ssd="256MiB") as store,
+        sluice.kv.open(d, block_bytes=block, ssd="256MiB") as store,
     ):
-        for rnd in range(20):
-            n = 1 + rnd * 37 % 300  # up to 300 blocks of 64 KiB: several 8 MiB slots
-            src = [torch.full(((64 << 10) // 4,), rnd * 1000 + i, dtype=torch.int32,
-                              device=DEV) for i in range(n)]  # fmt: skip
-            keys = [f"{rnd}-{i}".encode() for i in range(n)]
-            assert all(store.put_batch(keys, src)), f"round {rnd}: put refused"
+        for rnd in range(rounds):
+            n = count(rnd)
+            src = [torch.full((words,), rnd * 1000 + i, dtype=torch.int32, device=DEV)
+                   for i in range(n)]  # fmt: skip
+            keys = [f"{block}-{rnd}-{i}".encode() for i in range(n)]
+            assert all(put(store, keys, src)), f"round {rnd}: put refused"
             out = [torch.zeros_like(t) for t in src]
-            assert all(store.get_batch_into(keys, out)), f"round {rnd}: a miss"
+            assert all(get(store, keys, out)), f"round {rnd}: a miss"
             sums = [t.to(torch.int64).sum() for t in out]  # queued, not waited for
             sync()
-            for i, total in enumerate(sums):
-                if int(total) != (rnd * 1000 + i) * ((64 << 10) // 4):
-                    bad.append((rnd, i))
+            bad += [(rnd, i) for i, s_ in enumerate(sums) if int(s_) != (rnd * 1000 + i) * words]
+    return bad
+
+
+@check("kv.cuda_blocks.ordered_round_trips")
+def _():
+    bad = kv_round_trips(
+        64 << 10,
+        20,
+        lambda rnd: 1 + rnd * 37 % 300,  # up to 300 blocks of 64 KiB: several 8 MiB slots
+        lambda store, keys, src: store.put_batch(keys, src),
+        lambda store, keys, out: store.get_batch_into(keys, out),
+    )
     assert not bad, f"wrong blocks: {bad[:5]}"
     return {"rounds": 20}
 
@@ -602,6 +613,115 @@ def _():
     del dest
     free_cuda()
     return out
+
+
+@check("safe_open.big.cuda0.get_tensor_every_dtype")
+def _():
+    # get_tensor on CUDA reads through two pinned windows of the process's budget.
+    with sluice.safe_open(BIG, "pt", device=REF_DEVICE) as f:
+        got = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    out = compare_dicts(got, REF, DEV)
+    from sluice import _pinned
+
+    st_ = _pinned.pinned_stats()
+    assert st_["held_bytes"] == 0, f"windows not given back: {st_}"
+    out["pinned"] = st_
+    del got
+    free_cuda()
+    return out
+
+
+@check("pinned.budget_memory_is_pinned_for_torch")
+def _():
+    # torch must see the budget's cudaHostRegister'd memory as pinned, or its non_blocking
+    # copies from it would be synchronous.
+    from sluice import _pinned
+
+    buf = _pinned.take(8 << 20, "gpu check")
+    assert buf is not None, "the default budget refused 8 MiB"
+    try:
+        t = buf.tensor()
+        pinned = bool(t.is_pinned()) if torch.cuda.is_available() else None
+        assert CPU_MODE or pinned, "torch does not see the budget's memory as pinned"
+        t.fill_(7)
+        if not CPU_MODE:
+            d = torch.empty(8 << 20, dtype=torch.uint8, device=DEV)
+            d.copy_(t, non_blocking=True)
+            sync()
+            assert int(d.sum()) == 7 * (8 << 20)
+    finally:
+        buf.release()
+    return {"is_pinned": pinned, "stats": _pinned.pinned_stats()}
+
+
+@check("kv.cuda_blocks.submit_round_trips")
+def _():
+    bad = kv_round_trips(
+        16 << 10,
+        10,
+        lambda rnd: 50 + rnd * 97 % 700,  # 16 KiB blocks: up to 2 slots of 512
+        lambda store, keys, src: store.submit_put(keys, src).wait(60),
+        lambda store, keys, out: store.submit_get(keys, out).wait(60),
+    )
+    assert not bad, f"wrong blocks: {bad[:5]}"
+    return {"rounds": 10}
+
+
+@check("stream.cuda0.file_truncated_mid_load_is_a_typed_error")
+def _():
+    # The file is cut to half while a load is part-way: a typed error naming it, not zeros.
+    cut = os.path.join(DATA, "cut.safetensors")
+    shutil.copyfile(BIG, cut)
+    got = 0
+    try:
+        for _name, _t in sluice.stream(cut, device=REF_DEVICE, memory_limit="64MiB"):
+            got += 1
+            if got == 2:
+                os.truncate(cut, os.path.getsize(cut) // 2)
+        raise AssertionError(f"the whole load passed after a truncation ({got} tensors)")
+    except sluice.SluiceError as e:
+        assert "cut.safetensors" in str(e), f"the error does not name the file: {e}"
+        return {"error": f"{type(e).__name__}: {str(e)[:200]}", "tensors_before": got}
+    finally:
+        os.unlink(cut)
+        sync()
+
+
+@check("gds.status")
+def _():
+    # GPUDirect Storage through kvikio, where installed: whether cuFile reads straight to
+    # the GPU here (not compat mode), and its warm read of BIG next to Sluice's.
+    try:
+        import kvikio
+        import kvikio.defaults
+    except ImportError as e:
+        return {
+            "kvikio": f"not installed ({e})",
+            "nvidia_fs": os.path.exists("/proc/driver/nvidia-fs"),
+        }
+    info: dict = {"kvikio": getattr(kvikio, "__version__", "?"),
+                  "nvidia_fs": os.path.exists("/proc/driver/nvidia-fs")}  # fmt: skip
+    try:
+        info["compat_mode"] = str(kvikio.defaults.compat_mode())
+    except Exception as e:
+        info["compat_mode"] = f"{type(e).__name__}: {e}"
+    if CPU_MODE:
+        return info
+    size = os.path.getsize(BIG)
+    buf = torch.empty(size, dtype=torch.uint8, device=DEV)
+    times = []
+    for _ in range(3):
+        sync()
+        t = time.perf_counter()
+        with kvikio.CuFile(BIG, "r") as f:
+            n = f.read(buf)
+        sync()
+        times.append(time.perf_counter() - t)
+    info["kvikio_read_warm_GB_per_s"] = round(size / statistics.median(times) / 1e9, 2)
+    info["bytes_read"] = n
+    del buf
+    free_cuda()
+    return info
 
 
 @check("stream.early_close.cuda0")
@@ -697,7 +817,7 @@ def _():
 @check("safe_open.unaligned.cuda0.get_tensor_and_slice")
 def _():
     with sluice.safe_open(UNALIGNED, framework="pt", device=REF_DEVICE) as f:
-        got = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+        got = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118  # noqa: SIM118 (safe_open has no __iter__)
         sl = f.get_slice("b_f32")[1:, 1:4]
     sync()
     out = compare_dicts(got, REF_UNALIGNED, DEV)
@@ -856,6 +976,79 @@ def _():
     res["sluice_stats_warm_last"] = stats_warm[-1] if stats_warm else None
     RESULTS["timings"] = res
     return None
+
+
+def gbps(nbytes: int, fn, rounds: int = 5) -> dict:
+    ts = []
+    for _ in range(rounds):
+        sync()
+        t = time.perf_counter()
+        fn()
+        sync()
+        ts.append(time.perf_counter() - t)
+    med = statistics.median(ts)
+    return {
+        "GB_per_s": round(nbytes / med / 1e9, 2),
+        "range_s": [round(min(ts), 4), round(max(ts), 4)],
+    }
+
+
+def kv_rates(block: int, total: int) -> dict:
+    import tempfile
+
+    import sluice.kv
+
+    count = total // block
+    src = [torch.randint(0, 255, (block,), dtype=torch.uint8, device=DEV) for _ in range(count)]
+    out = [torch.empty_like(t) for t in src]
+    keys = [f"b{block}-{i}".encode() for i in range(count)]
+    k = f"{block >> 10}KiB"
+    res = {}
+    with (
+        tempfile.TemporaryDirectory(dir=pick_data_dir()) as d,
+        sluice.kv.open(
+            d, block_bytes=block, dram=2 * total, ssd=2 * total, write_mode="write-back"
+        ) as store,
+    ):
+        rounds = iter(range(100))
+
+        def put_fresh() -> None:  # new keys each round: a stored key's put is a no-op
+            r = next(rounds)
+            fresh = [b"r%d-" % r + key for key in keys0]
+            store.put_batch(fresh, src)
+            keys[:] = fresh
+
+        keys0 = list(keys)
+        res[f"kv_put_{k}"] = gbps(total, put_fresh, 3)
+        res[f"kv_get_{k}"] = gbps(total, lambda: store.get_batch_into(keys, out), 3)
+        assert all(torch.equal(a, b) for a, b in zip(src, out)), f"{block}: wrong bytes"
+        res[f"loop_to_cpu_{k}"] = gbps(total, lambda: [t.to("cpu") for t in src], 3)
+    return res
+
+
+@check("timing.pinned_vs_pageable_and_kv")
+def _():
+    # The targets' yardsticks in the same run: torch's pinned and pageable host-to-device
+    # bandwidth, and KV blocks between HBM and Sluice's DRAM tier (2 MiB, 128 KiB, 16 KiB)
+    # against a loop of per-block tensor.to() copies.
+    res: dict = {}
+    n = 1 << 30 if not CPU_MODE else 64 << 20
+    host = {
+        "pinned": torch.empty(n, dtype=torch.uint8, pin_memory=torch.cuda.is_available()),
+        "pageable": torch.empty(n, dtype=torch.uint8),
+    }
+    dev = torch.empty(n, dtype=torch.uint8, device=DEV)
+    res["torch_h2d_pinned"] = gbps(n, lambda: dev.copy_(host["pinned"], non_blocking=True))
+    res["torch_d2h_pinned"] = gbps(n, lambda: host["pinned"].copy_(dev, non_blocking=True))
+    res["torch_h2d_pageable"] = gbps(n, lambda: dev.copy_(host["pageable"]))
+    host.clear()
+    dev = None
+    total = 512 << 20 if not CPU_MODE else 32 << 20
+    for block in (2 << 20, 128 << 10, 16 << 10):
+        res.update(kv_rates(block, total))
+        free_cuda()
+    RESULTS["timings"]["pinned_vs_pageable_and_kv"] = res
+    return res
 
 
 # --------------------------------------------------------------------------- summary

@@ -44,6 +44,10 @@ class Checkpoint:
         """``(path, tensor_count, tensor_bytes, file_len)`` per shard."""
     def read_tensor(self, name: str) -> TensorBuffer:
         """The bytes of tensor ``name`` from the held file (GIL released)."""
+    def read_tensor_into(self, name: str, offset: int, address: int, len: int) -> None:
+        """Reads bytes ``offset..offset + len`` of ``name`` into host memory at ``address``,
+        which the caller owns for the call (GIL released); a range past the tensor is a
+        ``ConfigError``."""
     def read_block(self, name: str, ranges: list[tuple[int, int]]) -> TensorBuffer:
         """The row-major block of ``name`` spanning ``ranges[d] = (lo, hi)`` per dimension."""
     def __len__(self) -> int: ...
@@ -118,6 +122,37 @@ def parse_byte_size(name: str, value: _ByteSize) -> int:
 def gpu_runtime() -> str | None:
     """The CUDA runtime that pins the loader's buffers (``pin=True``), opened on first
     use (torch's when torch loaded one); ``None`` where this process has none."""
+
+@final
+class PinnedPool:
+    """Host memory registered with CUDA once: ``slots`` slots of ``slot_bytes`` (rounded up
+    to a page), registered when made, unregistered when the pool and its slots are gone.
+    Without a CUDA runtime the slots are plain memory and ``pinned`` is false."""
+
+    def __init__(self, slot_bytes: int, slots: int) -> None: ...
+    @property
+    def slot_bytes(self) -> int: ...
+    @property
+    def pinned(self) -> bool: ...
+    def acquire(self, timeout: float | None = None) -> PinnedSlot | None:
+        """A slot; waits for one (at most ``timeout`` seconds, then ``None``)."""
+    def stats(self) -> dict[str, Any]:
+        """``slots``, ``slot_bytes``, ``pinned``, ``held``, ``acquires``,
+        ``waits_for_holders``, ``lost``."""
+
+@final
+class PinnedSlot:
+    """One slot, held until ``release()``; numpy views it without a copy (and keep it
+    alive), but must not be used after ``release()``."""
+
+    @property
+    def address(self) -> int: ...
+    @property
+    def held(self) -> bool: ...
+    def release(self) -> None: ...
+    def __len__(self) -> int: ...
+    @property
+    def __array_interface__(self) -> dict[str, Any]: ...
 
 def start_stream(
     path: _StrPath,

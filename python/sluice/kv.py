@@ -52,8 +52,8 @@ def _address(buf: Any, index: int, writable: bool) -> tuple[int, int]:
             from ._kv_device import is_device
 
             why = (
-                f"buffer {index}: a {buf.device} tensor; put_batch and get_batch_into take "
-                "CUDA tensors, the other calls host memory"
+                f"buffer {index}: a {buf.device} tensor; sluice.kv takes host memory and "
+                "CUDA tensors"
             )
             raise _DeviceBuffer(why) if is_device(buf) else ValueError(why)
         if not buf.is_contiguous():
@@ -177,6 +177,7 @@ class KvStore:
         # Submitted jobs not reported yet, by id: poll() hands back these objects.
         self._jobs: dict[int, KvJob] = {}
         self._staging: Any = None  # pinned slots for CUDA blocks, made on first use
+        self._device_ids = 0
 
     def _device_staging(self) -> Any:
         if self._staging is None:
@@ -260,15 +261,34 @@ class KvStore:
 
     def submit_put(self, keys: Sequence[bytes], blocks: Sequence[Any]) -> KvJob:
         """:meth:`put_batch` without waiting: arguments are checked now (errors raise
-        here), the batch runs in the background."""
-        ks, addrs, held = _batch(keys, blocks, writable=False)
+        here), the batch runs in the background. Do not change the blocks until the job is
+        done. CUDA blocks are copied out on the streams current at this call, so the store
+        gets what the kernels queued there before it wrote."""
+        blocks = blocks if isinstance(blocks, (list, tuple)) else list(blocks)
+        try:
+            ks, addrs, held = _batch(keys, blocks, writable=False)
+        except _DeviceBuffer:
+            return self._submit_device("put", keys, blocks)
         return self._track(self._native.submit_put(ks, addrs, held), held)
 
     def submit_get(self, keys: Sequence[bytes], buffers: Sequence[Any]) -> KvJob:
         """:meth:`get_batch_into` without waiting; do not touch the buffers until the
-        job is done."""
-        ks, addrs, held = _batch(keys, buffers, writable=True)
+        job is done. For CUDA buffers the copies are queued on the streams current at this
+        call; once the job is done, work queued on those streams sees the bytes."""
+        buffers = buffers if isinstance(buffers, (list, tuple)) else list(buffers)
+        try:
+            ks, addrs, held = _batch(keys, buffers, writable=True)
+        except _DeviceBuffer:
+            return self._submit_device("get", keys, buffers)
         return self._track(self._native.submit_get(ks, addrs, held), held)
+
+    def _submit_device(self, kind: str, keys: Sequence[bytes], buffers: Sequence[Any]) -> KvJob:
+        self._device_ids -= 1  # negative: never a native job's id
+        native = self._native.put_batch if kind == "put" else self._native.get_batch_into
+        job = self._device_staging().submit(
+            self._device_ids, kind, _keys(keys), list(buffers), native
+        )
+        return self._track(job, list(buffers))
 
     def _track(self, native: Any, held: list[Any]) -> KvJob:
         job = KvJob(native, self, held)
@@ -282,6 +302,8 @@ class KvStore:
             job = self._jobs.pop(int(job_id), None)
             if job is not None:
                 out.append(job)
+        for job_id in [i for i, j in self._jobs.items() if i < 0 and j.done()]:
+            out.append(self._jobs.pop(job_id))
         return out
 
     def sync(self) -> None:
@@ -303,6 +325,8 @@ class KvStore:
         :meth:`sync`) and releases the store (for a connection: waits for its jobs and
         hangs up; the sidecar and its store go on); calls made once it began raise
         ``SluiceError``."""
+        if self._staging is not None:
+            self._staging.close()  # device batches and their copies first: they call the store
         self._native.close()
 
     def __enter__(self) -> KvStore:

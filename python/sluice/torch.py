@@ -15,7 +15,7 @@ from typing import Any, Optional, Union
 import numpy as np
 import torch
 
-from . import _core, _sluice
+from . import _core, _pinned, _sluice
 from ._core import ByteSize, IncompatibleKeys, NameFilter, PathLike
 from ._progress import ProgressCallback
 from .errors import ConfigError, SluiceError, TensorNotFoundError
@@ -478,6 +478,16 @@ class safe_open:
         dtype, shape = self._layout(name)
         tdtype = torch_dtype(name, dtype)
         shape = torch_shape(name, dtype, shape, self._path)
+        if self._device.type == "cuda":
+            out = torch.empty(shape, dtype=tdtype, device=self._device)
+            flat = out.reshape(-1).view(torch.uint8) if out.numel() else None
+            if flat is None or _through_pinned(
+                lambda off, addr, n: self._ckpt.read_tensor_into(name, off, addr, n),
+                flat,
+                lambda: _record_on(self._device),
+                f"safe_open {name!r}",
+            ):
+                return out
         tensor = bytes_tensor(self._ckpt.read_tensor(name), tdtype, shape)
         return tensor if self._device.type == "cpu" else tensor.to(self._device)
 
@@ -488,6 +498,58 @@ class safe_open:
     def get_tensors(self) -> dict[str, torch.Tensor]:
         """Every tensor, read by the loader from the held files."""
         return load_file(self._path, self._device, checkpoint=self._open(), **self._options)
+
+
+#: The pinned windows a CUDA ``safe_open(...).get_tensor`` reads through: two, alternating,
+#: so one window's read overlaps the other's copy.
+_GET_WINDOW_BYTES = 16 << 20
+
+
+def _record_on(device: torch.device) -> Any:
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
+def _through_pinned(
+    read_into: Callable[[int, int, int], None],
+    dst: torch.Tensor,
+    record: Callable[[], Any],
+    what: str,
+) -> bool:
+    """Fills ``dst`` (flat bytes in device memory) window by window: ``read_into(offset,
+    address, n)`` reads into a pinned window from the process's budget, and the window's
+    copy is queued (``non_blocking``) on the device's current stream, with an event
+    (``record()``) after it. A window is read into again only after its event; returns once
+    every copy has run. ``False`` (nothing read) when the budget has no room for a window:
+    the caller reads another way. An error waits for the copies queued so far, gives the
+    windows back and propagates (``dst`` is then partial)."""
+    nbytes = dst.numel()
+    size = min(nbytes, _GET_WINDOW_BYTES)
+    windows = []
+    for _ in range(1 if size == nbytes else 2):
+        buf = _pinned.take(size, what)
+        if buf is None:
+            break
+        windows.append([buf, buf.tensor(), None])  # buffer, its view, its last event
+    try:
+        if not windows:
+            return False
+        for k, offset in enumerate(range(0, nbytes, size)):
+            window = windows[k % len(windows)]
+            if window[2] is not None:
+                window[2].synchronize()  # its previous copy has run
+            n = min(size, nbytes - offset)
+            read_into(offset, window[0].address, n)
+            dst[offset : offset + n].copy_(window[1][:n], non_blocking=True)
+            window[2] = record()
+        return True
+    finally:
+        for _, _, event in windows:
+            if event is not None:
+                event.synchronize()
+        for buf, _, _ in windows:
+            buf.release()
 
 
 class TensorSlice:

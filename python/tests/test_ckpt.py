@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import sluice._pinned as _pinned
 import sluice.ckpt as ck
 import torch
 from sluice.errors import (
@@ -669,6 +670,7 @@ def test_device_tensors_stream_through_the_budget_into_the_same_chunks(
     }
     plain = ck.save(sd, store / "plain", chunk_bytes=CHUNK, blocking=True).result()
     monkeypatch.setattr(state, "streamed", lambda t: isinstance(t, torch.Tensor))
+    pins = _pinned.pinned_stats()
     r = ck.save(sd, store / "streamed", chunk_bytes=CHUNK, staging_bytes=4 * CHUNK).result()
     assert r["written_bytes"] == 0  # the very chunks the plain save stored
     assert ck.manifest(store / "streamed")["entries"] == ck.manifest(store / "plain")["entries"]
@@ -689,6 +691,11 @@ def test_device_tensors_stream_through_the_budget_into_the_same_chunks(
     # The window and the pool share the budget.
     assert r["rank_report"]["staging_peak_bytes"] + pushed[0][1] <= 4 * CHUNK
     same(sd, ck.load(blank(sd), fresh / "s1"))
+    # The window is the process's pinned memory: given back after each save, and the
+    # second save of the same window size reused the first one's (registered once).
+    now = _pinned.pinned_stats()
+    assert now["held_bytes"] == pins["held_bytes"], now
+    assert now["takes"] - pins["takes"] == 2 and now["reuses"] - pins["reuses"] >= 1, now
     dcp_save(sd, fresh / "d1", staging_bytes=4 * CHUNK)
     same(sd, dcp_load(blank(sd), fresh / "d1"))
 

@@ -4,9 +4,11 @@ loader's pool until the copies from it have run (issue 29; docs/design/gpu.md)."
 
 from __future__ import annotations
 
+import ctypes
 import weakref
 from typing import ClassVar
 
+import numpy as np
 import pytest
 import sluice
 import sluice.torch as st
@@ -14,7 +16,7 @@ import torch
 from conftest import assert_same_tensors
 from safetensors.torch import load_file as st_load_file
 from safetensors.torch import save_file
-from sluice import _core, _sluice
+from sluice import _core, _pinned, _sluice
 
 
 @pytest.fixture
@@ -135,3 +137,79 @@ def test_host_copies_need_no_event(monkeypatch):
     monkeypatch.setattr(st, "window_tensors", lambda w: [(f"t{w.i}", torch.ones(2) * w.i)])
     out = dict(st._fenced([Window(i) for i in range(4)], lambda n, t: t.clone()))
     assert [float(v[0]) for v in out.values()] == [0.0, 1.0, 2.0, 3.0]
+
+
+class LoggedEvent:
+    def __init__(self, log, k):
+        self.log, self.k = log, k
+
+    def synchronize(self):
+        self.log.append(("wait", self.k))
+
+
+def pinned_reads(monkeypatch, data, window, fail_at=None):
+    """``_through_pinned`` over ``data`` with windows of ``window`` bytes: the log of reads,
+    copies and event waits, and the destination."""
+    monkeypatch.setattr(st, "_GET_WINDOW_BYTES", window)
+    log = []
+    dst = torch.zeros(len(data), dtype=torch.uint8)
+    src = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+    def read_into(offset, addr, n):
+        if offset == fail_at:
+            raise sluice.SluiceIOError(f"m.safetensors: read at {offset} failed")
+        log.append(("read", offset))
+        torch.from_numpy(np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(addr)))[:] = src[
+            offset : offset + n
+        ]
+
+    def record():
+        k = sum(1 for e in log if e[0] == "read") - 1
+        log.append(("record", k))
+        return LoggedEvent(log, k)
+
+    return log, dst, lambda: st._through_pinned(read_into, dst, record, "test")
+
+
+def test_a_cuda_get_tensor_reads_through_two_pinned_windows_waiting_before_reuse(monkeypatch):
+    data = bytes(range(256)) * 40  # 10240 bytes: 5 windows of 2048
+    held = _pinned.pinned_stats()["held_bytes"]
+    log, dst, run = pinned_reads(monkeypatch, data, 2048)
+    assert run() is True
+    assert bytes(dst.numpy()) == data
+    reads = [e for e in log if e[0] != "record"]
+    # Window k is read into again only after the event of its copy k-2.
+    assert reads[:8] == [("read", 0), ("read", 2048), ("wait", 0), ("read", 4096), ("wait", 1),
+                         ("read", 6144), ("wait", 2), ("read", 8192)]  # fmt: skip
+    assert sorted(reads[8:]) == [("wait", 3), ("wait", 4)], "returns once every copy ran"
+    assert _pinned.pinned_stats()["held_bytes"] == held, "both windows went back"
+
+
+def test_a_failed_read_mid_tensor_waits_for_queued_copies_and_gives_windows_back(monkeypatch):
+    data = bytes(range(256)) * 40
+    held = _pinned.pinned_stats()["held_bytes"]
+    log, _, run = pinned_reads(monkeypatch, data, 2048, fail_at=6144)
+    with pytest.raises(sluice.SluiceIOError, match="read at 6144 failed"):
+        run()
+    assert sorted(log[-2:]) == [("wait", 1), ("wait", 2)], "the copies in flight ran first"
+    assert _pinned.pinned_stats()["held_bytes"] == held
+
+
+def test_a_full_pinned_budget_makes_get_tensor_read_the_pageable_way(monkeypatch):
+    budget = _pinned.Budget(0, lambda size: _sluice.PinnedPool(size, 1))
+    monkeypatch.setattr(_pinned, "_BUDGET", budget)
+    log, dst, run = pinned_reads(monkeypatch, b"x" * 5000, 2048)
+    assert run() is False and log == [] and int(dst.sum()) == 0
+
+
+def test_reads_into_caller_memory_stay_inside_the_tensor(model):
+    ck = _sluice.open_checkpoint(str(model))
+    buf = np.zeros(16, np.uint8)
+    ck.read_tensor_into("odd", 2, buf.ctypes.data, 5)
+    assert list(buf[:6]) == [2, 3, 4, 5, 6, 0]
+    with pytest.raises(sluice.ConfigError, match="outside the tensor's 7 bytes"):
+        ck.read_tensor_into("odd", 4, buf.ctypes.data, 8)
+    with pytest.raises(sluice.ConfigError, match="null address"):
+        ck.read_tensor_into("odd", 0, 0, 7)
+    with pytest.raises(sluice.TensorNotFoundError, match="nope"):
+        ck.read_tensor_into("nope", 0, buf.ctypes.data, 1)

@@ -5,12 +5,19 @@ bytes, the miss rule and the errors are checked here; the stream ordering runs o
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
+import time
+
 import numpy as np
 import pytest
 import sluice._kv_device as kd
+import sluice._pinned as _pinned
+import sluice._sluice as sluice_native
 import sluice.kv as kv
 import torch
-from sluice.errors import ConfigError
+from sluice.errors import ConfigError, SluiceError
 
 BLOCK = 16 << 10  # a 16 KiB KV block, the small end seed 002 names
 
@@ -27,7 +34,6 @@ def staged(monkeypatch):
         return host_address(buf, index, writable)
 
     monkeypatch.setattr(kv, "_address", address)
-    monkeypatch.setattr(kd, "pinned_empty", lambda n: torch.empty(n, dtype=torch.uint8))
     monkeypatch.setattr(kd, "SLOT_BYTES", 5 * BLOCK)
     return monkeypatch
 
@@ -108,18 +114,95 @@ def test_bad_device_batches_are_config_errors_naming_the_buffer(staged, store):
     assert store.stats()["puts"] == 0, "nothing was stored by a refused batch"
 
 
-def test_submit_calls_still_refuse_device_tensors_naming_the_calls_that_take_them(store):
-    class Cuda:
-        device = torch.device("cuda", 0)
+def test_submitted_device_batches_round_trip_and_are_polled_once(staged, store):
+    src = blocks(12, 7)
+    put = store.submit_put([b"s%d" % i for i in range(12)], src)
+    assert put.kind == "put" and put.id < 0, "device jobs have ids no native job has"
+    assert put.wait(30) == [True] * 12
+    out = [torch.zeros(BLOCK // 2, dtype=torch.int16) for _ in range(12)]
+    get = store.submit_get([b"s%d" % i for i in range(12)], out)
+    deadline = time.monotonic() + 30
+    polled = []
+    while not polled and time.monotonic() < deadline:
+        polled = store.poll()
+        time.sleep(0.01)
+    assert polled == [get], "the finished job is reported by poll"
+    assert store.poll() == [], "once"
+    assert get.result() == [True] * 12
+    assert all(torch.equal(a, b) for a, b in zip(src, out))
 
-        def data_ptr(self):
-            return 0
 
-        def is_contiguous(self):
-            return True
+def test_submitted_device_batches_are_checked_at_the_call(staged, store):
+    with pytest.raises(ConfigError, match="buffer 1: 8 bytes"):
+        store.submit_put([b"a", b"b"], [blocks(1, 4)[0], torch.zeros(2)])
+    with pytest.raises(ConfigError, match="2 keys but 1 buffers"):
+        store.submit_get([b"a", b"b"], blocks(1, 4))
+    assert store.stats()["puts"] == 0, "nothing was stored by a refused batch"
 
-    with pytest.raises(ValueError, match="put_batch and get_batch_into take CUDA tensors"):
-        store.submit_put([b"a"], [Cuda()])
+
+def test_submitted_copies_run_on_the_streams_current_at_the_call(staged, store):
+    seen = []
+
+    @contextlib.contextmanager
+    def made_current(stream):
+        seen.append((threading.current_thread().name, stream))
+        yield
+
+    staged.setattr(kd, "is_device", lambda b: isinstance(b, torch.Tensor))
+    staged.setattr(kd, "current_stream", lambda d: f"caller's stream on {d}")
+    staged.setattr(kd, "stream_context", made_current)
+    staged.setattr(kd, "new_event", lambda: FakeEvent([]))
+    assert store.submit_put([b"x"], blocks(1, 1)).wait(30) == [True]
+    assert len(seen) == 1
+    thread, stream = seen[0]
+    assert thread.startswith("sluice-kv-device") and stream == "caller's stream on cpu"
+
+
+def test_close_waits_for_device_jobs_and_gives_the_pinned_slots_back(staged, tmp_path):
+    before = _pinned.pinned_stats()["held_bytes"]
+    s = kv.open(tmp_path / "kv2", block_bytes=BLOCK, ssd="8MiB")
+    release = threading.Event()
+    native_put = s._native.put_batch
+
+    def slow_put(keys, addrs):
+        release.wait(30)
+        return native_put(keys, addrs)
+
+    class Slow:
+        def __getattr__(self, attr):
+            return getattr(native, attr)
+
+    native = s._native
+    Slow.put_batch = staticmethod(slow_put)
+    s._native = Slow()
+    job = s.submit_put([b"c0"], blocks(1, 3))
+    assert _pinned.pinned_stats()["held_bytes"] == before + 2 * 5 * BLOCK
+    threading.Timer(0.3, release.set).start()
+    s._native = native  # close itself goes straight to the store
+    s.close()
+    assert job.done() and job.result() == [True], "close waited for the submitted put"
+    assert _pinned.pinned_stats()["held_bytes"] == before, "both slots went back"
+    with pytest.raises(SluiceError, match="closed"):
+        s._staging.put([b"c1"], blocks(1, 3), native_put)
+
+
+def test_a_full_pinned_budget_stages_through_plain_memory(staged, tmp_path, caplog):
+    budget = _pinned.Budget(5 * BLOCK, lambda size: sluice_native.PinnedPool(size, 1))
+    staged.setattr(_pinned, "_BUDGET", budget)
+    s = kv.open(tmp_path / "kv3", block_bytes=BLOCK, ssd="8MiB")
+    try:
+        with caplog.at_level(logging.WARNING, logger="sluice"):
+            src = blocks(12, 9)
+            assert s.put_batch([b"f%d" % i for i in range(12)], src) == [True] * 12
+        out = [torch.zeros(BLOCK // 2, dtype=torch.int16) for _ in range(12)]
+        assert s.get_batch_into([b"f%d" % i for i in range(12)], out) == [True] * 12
+        assert all(torch.equal(a, b) for a, b in zip(src, out))
+        st = budget.stats()
+        assert st["refused"] == 1 and st["peak"] <= 5 * BLOCK, st
+        assert "do not fit the pinned budget" in caplog.text
+    finally:
+        s.close()
+    assert budget.stats()["held_bytes"] == 0
 
 
 class FakeEvent:
@@ -135,7 +218,6 @@ class FakeEvent:
 
 def test_a_slot_is_reused_only_after_the_event_of_its_copies(monkeypatch):
     log = []
-    monkeypatch.setattr(kd, "pinned_empty", lambda n: torch.empty(n, dtype=torch.uint8))
     monkeypatch.setattr(kd, "new_event", lambda: FakeEvent(log))
     monkeypatch.setattr(kd, "current_stream", lambda d: f"stream {d}")
     slot = kd.Slot(BLOCK)

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 from sluice.errors import ConfigError
-from sluice.integrations.vllm_loader import split_reads, stream_options, weights_source
+from sluice.integrations.vllm_loader import (
+    split_reads,
+    stream_options,
+    weights_device,
+    weights_source,
+)
 
 
 def test_the_extra_config_keys_become_stream_options():
@@ -73,3 +78,24 @@ def test_tensor_parallel_reads_are_split_once_contiguously_and_evenly_in_rounds(
     assert split_reads([], [], 2, 80) == []
     assert {o for r in split_reads(names, sizes, 1, 80) for _, o in r} == {0}
     assert {o for r in split_reads(names, sizes, 4, 1000) for _, o in r} == {0, 1, 2, 3}
+
+
+def test_weights_are_streamed_to_the_device_the_model_lives_on():
+    import torch
+
+    class Model:
+        def __init__(self, *devices):
+            self.devices = devices
+
+        def parameters(self):
+            return iter(torch.empty(0, device="meta").new_empty(0) if d == "meta" else P(d)
+                        for d in self.devices)  # fmt: skip
+
+    class P:
+        def __init__(self, device):
+            self.device = torch.device(device)
+
+    assert weights_device(Model("cuda:1", "cuda:1")) == "cuda:1"
+    assert weights_device(Model("cpu")) == "cpu"
+    assert weights_device(Model("meta")) == "cpu", "only CUDA gets the device path"
+    assert weights_device(Model()) == "cpu"

@@ -215,6 +215,24 @@ impl Classify for crate::PoolError {
     }
 }
 
+impl Classify for crate::gpu::GpuError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            crate::gpu::GpuError::NoRuntime { .. } => ErrorClass::NoRuntime,
+            crate::gpu::GpuError::Invalid { .. } => ErrorClass::Config,
+            crate::gpu::GpuError::Alloc { .. } => ErrorClass::MemoryLimit,
+            _ => ErrorClass::Failed,
+        }
+    }
+
+    fn errno(&self) -> Option<i32> {
+        match self {
+            crate::gpu::GpuError::Alloc { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -176,6 +176,33 @@ impl OpenCheckpoint {
         Ok(out)
     }
 
+    /// Bytes `offset..offset + out.len()` of tensor `name`, into `out` (for callers that
+    /// stage a tensor through buffers of their own, such as pinned windows for a GPU).
+    pub fn read_tensor_range(
+        &self,
+        name: &str,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), LoadError> {
+        let (shard, tensor) = self.locate(name)?;
+        let end = offset.checked_add(out.len() as u64);
+        if end.is_none_or(|end| end > tensor.byte_len()) {
+            return Err(LoadError::config(
+                format!("bytes {offset}..+{} of tensor {name:?}", out.len()),
+                format!("outside the tensor's {} bytes", tensor.byte_len()),
+            ));
+        }
+        let start = self.checkpoint.shards[shard].header.data_start + tensor.start + offset;
+        self.read_runs(
+            shard,
+            &[Run {
+                file_offset: start,
+                len: out.len(),
+            }],
+            out,
+        )
+    }
+
     /// The block of tensor `name` with `ranges[d] = (lo, hi)` along each
     /// dimension `d`, in row-major order; reads only the bytes it covers
     /// (plus gaps under [`GAP_READ_OVER`]).

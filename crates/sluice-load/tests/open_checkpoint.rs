@@ -34,6 +34,35 @@ fn reads_each_tensor_bit_identical() {
 }
 
 #[test]
+fn ranges_of_a_tensor_read_into_caller_memory_piece_by_piece() {
+    let dir = tempdir();
+    let big = f32_tensor("big", 700, 1000, 3); // 2.8 MB: pieces past the one-pread size
+    let path = write_file(&dir.path().join("m.safetensors"), &[big]);
+    let want = f32_tensor("big", 700, 1000, 3).bytes;
+    let ckpt = OpenCheckpoint::open(&path, ReadOptions::default()).unwrap();
+    for window in [1usize, 4096, 1 << 20, want.len()] {
+        let mut got = vec![0u8; want.len()];
+        for (k, piece) in got.chunks_mut(window).enumerate() {
+            ckpt.read_tensor_range("big", (k * window) as u64, piece)
+                .unwrap();
+        }
+        assert!(got == want, "windows of {window} bytes");
+    }
+    let mut past = vec![0u8; 8];
+    let err = ckpt
+        .read_tensor_range("big", want.len() as u64 - 4, &mut past)
+        .unwrap_err();
+    assert!(matches!(err, LoadError::Config { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("outside the tensor's 2800000 bytes"),
+        "{err}"
+    );
+    let err = ckpt.read_tensor_range("nope", 0, &mut past).unwrap_err();
+    assert!(matches!(err, LoadError::UnknownTensor { .. }), "{err}");
+}
+
+#[test]
 fn a_file_replaced_after_opening_still_yields_its_own_bytes() {
     // Same size, tensor order swapped: reopening the path would hand back
     // y's bytes for x with no error.

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use sluice_load::{LoadConfig, Loader, OpenCheckpoint, ReadOptions, TensorBytes};
 
-use crate::errors::err;
+use crate::errors::{config_error, err};
 
 #[pyclass(name = "Checkpoint", module = "sluice._sluice", frozen)]
 pub struct PyCheckpoint {
@@ -126,6 +126,31 @@ impl PyCheckpoint {
     fn read_tensor(&self, py: Python<'_>, name: &str) -> PyResult<TensorBuffer> {
         let bytes = py.detach(|| self.inner.read_tensor(name)).map_err(err)?;
         Ok(TensorBuffer { bytes })
+    }
+
+    /// Reads bytes `offset..offset + len` of `name` into host memory at `address` (GIL
+    /// released). The caller owns `len` writable bytes there until this returns.
+    fn read_tensor_into(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        offset: u64,
+        address: usize,
+        len: usize,
+    ) -> PyResult<()> {
+        if address == 0 && len > 0 {
+            return Err(config_error(format!(
+                "read_tensor_into {name:?}: a null address for {len} bytes"
+            )));
+        }
+        // SAFETY: the caller hands over `len` writable bytes at `address` for the call.
+        let out: &mut [u8] = if len == 0 {
+            &mut []
+        } else {
+            unsafe { std::slice::from_raw_parts_mut(address as *mut u8, len) }
+        };
+        py.detach(|| self.inner.read_tensor_range(name, offset, out))
+            .map_err(err)
     }
 
     /// The block of `name` spanning `ranges[d] = (lo, hi)` in each dimension,

@@ -35,6 +35,8 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(checkpoint::open_checkpoint, m)?)?;
     m.add_function(wrap_pyfunction!(stream::start_stream, m)?)?;
     m.add_function(wrap_pyfunction!(gpu::gpu_runtime, m)?)?;
+    m.add_class::<gpu::PyPinnedPool>()?;
+    m.add_class::<gpu::PySlot>()?;
     m.add_function(wrap_pyfunction!(config::check_options, m)?)?;
     m.add_function(wrap_pyfunction!(config::parse_byte_size, m)?)?;
     m.add_function(wrap_pyfunction!(sim::sim_run, m)?)?;

@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from .. import _sluice
+from .. import _pinned, _sluice
 from ..errors import ConfigError, SluiceError, StoreLockedError
 from .group import Group, check_same, failure, raise_first
 from .state import Leaf, at, heads_json
@@ -125,16 +125,27 @@ def open_store(root: Path, create: bool = False) -> Any:
 
 
 class Window:
-    """A host buffer (pinned where CUDA is) that device tensors come through, whole chunks
-    at a time."""
+    """A host buffer that device tensors come through, whole chunks at a time: taken from
+    the process's pinned budget (``sluice._pinned``: registered with CUDA once and kept for
+    the next save), else ordinary memory (slower copies, said once in the log)."""
 
     def __init__(self, nbytes: int) -> None:
         import torch
 
-        pin = torch.cuda.is_available()
-        self.buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+        self._pinned = _pinned.take(nbytes, "sluice.ckpt save window")
+        if self._pinned is not None:
+            self.buf = self._pinned.tensor()
+        else:
+            self.buf = torch.empty(nbytes, dtype=torch.uint8)
         self.addr = int(self.buf.data_ptr())
         self.size = nbytes
+
+    def close(self) -> None:
+        """Gives the memory back (every copy into it was synchronous and every push staged
+        its chunks before returning)."""
+        if self._pinned is not None:
+            self._pinned.release()
+            self._pinned = None
 
     @staticmethod
     def for_leaves(leaves: list[Leaf], chunk: int, staging: int) -> Optional[Window]:
@@ -276,6 +287,8 @@ def stage(
                 job.close()
             raise
     except BaseException:
+        if window is not None:
+            window.close()
         if store is not None:
             store.close()
         raise
@@ -284,7 +297,9 @@ def stage(
         staged.pushes = threading.Thread(
             target=_push, args=(job, leaves, window), name="sluice-ckpt-push", daemon=True
         )
-        staged.pushes.start()
+        staged.pushes.start()  # the window is the push thread's now; it closes it
+    elif window is not None:
+        window.close()
     return staged
 
 
@@ -307,6 +322,7 @@ def _push(job: Any, leaves: list[Leaf], window: Window) -> None:
         job.cancel(f"streaming device tensors failed: {e}")
     finally:
         job.end_pushes()
+        window.close()
 
 
 class Replica:

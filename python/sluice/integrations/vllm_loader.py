@@ -147,6 +147,17 @@ def weights_source(model: str) -> str:
     return model
 
 
+def weights_device(model: Any) -> str:
+    """Where the tensors a load yields should be: the model's CUDA device when its
+    parameters are on one (the reads then land in pinned buffers and each tensor's copy is
+    queued on the device's stream, so the weight loaders copy device to device), else
+    host memory."""
+    for param in model.parameters():
+        device = param.device
+        return str(device) if device.type == "cuda" else "cpu"
+    return "cpu"
+
+
 def _tp_group():
     """vLLM's tensor-parallel group coordinator when it has more than one rank."""
     try:
@@ -251,7 +262,8 @@ def _build():
             group = _tp_group() if distributed else None
             if group is None:
                 progress = bool(getattr(self.load_config, "use_tqdm_on_load", False))
-                yield from stream(source, progress=progress, **options)
+                device = weights_device(model)
+                yield from stream(source, progress=progress, device=device, **options)
                 _log_read(options, None)
                 return
             yield from _shared_weights(source, group, options)
