@@ -23,7 +23,7 @@ CARGO ?= cargo
 # Stamps record that a set-up step is done and redo it when its inputs change.
 STAMP := $(VENV)/.stamps
 
-.PHONY: all demo test lint docs rust-test py-test engine-test bench-vllm numa-test numa-vm-watchdog build develop bench-load bench-ckpt bench-sim bench-warm bench-kv bench-mlperf bench-deps bench-remote fuzz clean azurite fake-gcs
+.PHONY: all demo test lint docs rust-test py-test engine-test bench-vllm numa-test numa-vm-watchdog build develop bench-load bench-grouped bench-ckpt bench-sim bench-warm bench-kv bench-mlperf bench-deps bench-remote fuzz clean azurite fake-gcs
 
 all: test
 
@@ -199,6 +199,12 @@ $(STAMP)/bench-deps: $(STAMP)/deps requirements-bench.txt
 
 bench-load: $(STAMP)/develop $(STAMP)/bench-deps
 	$(PY) benches/bench_load.py --data bench-data/ckpt-4g --size-gib 4 --runs 3 --out docs/
+
+# `make bench-grouped` (root; about 5 min; 5 GiB of free disk): grouped model loads at world
+# 2 and 4 on gloo against every rank loading alone (issue 30)
+bench-grouped: $(STAMP)/develop
+	$(PY) benches/bench_grouped_load.py --gib 4 --worlds 2,4 --rounds 3 \
+		--out target/bench-grouped-load.json
 
 # `make bench-ckpt` (root; about 35 min; 10 GiB of free disk): grouped saves and loads vs DCP, torch.save
 bench-ckpt: $(STAMP)/develop

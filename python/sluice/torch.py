@@ -15,7 +15,7 @@ from typing import Any, Optional, Union
 import numpy as np
 import torch
 
-from . import _core, _pinned, _sluice
+from . import _core, _grouped, _pinned, _sluice
 from ._core import ByteSize, IncompatibleKeys, NameFilter, PathLike
 from ._progress import ProgressCallback
 from .errors import ConfigError, SluiceError, TensorNotFoundError
@@ -245,6 +245,8 @@ def stream(
     allow_partial: bool = False,
     progress: bool = False,
     on_progress: Optional[ProgressCallback] = None,
+    group: Any = None,
+    group_timeout: float = _grouped.DEFAULT_TIMEOUT_S,
 ) -> Generator[tuple[str, torch.Tensor], None, None]:
     """Yields ``(name, tensor)`` as each tensor's bytes land, in completion order.
 
@@ -259,8 +261,25 @@ def stream(
     A tensor for a CUDA ``device`` is filled by a copy queued on the device's
     current stream from pinned memory: use it on that stream (or synchronize
     first).
+
+    ``group`` (a torch.distributed process group, e.g. ``dist.group.WORLD``) makes the
+    call collective: every rank of the group calls it on the same checkpoint, with its own
+    ``names``, and each tensor anyone wants is read from storage by one rank that wants it
+    and sent to the others that want it (over a gloo group of the same ranks, so an NCCL
+    group works too). Tensors then come round by round (rounds of ``memory_limit / 2``
+    bytes, in file order). Every rank raises if one fails, dies, or stops early;
+    ``group_timeout`` seconds bound the wait for a rank that stalls. ``last_load_stats()``
+    then has ``read_bytes``, ``sent_bytes`` and ``received_bytes`` for this rank.
     """
+    timeout = _grouped.check_timeout(group_timeout)
     dev = usable_device(device)
+    if group is not None:
+        yield from _grouped_stream(
+            filename, group, timeout, names, dev, memory_limit, allow_partial,
+            direct=direct, engine=engine, concurrency=concurrency, chunk_bytes=chunk_bytes,
+            drop_cache=drop_cache,
+        )  # fmt: skip
+        return
     windows = _core.iter_windows(
         filename,
         names,
@@ -287,6 +306,23 @@ def stream(
         windows.close()
 
 
+def _grouped_stream(
+    filename: PathLike,
+    group: Any,
+    timeout: float,
+    names: NameFilter,
+    dev: torch.device,
+    memory_limit: ByteSize,
+    allow_partial: bool,
+    **options: Any,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """:func:`stream` with ``group``: see there."""
+    options = {k: v for k, v in options.items() if v is not None}
+    yield from _grouped.stream(
+        os.fspath(filename), group, names, dev, memory_limit, timeout, allow_partial, options
+    )
+
+
 def load_into(
     filename: PathLike,
     dest: Union[Mapping[str, torch.Tensor], torch.nn.Module],
@@ -299,6 +335,8 @@ def load_into(
     allow_partial: bool = False,
     progress: bool = False,
     on_progress: Optional[ProgressCallback] = None,
+    group: Any = None,
+    group_timeout: float = _grouped.DEFAULT_TIMEOUT_S,
 ) -> IncompatibleKeys:
     """Reads a checkpoint straight into tensors that already exist: a model's parameters.
 
@@ -322,7 +360,11 @@ def load_into(
       overlap otherwise are a :class:`sluice.ConfigError`.
     - On an error or Ctrl-C the reads in flight are waited for and the error raised; the
       destinations then hold a mix of old and new bytes, never a finished-looking load.
+    - ``group`` (a torch.distributed process group) makes the call collective, as for
+      :func:`stream`: the ranks read each byte once between them, each rank receives the
+      tensors its destinations need, and every rank raises if one fails.
     """
+    timeout = _grouped.check_timeout(group_timeout)
     _core.check_options(concurrency=concurrency, chunk_bytes=chunk_bytes, memory_limit=memory_limit)
     targets = dest.state_dict() if isinstance(dest, torch.nn.Module) else dict(dest)
     for name, t in targets.items():
@@ -354,6 +396,24 @@ def load_into(
             direct[name] = (t.data_ptr(), t.numel() * t.element_size(), t)
         else:
             copied[name] = t
+
+    if group is not None:
+        # Destinations that take the bytes as they are get them read or received in place;
+        # the others are filled with copy_ from what the group yields.
+        into = {n: d[2] for n, d in direct.items()}
+        wanted = {**into, **copied}
+        options = {"concurrency": concurrency, "chunk_bytes": chunk_bytes,
+                   "drop_cache": drop_cache}  # fmt: skip
+        grouped = _grouped.stream(
+            os.fspath(filename), group, list(wanted), torch.device("cpu"), memory_limit,
+            timeout, allow_partial, {k: v for k, v in options.items() if v is not None},
+            into=into,
+        )  # fmt: skip
+        with torch.no_grad():
+            for name, t in grouped:
+                if name not in into:
+                    wanted[name].copy_(t)
+        return result
 
     def copy_rest(report: ProgressCallback) -> None:
         # Another device, dtype or layout: copy_ converts, as load_state_dict does. CUDA

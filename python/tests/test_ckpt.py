@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ import pytest
 import sluice._pinned as _pinned
 import sluice.ckpt as ck
 import torch
+import worlds
 from sluice.errors import (
     ChunkCorruptError,
     ConfigError,
@@ -400,44 +400,8 @@ def test_cancel_stops_a_save_without_publishing(store):
     assert ck.ls(store) == []
 
 
-def free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_world(world, store, mode, tmp_path, timeout=240, script="ckpt_worker.py", tcp=False):
-    init = f"tcp://127.0.0.1:{free_port()}" if tcp else tmp_path / f"init-{mode}-{world}"
-    outs = [tmp_path / f"out-{mode}-{world}-{r}.json" for r in range(world)]
-    env = dict(os.environ, PYTHONPATH=str(HERE))
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(HERE / script),
-                str(r),
-                str(world),
-                str(init),
-                str(store),
-                mode,
-                str(outs[r]),
-            ],
-            env=env,
-        )
-        for r in range(world)
-    ]
-    deadline = time.monotonic() + timeout
-    codes = []
-    for p in procs:
-        try:
-            codes.append(p.wait(timeout=max(1, deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-    return codes, [json.loads(o.read_text()) if o.exists() else None for o in outs]
+    return worlds.run_world(script, world, store, mode, tmp_path, timeout=timeout, tcp=tcp)
 
 
 def test_grouped_save_writes_each_unique_chunk_once_and_loads_bit_exact(store, tmp_path):

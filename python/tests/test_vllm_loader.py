@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 from sluice.errors import ConfigError
 from sluice.integrations.vllm_loader import (
-    split_reads,
     stream_options,
     weights_device,
     weights_source,
@@ -55,29 +54,6 @@ def test_a_missing_local_model_is_named_and_a_url_passes(tmp_path):
         weights_source(str(tmp_path / "no-such-model"))
     assert weights_source(str(tmp_path)) == str(tmp_path)
     assert weights_source("s3://bucket/llama") == "s3://bucket/llama"
-
-
-def test_tensor_parallel_reads_are_split_once_contiguously_and_evenly_in_rounds():
-    names = [f"t{i}" for i in range(8)]
-    sizes = [10, 10, 10, 10, 40, 30, 10, 100]
-    rounds = split_reads(names, sizes, 2, round_bytes=80)
-    # Every tensor is read by exactly one rank, in file order.
-    assert [n for r in rounds for n, _ in r] == names
-    # A round holds at most the limit, unless one tensor alone is larger.
-    for r in rounds:
-        total = sum(sizes[names.index(n)] for n, _ in r)
-        assert total <= 80 or len(r) == 1
-    # Each rank owns one contiguous run of a round (no other rank's bytes between its
-    # reads), about half the round's bytes.
-    assert rounds[0] == [("t0", 0), ("t1", 0), ("t2", 0), ("t3", 0), ("t4", 1)]
-    assert rounds[1] == [("t5", 0), ("t6", 1)]
-    assert rounds[2] == [("t7", 1)]
-    for r in rounds:
-        owners = [o for _, o in r]
-        assert owners == sorted(owners)
-    assert split_reads([], [], 2, 80) == []
-    assert {o for r in split_reads(names, sizes, 1, 80) for _, o in r} == {0}
-    assert {o for r in split_reads(names, sizes, 4, 1000) for _, o in r} == {0, 1, 2, 3}
 
 
 def test_weights_are_streamed_to_the_device_the_model_lives_on():

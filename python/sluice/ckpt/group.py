@@ -21,16 +21,16 @@ _side_groups: dict[tuple[int, ...], Any] = {}
 
 
 @contextlib.contextmanager
-def _collective(what: str) -> Iterator[None]:
+def collective(what: str, who: str = "sluice.ckpt") -> Iterator[None]:
     """torch.distributed's errors (a rank gone, the group destroyed, a timeout) as a
-    ``SluiceError`` saying which step failed."""
+    ``SluiceError`` saying which step of ``who`` failed."""
     try:
         yield
     except RuntimeError as e:
         if isinstance(e, SluiceError):
             raise
         raise SluiceError(
-            f"sluice.ckpt: the group's {what} failed (a rank gone, the process group "
+            f"{who}: the group's {what} failed (a rank gone, the process group "
             f"destroyed, or a timeout): {e}"
         ) from e
 
@@ -39,8 +39,9 @@ class Group:
     """A save's or load's ranks: torch.distributed's ``group`` (the world by default), or
     this process alone when torch.distributed is not initialized."""
 
-    def __init__(self, rank: int, world: int, pg: Any) -> None:
+    def __init__(self, rank: int, world: int, pg: Any, who: str = "sluice.ckpt") -> None:
         self.rank, self.world, self.pg = rank, world, pg
+        self.who = who  # what the group's errors name
 
     @staticmethod
     def of(group: Any) -> Group:
@@ -62,7 +63,7 @@ class Group:
         import torch.distributed as dist
 
         out: list[Any] = [None] * self.world
-        with _collective("all_gather"):
+        with collective("all_gather", self.who):
             dist.all_gather_object(out, obj, group=self.pg)
         return out
 
@@ -73,7 +74,7 @@ class Group:
         import torch.distributed as dist
 
         box = [obj if self.rank == 0 else None]
-        with _collective("broadcast"):
+        with collective("broadcast", self.who):
             dist.broadcast_object_list(box, src=self.global_rank(0), group=self.pg)
         return box[0]
 
@@ -99,7 +100,7 @@ class Group:
         if side is not None and not _alive(side):
             side = None  # destroyed with the default group since: made anew
         if side is None:
-            with _collective("new_group"):
+            with collective("new_group", self.who):
                 side = dist.new_group(
                     list(ranks),
                     timeout=datetime.timedelta(seconds=timeout_s),
@@ -121,7 +122,7 @@ class Group:
             dist.P2POp(dist.isend if send else dist.irecv, t, self.global_rank(peer, pg), pg)
             for send, peer, t in ops
         ]
-        with _collective("point-to-point transfer"):
+        with collective("point-to-point transfer", self.who):
             for w in dist.batch_isend_irecv(p2p):
                 w.wait()
 

@@ -26,9 +26,10 @@ architecture's fused and renamed parameters (q/k/v into ``qkv_proj``, gate/up in
 the host memory above the model is bounded by ``memory_limit``. Which parameters were not
 filled is checked as vLLM's default loader checks it.
 
-Under tensor parallelism the ranks split the reads (:func:`split_reads`): each reads one
-contiguous run of every round of tensors and broadcasts it over vLLM's CPU (gloo) group, so
-the files are read once between the ranks, not once per rank.
+Under tensor parallelism the ranks load as a group (``sluice.stream(..., group=)``, the same
+mechanism any torch.distributed group uses): each reads one contiguous run of every round of
+tensors and sends it to the others over vLLM's CPU (gloo) group, so the files are read once
+between the ranks, not once per rank.
 
 The class needs vLLM at import; this module does not, so the loader is built on the first
 :func:`register` (or access to ``SluiceModelLoader``).
@@ -102,38 +103,6 @@ def stream_options(extra: Optional[dict[str, Any]]) -> dict[str, Any]:
     return {key: EXTRA_CONFIG[key](key, value) for key, value in extra.items()}
 
 
-def split_reads(
-    names: list[str], nbytes: list[int], ranks: int, round_bytes: int
-) -> list[list[tuple[str, int]]]:
-    """Rounds of ``(name, owner rank)``, in file order: every tensor is read by one rank. A
-    round holds at most about ``round_bytes`` (one tensor larger than that is a round
-    alone), and each rank owns one contiguous run of it, as even in bytes as whole tensors
-    allow: a rank's reads are then one span per file, with no other rank's bytes between
-    them to read and throw away."""
-    rounds: list[list[tuple[str, int]]] = []
-    start, held = 0, 0
-    for i, size in enumerate(nbytes):
-        if i > start and held + size > round_bytes:
-            rounds.append(_contiguous(names[start:i], nbytes[start:i], ranks))
-            start, held = i, 0
-        held += size
-    if start < len(names):
-        rounds.append(_contiguous(names[start:], nbytes[start:], ranks))
-    return rounds
-
-
-def _contiguous(names: list[str], nbytes: list[int], ranks: int) -> list[tuple[str, int]]:
-    """``names`` cut into ``ranks`` contiguous runs of about equal bytes: a tensor goes to
-    the rank whose share holds its middle byte."""
-    total = max(sum(nbytes), 1)
-    out, before = [], 0
-    for name, size in zip(names, nbytes):
-        middle = before + size / 2
-        out.append((name, min(ranks - 1, int(middle * ranks / total))))
-        before += size
-    return out
-
-
 def weights_source(model: str) -> str:
     """Where the safetensors of ``model`` are: a local directory (a Hugging Face snapshot
     or any directory of shards), a ``.safetensors`` or index file, or an object URL."""
@@ -195,38 +164,12 @@ def _log_read(options: dict[str, Any], group) -> int:
     return read
 
 
-def _shared_weights(source: str, group, options: dict[str, Any]):
-    """Every tensor, read by one rank of ``group`` and broadcast over its CPU (gloo) group,
-    round by round under the memory limit."""
-    import torch
-    import torch.distributed as dist
+def _shared_weights(source: str, group, options: dict[str, Any], device: str):
+    """Every tensor, read by one rank of vLLM's tensor-parallel group and passed to the others
+    over its CPU (gloo) group: Sluice's grouped stream (``sluice.stream(..., group=)``)."""
+    from sluice.torch import stream
 
-    from sluice import _sluice, last_load_stats
-    from sluice._core import set_last_load_stats
-    from sluice.torch import stream, torch_dtype
-
-    ckpt = _sluice.open_checkpoint(source)
-    names = ckpt.keys()
-    info = {name: ckpt.info(name) for name in names}  # (dtype, shape, shard, nbytes)
-    me = group.rank_in_group
-    sizes = [info[n][3] for n in names]
-    rounds = split_reads(names, sizes, group.world_size, options.get("memory_limit", 512 << 20))
-    read = 0
-    for round_ in rounds:
-        mine = [name for name, owner in round_ if owner == me]
-        held: dict[str, Any] = {}
-        if mine:
-            held = dict(stream(source, names=mine, **options))
-            read += _bytes_read(last_load_stats())
-        for name, owner in round_:
-            dtype, shape = info[name][0], info[name][1]
-            if owner == me:
-                tensor = held.pop(name)
-            else:
-                tensor = torch.empty(shape, dtype=torch_dtype(name, dtype))
-            dist.broadcast(tensor, src=group.ranks[owner], group=group.cpu_group)
-            yield name, tensor
-    set_last_load_stats({"read_bytes": read, "mapped_bytes": 0})
+    yield from stream(source, group=group.cpu_group, device=device, **options)
     _log_read(options, group)
 
 
@@ -266,7 +209,7 @@ def _build():
                 yield from stream(source, progress=progress, device=device, **options)
                 _log_read(options, None)
                 return
-            yield from _shared_weights(source, group, options)
+            yield from _shared_weights(source, group, options, weights_device(model))
 
         def load_weights(self, model, model_config) -> None:
             from vllm.logger import init_logger
