@@ -197,20 +197,20 @@ def distinct_spans(spans: dict[str, tuple[int, int]]) -> list[str]:
 def fill_destinations(
     path: PathLike,
     checkpoint: Any,
-    direct: dict[str, tuple[int, int, Any]],
+    in_place: dict[str, tuple[int, int, Any]],
     copied_bytes: int,
     copy_rest: Optional[Callable[[ProgressCallback], None]],
     progress: bool,
     on_progress: Optional[ProgressCallback],
     **options: Any,
 ) -> None:
-    """The load behind both ``load_into`` front ends. ``direct`` maps each name to read
+    """The load behind both ``load_into`` front ends. ``in_place`` maps each name to read
     into to its destination's ``(address, bytes, owner)``; the native stream holds the
     owners until its reads end. ``copy_rest`` then fills the destinations that cannot be
     read into (``copied_bytes`` of them), reporting its progress to the callback it is
     given; one progress report spans both parts, and ``last_load_stats()`` stays the
     read's."""
-    spans = {name: (start, size) for name, (start, size, _) in direct.items()}
+    spans = {name: (start, size) for name, (start, size, _) in in_place.items()}
     lent = {name: spans[name] for name in distinct_spans(spans)}
     lent_bytes = sum(size for _, size in lent.values())
     reporter = Progress(lent_bytes + copied_bytes, progress, on_progress)
@@ -221,7 +221,7 @@ def fill_destinations(
         on_progress=lambda done, _total: reporter.update(done),
         checkpoint=checkpoint,
         into=[(name, start, size) for name, (start, size) in lent.items()],
-        lent=[direct[name][2] for name in lent],
+        lent=[in_place[name][2] for name in lent],
         **options,
     )
     for _window in windows:

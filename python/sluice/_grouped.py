@@ -12,6 +12,9 @@ until then). A rank reads its share with the loader, and each tensor goes, point
 to the other ranks that need it, and only to them: ranks that need different subsets
 (pipeline stages, tensor-parallel shards of another layout) receive only their own. A
 round's transfers run while the next round is read, so two rounds are in memory at once.
+Ranks on one host that read the same local files (:func:`page_cache_identity`) pass nothing
+over the network: the reader reads buffered and the others copy the round from the page
+cache once its status exchange says it is there.
 
 Every round starts with a status exchange: a rank whose read failed says so, and every rank
 raises (its own error, or one naming the rank that failed). The exchanges and transfers run on
@@ -27,6 +30,7 @@ import contextlib
 import hashlib
 import itertools
 import os
+import socket
 import statistics
 import time
 from collections.abc import Iterator, Sequence
@@ -50,6 +54,8 @@ MEASURE_ROUND = 16 << 20
 #: the median, so one odd measure cannot hand a rank everything or nothing.
 SKEW = 1.5
 CLAMP = 4.0
+#: Set to 0 to send every tensor over the group even between ranks of one host.
+SHARE_CACHE_ENV = "SLUICE_GROUP_SHARE_CACHE"
 #: What the group's errors name.
 WHO = "sluice grouped load"
 
@@ -200,6 +206,24 @@ def local_into(path: str, dest: dict[str, torch.Tensor], **options: Any) -> None
     load_into(path, dest, strict=False, **options)
 
 
+def page_cache_identity(ckpt: Any) -> Optional[tuple[Any, ...]]:
+    """What ranks that share this host's page cache over the same files have in common: the
+    host (name and boot), and each shard file's device, inode, size and change time. ``None``
+    for a checkpoint in an object store (its reads do not go through the page cache)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        files = []
+        for shard_path, _count, _bytes, _len in ckpt.shards():
+            if "://" in shard_path:
+                return None
+            st = os.stat(shard_path)
+            files.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+    except OSError:
+        return None
+    return (socket.gethostname(), boot, tuple(files))
+
+
 def _storage_bytes() -> int:
     """What the last load took from its files: read into buffers, or mapped from the cache."""
     stats = _core.last_load_stats() or {}
@@ -261,17 +285,25 @@ def stream(
     except BaseException as e:
         error = e
     call = {"layout": layout_digest(rows) if error is None else None}
-    gathered = link.exchange((call, mask, _last_rate, failure(error)))
+    cache = page_cache_identity(ckpt) if error is None else None
+    gathered = link.exchange((call, mask, _last_rate, failure(error), cache))
     raise_first_or_differ(where, error, gathered, raise_first)
+    me = link.rank
+    # Ranks that read the same local files through this host's page cache: they share a
+    # round's tensors through it instead of the network.
+    share = os.environ.get(SHARE_CACHE_ENV, "1") != "0"
+    local = {r for r, g in enumerate(gathered) if share and cache is not None and g[4] == cache}
+    if len(local) > 1 and "direct" not in options:
+        options = {**options, "direct": "off"}  # buffered, so the pages stay for the others
 
     sizes = [r[3] for r in rows]
     needers = [frozenset(r for r, g in enumerate(gathered) if g[1][i]) for i in range(len(rows))]
     rates = plan_rates([g[2] for g in gathered])
     loaded = [0.0] * link.world
-    me = link.rank
-    totals = {"read_bytes": 0, "sent_bytes": 0, "received_bytes": 0, "rounds": 0}
+    totals = {"read_bytes": 0, "sent_bytes": 0, "received_bytes": 0, "rounds": 0,
+              "cached_bytes": 0}  # fmt: skip
     read_time = 0.0
-    phases = {"exchange": 0.0, "transfer_wait": 0.0, "consumer": 0.0}  # seconds
+    phases = {"exchange": 0.0, "transfer_wait": 0.0, "cache": 0.0, "consumer": 0.0}  # seconds
     measured = [0, 0.0]  # bytes and seconds of this rank's rounds large enough to measure
     tensor_bytes = 0  # of the tensors this rank read (the loader's read_bytes round to pages)
     # Two rounds are in memory at once (one being sent while the next is read).
@@ -285,24 +317,29 @@ def stream(
         got = _Round(owners, sum(sizes[i] for i, o in zip(rounds[k], owners) if o == me))
         t0 = time.perf_counter()
         try:
-            direct = {n: into[n] for n in mine if n in into} if into else {}
-            rest = [n for n in mine if n not in direct]
-            if direct:
-                local_into(path, direct, memory_limit=memory_limit, allow_partial=allow_partial,
-                           **options)  # fmt: skip
-                got.storage += _storage_bytes()
-                got.held.update(direct)
-            if rest:
-                reads = local_stream(
-                    path, names=rest, memory_limit=memory_limit, allow_partial=allow_partial,
-                    **options,
-                )  # fmt: skip
-                got.held.update(reads)
-                got.storage += _storage_bytes()
+            got.storage = fetch(mine, got.held)
         except BaseException as e:
             got.error = e
         got.seconds = time.perf_counter() - t0
         return got
+
+    def fetch(names: list[str], held: dict[str, torch.Tensor]) -> int:
+        """Reads ``names`` on this rank (into their destinations where ``into`` has one)
+        into ``held``; returns what the loader took from the files."""
+        direct = {n: into[n] for n in names if n in into} if into else {}
+        rest = [n for n in names if n not in direct]
+        storage = 0
+        if direct:
+            local_into(path, direct, memory_limit=memory_limit, allow_partial=allow_partial,
+                       **options)  # fmt: skip
+            storage += _storage_bytes()
+            held.update(direct)
+        if rest:
+            reads = local_stream(path, names=rest, memory_limit=memory_limit,
+                                 allow_partial=allow_partial, **options)  # fmt: skip
+            held.update(reads)
+            storage += _storage_bytes()
+        return storage
 
     # Set while this rank's consumer holds a tensor of a round that is not the last: if it
     # stops there, the others will wait for it at the next status exchange.
@@ -328,15 +365,18 @@ def stream(
 
             ops: list[tuple[bool, int, Any]] = []
             received: dict[str, torch.Tensor] = {}
+            from_cache: list[str] = []  # read on this host by another rank: in the page cache
             for i, owner in zip(round_, this.owners):
                 name, nbytes = rows[i][0], sizes[i]
                 if nbytes == 0:
                     continue
                 if owner == me:
                     flat = this.held[name].reshape(-1).view(torch.uint8)
-                    for peer in sorted(needers[i] - {me}):
+                    for peer in sorted(needers[i] - {me} - local):
                         ops.append((True, peer, flat))
                         totals["sent_bytes"] += nbytes
+                elif me in needers[i] and me in local and owner in local:
+                    from_cache.append(name)
                 elif me in needers[i]:
                     if into and name in into:
                         buf = into[name].reshape(-1).view(torch.uint8)
@@ -346,13 +386,29 @@ def stream(
                     ops.append((False, owner, buf))
                     totals["received_bytes"] += nbytes
             works = link.post(ops)
+            cache_error: Optional[BaseException] = None
             try:  # the next round's reads run while this round's tensors travel
+                if from_cache:
+                    t_cache = time.perf_counter()
+                    try:
+                        fetch(from_cache, this.held)
+                        totals["cached_bytes"] += sum(
+                            this.held[n].numel() * this.held[n].element_size() for n in from_cache
+                        )
+                    except BaseException as e:
+                        cache_error = e
+                    phases["cache"] += time.perf_counter() - t_cache
                 ahead = read(k + 1) if k + 1 < len(rounds) else None
             finally:
                 t_wait = time.perf_counter()
                 link.wait(works)
                 phases["transfer_wait"] += time.perf_counter() - t_wait
             totals["rounds"] += 1
+            if cache_error is not None:
+                if ahead is None:
+                    raise cache_error  # the last round: the others are done
+                ahead.error = ahead.error or cache_error  # all raise at the next exchange
+                continue
             for i in round_:
                 if me not in needers[i]:
                     continue

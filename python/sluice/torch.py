@@ -337,6 +337,7 @@ def load_into(
     on_progress: Optional[ProgressCallback] = None,
     group: Any = None,
     group_timeout: float = _grouped.DEFAULT_TIMEOUT_S,
+    direct: Optional[str] = None,
 ) -> IncompatibleKeys:
     """Reads a checkpoint straight into tensors that already exist: a model's parameters.
 
@@ -360,12 +361,15 @@ def load_into(
       overlap otherwise are a :class:`sluice.ConfigError`.
     - On an error or Ctrl-C the reads in flight are waited for and the error raised; the
       destinations then hold a mix of old and new bytes, never a finished-looking load.
+    - ``direct`` is as for :func:`load_file` (``"auto"`` by default).
     - ``group`` (a torch.distributed process group) makes the call collective, as for
       :func:`stream`: the ranks read each byte once between them, each rank receives the
       tensors its destinations need, and every rank raises if one fails.
     """
     timeout = _grouped.check_timeout(group_timeout)
-    _core.check_options(concurrency=concurrency, chunk_bytes=chunk_bytes, memory_limit=memory_limit)
+    _core.check_options(
+        concurrency=concurrency, chunk_bytes=chunk_bytes, memory_limit=memory_limit, direct=direct
+    )
     targets = dest.state_dict() if isinstance(dest, torch.nn.Module) else dict(dest)
     for name, t in targets.items():
         if not isinstance(t, torch.Tensor):
@@ -373,7 +377,7 @@ def load_into(
     ckpt = _sluice.open_checkpoint(os.fspath(filename), allow_partial=allow_partial)
     result = _core.match_names(filename, ckpt, targets, strict)
     missing = set(result.missing_keys)
-    direct: dict[str, tuple[int, int, torch.Tensor]] = {}
+    in_place: dict[str, tuple[int, int, torch.Tensor]] = {}
     copied: dict[str, torch.Tensor] = {}
     for name, t in targets.items():
         if name in missing:
@@ -393,17 +397,17 @@ def load_into(
                 "which holds no bytes to load into (or is not supported); use cpu or cuda"
             )
         if t.device.type == "cpu" and t.dtype == tdtype and t.is_contiguous():
-            direct[name] = (t.data_ptr(), t.numel() * t.element_size(), t)
+            in_place[name] = (t.data_ptr(), t.numel() * t.element_size(), t)
         else:
             copied[name] = t
 
     if group is not None:
         # Destinations that take the bytes as they are get them read or received in place;
         # the others are filled with copy_ from what the group yields.
-        into = {n: d[2] for n, d in direct.items()}
+        into = {n: d[2] for n, d in in_place.items()}
         wanted = {**into, **copied}
         options = {"concurrency": concurrency, "chunk_bytes": chunk_bytes,
-                   "drop_cache": drop_cache}  # fmt: skip
+                   "drop_cache": drop_cache, "direct": direct}  # fmt: skip
         grouped = _grouped.stream(
             os.fspath(filename), group, list(wanted), torch.device("cpu"), memory_limit,
             timeout, allow_partial, {k: v for k, v in options.items() if v is not None},
@@ -431,6 +435,7 @@ def load_into(
             drop_cache=drop_cache,
             allow_partial=allow_partial,
             checkpoint=ckpt,
+            direct=direct,
         )
         try:
             with torch.no_grad():
@@ -442,7 +447,7 @@ def load_into(
     _core.fill_destinations(
         filename,
         ckpt,
-        direct,
+        in_place,
         sum(t.numel() * t.element_size() for t in copied.values()),
         copy_rest if copied else None,
         progress,
@@ -452,6 +457,7 @@ def load_into(
         memory_limit=memory_limit,
         drop_cache=drop_cache,
         allow_partial=allow_partial,
+        direct=direct,
     )
     return result
 

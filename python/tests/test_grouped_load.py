@@ -48,9 +48,11 @@ def nbytes(tensors):
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_grouped_loads_read_each_byte_once_and_are_bit_exact(world, checkpoint, tmp_path):
-    codes, results = run_world(world, checkpoint, "all", tmp_path)
+@pytest.mark.parametrize(("world", "via"), [(2, "network"), (4, "page cache")])
+def test_grouped_loads_read_each_byte_once_and_are_bit_exact(world, via, checkpoint, tmp_path):
+    # On one host the ranks share through the page cache unless told to use the network.
+    env = {"SLUICE_GROUP_SHARE_CACHE": "0" if via == "network" else "1"}
+    codes, results = run_world(world, checkpoint, "all", tmp_path, env=env)
     assert codes == [0] * world, results
     for r in results:
         assert "crash" not in r, r["crash"]
@@ -59,31 +61,33 @@ def test_grouped_loads_read_each_byte_once_and_are_bit_exact(world, checkpoint, 
     for part in ("full", "load_into", "again"):
         for rank, r in enumerate(results):
             assert r[part]["bad"] == [], (part, rank)
-    # Every byte read once between the ranks, and the reads shared.
+    # Every tensor read by one rank, the reads shared, the rest passed on by the group
+    # (network) or found in the page cache the other ranks' buffered reads filled.
     slack = 2 * 4096 * len(tensors)  # direct reads round each run out to pages
-    reads = [r["full"]["stats"]["read_bytes"] for r in results]
-    assert total <= sum(reads) <= total + slack, (reads, total)
-    assert min(reads) > 0.5 * total / world, reads
-    received = [r["full"]["stats"]["received_bytes"] for r in results]
-    sent = [r["full"]["stats"]["sent_bytes"] for r in results]
-    assert sum(sent) == sum(received) and all(total - slack <= reads[i] + received[i]
-                                              for i in range(world))  # fmt: skip
-    # Subsets: each rank receives only tensors it wants; what nobody wants is not read.
+    files = sum(p.stat().st_size for p in checkpoint.parent.glob("m-*.safetensors"))
+    full = [r["full"]["stats"] for r in results]
+    assert sum(s["tensor_bytes"] for s in full) == total
+    assert min(s["tensor_bytes"] for s in full) > 0.5 * total / world
+    assert sum(s["read_bytes"] for s in full) <= files + slack
+    passed_on = "received_bytes" if via == "network" else "cached_bytes"
+    unused = "cached_bytes" if via == "network" else "received_bytes"
+    for s in full:
+        assert s[passed_on] == total - s["tensor_bytes"], s
+        assert s[unused] == 0, s
+    assert sum(s["sent_bytes"] for s in full) == sum(s["received_bytes"] for s in full)
+    # Subsets: each rank gets only tensors it wants; what nobody wants is not read.
     wanted = {k for rank in range(world) for k in tensors if group_worker.mine(k, rank, world)}
     union = nbytes(tensors[k] for k in wanted)
     assert union < total, "the test's subsets leave tensors nobody wants"
-    sub_reads = [r["subsets"]["stats"]["tensor_bytes"] for r in results]
-    assert sum(sub_reads) == union, (sub_reads, union)
+    subs = [r["subsets"] for r in results]
+    assert sum(s["stats"]["tensor_bytes"] for s in subs) == union
     # The loader reads over small gaps between a rank's tensors rather than issue more I/O,
     # and direct reads round to pages, so its bytes pass the tensors' on tensors this small.
-    files = sum(p.stat().st_size for p in checkpoint.parent.glob("m-*.safetensors"))
-    assert sum(r["subsets"]["stats"]["read_bytes"] for r in results) <= files + slack
-    for rank, r in enumerate(results):
-        s = r["subsets"]
+    assert sum(s["stats"]["read_bytes"] for s in subs) <= files + slack
+    for rank, s in enumerate(subs):
         assert s["bad"] == [], rank
-        # Received only what it wants: its wanted bytes, less what it read itself.
-        assert s["stats"]["received_bytes"] <= s["wanted_bytes"], rank
-        assert s["stats"]["received_bytes"] + s["stats"]["tensor_bytes"] >= s["wanted_bytes"]
+        got = s["stats"][passed_on]
+        assert got <= s["wanted_bytes"] <= got + s["stats"]["tensor_bytes"], (rank, s)
     # Failures: every rank raises, none hangs.
     for rank, r in enumerate(results):
         assert r["load_into"]["missing"] == []
@@ -169,6 +173,21 @@ def test_the_plan_follows_measured_rates_only_past_noise_and_within_bounds():
     fast, mid, slow = _grouped.plan_rates([100e9, 1e9, 1e9])[0], 1e9, 1e6
     assert fast == 4 * mid, "a wild measure is held within 4x of the median"
     assert _grouped.plan_rates([slow, mid, mid])[0] == mid / 4
+
+
+def test_ranks_share_the_page_cache_only_over_the_very_same_files(checkpoint, tmp_path):
+    from sluice import _sluice
+
+    first = _grouped.page_cache_identity(_sluice.open_checkpoint(str(checkpoint)))
+    again = _grouped.page_cache_identity(_sluice.open_checkpoint(str(checkpoint)))
+    assert first is not None and first == again
+    copy = tmp_path / "copy.safetensors"
+    copy.write_bytes((checkpoint.parent / "other.safetensors").read_bytes())
+    other = _grouped.page_cache_identity(_sluice.open_checkpoint(str(copy)))
+    assert other is not None and other != first
+    before = _grouped.page_cache_identity(_sluice.open_checkpoint(str(copy)))
+    copy.write_bytes(copy.read_bytes())  # rewritten in place: a new change time
+    assert _grouped.page_cache_identity(_sluice.open_checkpoint(str(copy))) != before
 
 
 def test_rounds_keep_file_order_and_hold_at_most_the_budget():
