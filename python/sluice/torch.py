@@ -187,6 +187,8 @@ def load_file(
     progress: bool = False,
     on_progress: Optional[ProgressCallback] = None,
     checkpoint: Any = None,
+    group: Any = None,
+    group_timeout: float = _grouped.DEFAULT_TIMEOUT_S,
 ) -> dict[str, torch.Tensor]:
     """Loads a safetensors file, a directory of shards, or a sharded index.
 
@@ -201,8 +203,20 @@ def load_file(
     returned: there are no partial results. A checkpoint with a shard
     missing is an error unless ``allow_partial=True``, which loads the rest
     and lists the absent files in ``last_load_stats()["missing_shards"]``.
+
+    ``group`` (a torch.distributed process group) makes the call collective: the ranks
+    read each byte once between them and each gets the tensors its ``names`` select (see
+    :func:`stream`).
     """
+    timeout = _grouped.check_timeout(group_timeout)
     dev = usable_device(device)
+    if group is not None:
+        grouped = _grouped_stream(
+            filename, group, timeout, names, dev, memory_limit, allow_partial,
+            direct=direct, engine=engine, concurrency=concurrency, chunk_bytes=chunk_bytes,
+            drop_cache=drop_cache,
+        )  # fmt: skip
+        return dict(grouped)
     on_cpu = dev.type == "cpu"
     windows = _core.iter_windows(
         filename,

@@ -4,7 +4,7 @@ group=)``) on gloo, for test_grouped_load.py.
     python group_worker.py RANK WORLD INIT_FILE CHECKPOINT MODE OUT_JSON
 
 MODE ``all``: a sequence of grouped loads over one group, each reporting to OUT_JSON:
-``full`` (every rank every tensor, bit-exact, the bytes read between the ranks),
+``full`` (every rank every tensor, bit-exact, the bytes read between the ranks), ``load_file``,
 ``subsets`` (rank r wants its own tensors and the shared ones), ``load_into`` (into
 destinations of other dtypes too), ``bad_read`` (rank 1's reads fail: every rank raises),
 ``mismatch`` (rank 1 opens another checkpoint), ``closed`` (rank 1 stops after one tensor),
@@ -105,6 +105,8 @@ def main() -> None:
                 "stats": sluice.last_load_stats(),
                 "wanted_bytes": sum(want[k].numel() * want[k].element_size() for k in names),
             }
+            got = sluice.load_file(ckpt, group=dist.group.WORLD, memory_limit="1MiB")
+            report["load_file"] = {"bad": exact(got, want)}
             dest = {k: torch.zeros_like(v) for k, v in want.items()}
             dest["shared.0"] = torch.zeros(300, 256, dtype=torch.float64)  # converted
             result = sluice.load_into(ckpt, dest, group=dist.group.WORLD, memory_limit="1MiB")

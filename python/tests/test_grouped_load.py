@@ -58,7 +58,7 @@ def test_grouped_loads_read_each_byte_once_and_are_bit_exact(world, via, checkpo
         assert "crash" not in r, r["crash"]
     tensors = group_worker.make_tensors()
     total = nbytes(tensors.values())
-    for part in ("full", "load_into", "again"):
+    for part in ("full", "load_file", "load_into", "again"):
         for rank, r in enumerate(results):
             assert r[part]["bad"] == [], (part, rank)
     # Every tensor read by one rank, the reads shared, the rest passed on by the group
