@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import page_cache
 
 HERE = Path(__file__).resolve().parent
 
@@ -41,8 +42,8 @@ def rank_main(rank: int, world: int, init: str, path: str, mode: str, out: str) 
     dest = {m["name"]: torch.empty(m["shape"], dtype=dtypes[m["dtype"]]) for m in meta}
     for t in dest.values():
         t.view(torch.uint8).fill_(1)  # touch the pages: RSS counts the model before the load
-    rss0 = rss_kib()
-    io0 = read_bytes()
+    rss0 = proc_field("/proc/self/status", "VmRSS:")
+    io0 = proc_field("/proc/self/io", "read_bytes:")
     dist.barrier()
     t0 = time.time()
     if mode == "grouped":
@@ -57,7 +58,7 @@ def rank_main(rank: int, world: int, init: str, path: str, mode: str, out: str) 
             {
                 "start": t0,
                 "end": t1,
-                "storage_read_bytes": read_bytes() - io0,
+                "storage_read_bytes": proc_field("/proc/self/io", "read_bytes:") - io0,
                 "extra_peak_rss_bytes": max(0, peak - rss0) * 1024,
                 "stats": stats,
             },
@@ -67,26 +68,13 @@ def rank_main(rank: int, world: int, init: str, path: str, mode: str, out: str) 
     dist.destroy_process_group()
 
 
-def rss_kib() -> int:
-    with open("/proc/self/status") as f:
+def proc_field(path: str, key: str) -> int:
+    """The number after ``key`` in a /proc file (``VmRSS:`` in kB, ``read_bytes:``)."""
+    with open(path) as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(key):
                 return int(line.split()[1])
     return 0
-
-
-def read_bytes() -> int:
-    with open("/proc/self/io") as f:
-        for line in f:
-            if line.startswith("read_bytes:"):
-                return int(line.split()[1])
-    return 0
-
-
-def drop_cache() -> None:
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
 
 
 def make_checkpoint(path: Path, gib: float) -> int:
@@ -110,7 +98,7 @@ def make_checkpoint(path: Path, gib: float) -> int:
 def run(world: int, mode: str, path: Path, work: Path) -> dict:
     init = tempfile.mktemp(dir=work)
     outs = [work / f"{mode}-{world}-{r}.json" for r in range(world)]
-    drop_cache()
+    page_cache.drop()
     procs = [
         subprocess.Popen(
             [
@@ -163,6 +151,8 @@ def main() -> None:
     ap.add_argument("--out", default="target/bench-grouped-load.json")
     args = ap.parse_args()
     worlds = [int(w) for w in args.worlds.split(",")]
+    if not page_cache.can_drop():
+        raise SystemExit("run as root: every run starts from a dropped page cache")
     with tempfile.TemporaryDirectory(prefix="bench-grouped-", dir=args.dir) as d:
         work = Path(d)
         path = work / "model.safetensors"

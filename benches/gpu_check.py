@@ -329,6 +329,18 @@ def compare_tensor(g, r: torch.Tensor, expect_device: torch.device):
     return None
 
 
+def settled(got: dict, ref: dict, stats: bool = False) -> dict:
+    """Waits for the device, compares ``got`` with ``ref`` (:func:`compare_dicts`), adds the
+    load's stats when asked, and frees ``got``'s device memory."""
+    sync()
+    out = compare_dicts(got, ref, DEV)
+    if stats:
+        out["stats"] = stats_summary()
+    got.clear()
+    free_cuda()
+    return out
+
+
 def same_device(a: torch.device, b: torch.device) -> bool:
     a, b = torch.device(a), torch.device(b)
     if a.type != b.type:
@@ -432,22 +444,13 @@ for variant in DEVICE_VARIANTS:
     @check(f"load_file.big.device={variant!r}")
     def _(variant=variant):
         got = sluice.load_file(BIG, device=variant)
-        sync()
-        out = compare_dicts(got, REF, DEV)
-        out["stats"] = stats_summary()
-        del got
-        free_cuda()
-        return out
+        return settled(got, REF, stats=True)
 
 
 @check("load_file.big.device=torch.device('cuda',0)" if not CPU_MODE else "load_file.big.torchdev")
 def _():
     got = sluice.load_file(BIG, device=DEV)
-    sync()
-    out = compare_dicts(got, REF, DEV)
-    del got
-    free_cuda()
-    return out
+    return settled(got, REF)
 
 
 for opts in (
@@ -461,12 +464,7 @@ for opts in (
     @check(f"load_file.big.cuda0.{'_'.join(f'{k}={v}' for k, v in opts.items())}")
     def _(opts=opts):
         got = sluice.load_file(BIG, device=REF_DEVICE, **opts)
-        sync()
-        out = compare_dicts(got, REF, DEV)
-        out["stats"] = stats_summary()
-        del got
-        free_cuda()
-        return out
+        return settled(got, REF, stats=True)
 
 
 @check("load_file.names_filter.cuda0")
@@ -503,22 +501,13 @@ def _():
         assert name not in got, f"duplicate {name}"
         got[name] = t
         order.append(name)
-    sync()
-    out = compare_dicts(got, REF, DEV)
-    out["stats"] = stats_summary()
-    del got
-    free_cuda()
-    return out
+    return settled(got, REF, stats=True)
 
 
 @check("stream.big.device=0.memory_limit=300MiB")
 def _():
     got = dict(sluice.stream(BIG, device=DEVICE_VARIANTS[2], memory_limit="300MiB"))
-    sync()
-    out = compare_dicts(got, REF, DEV)
-    del got
-    free_cuda()
-    return out
+    return settled(got, REF)
 
 
 @check("stream.shards.index.cuda")
@@ -608,11 +597,7 @@ def _():
 def _():
     dest = {k: torch.zeros_like(v, device=DEV) for k, v in REF.items()}
     sluice.load_into(BIG, dest)
-    sync()
-    out = compare_dicts(dest, REF, DEV)
-    del dest
-    free_cuda()
-    return out
+    return settled(dest, REF)
 
 
 @check("safe_open.big.cuda0.get_tensor_every_dtype")

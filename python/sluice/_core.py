@@ -34,6 +34,13 @@ def set_last_load_stats(stats: Optional[dict[str, Any]]) -> None:
     _local.stats = stats
 
 
+def bytes_read(stats: Optional[dict[str, Any]]) -> int:
+    """What a load took from its files (``last_load_stats()``): read into buffers, or
+    through a mapping when the file was in the page cache."""
+    stats = stats or {}
+    return int(stats.get("read_bytes", 0)) + int(stats.get("mapped_bytes", 0))
+
+
 def resolve_names(
     path: PathLike, names: NameFilter, checkpoint: Any = None, allow_partial: bool = False
 ) -> Optional[list[str]]:

@@ -41,8 +41,6 @@ import torch
 from . import _core, _sluice
 from .errors import ConfigError, TensorNotFoundError
 
-#: The loader's memory limit when neither the call nor ``SLUICE_MEMORY_LIMIT`` sets one.
-DEFAULT_MEMORY_LIMIT = 512 << 20
 #: How long a grouped load waits for a rank before every rank raises.
 DEFAULT_TIMEOUT_S = 600.0
 #: Bytes each rank must have read (in rounds of at least ``MEASURE_ROUND``) before the plan
@@ -152,44 +150,16 @@ def layout_digest(rows: Sequence[tuple[str, str, list[int], int]]) -> str:
     return h.hexdigest()
 
 
-class _Link:
-    """The group as a grouped load uses it: a gloo group of the same ranks, made for Sluice
-    with the load's timeout."""
+def side_group(group: Any, timeout: float) -> Any:
+    """``group`` as a grouped load uses it: a gloo group of the same ranks made for Sluice
+    with the load's ``timeout`` (``ckpt.group.Group``: exchanges and point-to-point
+    transfers), its errors naming the grouped load."""
+    from .ckpt.group import Group
 
-    def __init__(self, group: Any, timeout: float) -> None:
-        from .ckpt.group import Group
-
-        outer = Group.of(group)
-        outer.who = WHO
-        self.rank, self.world = outer.rank, outer.world
-        side = outer.side(timeout) if outer.world > 1 else None
-        self.group = Group(outer.rank, outer.world, side, WHO)
-
-    def exchange(self, mine: Any) -> list[Any]:
-        return self.group.all_gather(mine)
-
-    def post(self, ops: list[tuple[bool, int, Any]]) -> list[Any]:
-        """Starts point-to-point transfers (send?, peer, tensor); :meth:`wait` for them."""
-        if not ops:
-            return []
-        import torch.distributed as dist
-
-        from .ckpt.group import collective
-
-        pg = self.group.pg
-        p2p = [
-            dist.P2POp(dist.isend if send else dist.irecv, t, self.group.global_rank(peer), pg)
-            for send, peer, t in ops
-        ]
-        with collective("point-to-point transfer", WHO):
-            return list(dist.batch_isend_irecv(p2p))
-
-    def wait(self, works: list[Any]) -> None:
-        from .ckpt.group import collective
-
-        with collective("point-to-point transfer", WHO):
-            for w in works:
-                w.wait()
+    outer = Group.of(group)
+    outer.who = WHO  # names a failure to make the side group too
+    side = outer.side(timeout) if outer.world > 1 else None
+    return Group(outer.rank, outer.world, side, WHO)
 
 
 def local_stream(path: str, **options: Any) -> Iterator[tuple[str, torch.Tensor]]:
@@ -224,19 +194,6 @@ def page_cache_identity(ckpt: Any) -> Optional[tuple[Any, ...]]:
     return (socket.gethostname(), boot, tuple(files))
 
 
-def _storage_bytes() -> int:
-    """What the last load took from its files: read into buffers, or mapped from the cache."""
-    stats = _core.last_load_stats() or {}
-    return int(stats.get("read_bytes", 0)) + int(stats.get("mapped_bytes", 0))
-
-
-def memory_limit_bytes(memory_limit: Any) -> int:
-    """A load's memory limit: given, else ``SLUICE_MEMORY_LIMIT``, else the stream's default."""
-    if memory_limit is None:
-        memory_limit = os.environ.get("SLUICE_MEMORY_LIMIT") or DEFAULT_MEMORY_LIMIT
-    return int(_sluice.parse_byte_size("memory_limit", memory_limit))
-
-
 def stream(
     path: str,
     group: Any,
@@ -261,14 +218,14 @@ def stream(
     from .torch import torch_dtype, torch_shape
 
     global _last_rate
-    link = _Link(group, timeout)
+    link = side_group(group, timeout)
     where = path
     error: Optional[BaseException] = None
     rows: list[tuple[str, str, list[int], int]] = []
     mask = b""
     try:
         _core.check_options(memory_limit=memory_limit, **options)
-        memory_limit = memory_limit_bytes(memory_limit)
+        memory_limit = _sluice.stream_memory_limit(memory_limit)
         ckpt = _sluice.open_checkpoint(path, allow_partial=allow_partial)
         order = ckpt.keys()  # file order
         for name in order:
@@ -286,8 +243,8 @@ def stream(
         error = e
     call = {"layout": layout_digest(rows) if error is None else None}
     cache = page_cache_identity(ckpt) if error is None else None
-    gathered = link.exchange((call, mask, _last_rate, failure(error), cache))
-    raise_first_or_differ(where, error, gathered, raise_first)
+    gathered = link.all_gather((call, mask, _last_rate, failure(error), cache))
+    raise_first_or_differ(where, error, gathered)
     me = link.rank
     # Ranks that read the same local files through this host's page cache: they share a
     # round's tensors through it instead of the network.
@@ -332,13 +289,13 @@ def stream(
         if direct:
             local_into(path, direct, memory_limit=memory_limit, allow_partial=allow_partial,
                        **options)  # fmt: skip
-            storage += _storage_bytes()
+            storage += _core.bytes_read(_core.last_load_stats())
             held.update(direct)
         if rest:
             reads = local_stream(path, names=rest, memory_limit=memory_limit,
                                  allow_partial=allow_partial, **options)  # fmt: skip
             held.update(reads)
-            storage += _storage_bytes()
+            storage += _core.bytes_read(_core.last_load_stats())
         return storage
 
     # Set while this rank's consumer holds a tensor of a round that is not the last: if it
@@ -358,7 +315,7 @@ def stream(
                 measured[1] += this.seconds
             rate = measured[0] / measured[1] if measured[0] >= MEASURE_FROM else None
             t_ex = time.perf_counter()
-            status = link.exchange((failure(this.error), rate))
+            status = link.all_gather((failure(this.error), rate))
             phases["exchange"] += time.perf_counter() - t_ex
             raise_first(where, this.error, [s[0] for s in status])
             rates = plan_rates([s[1] for s in status])
@@ -415,13 +372,13 @@ def stream(
                 name, dtype, shape, _ = rows[i]
                 if name in this.held:
                     tensor = this.held.pop(name)
+                elif into and name in into:
+                    tensor = into[name]  # received in place (or empty)
                 else:
                     tdtype = torch_dtype(name, dtype)
                     tshape = torch_shape(name, dtype, shape, path)
                     buf = received.pop(name, None)
-                    if into and name in into:
-                        tensor = into[name]
-                    elif buf is None:  # no bytes to send
+                    if buf is None:  # no bytes to send
                         tensor = torch.empty(tshape, dtype=tdtype)
                     else:
                         tensor = buf.view(tdtype).view(tshape)
@@ -436,7 +393,7 @@ def stream(
             # Stopped while holding a tensor (closed early, or the consumer raised): tell
             # the others at the status exchange they wait at, so they raise now.
             with contextlib.suppress(Exception):  # they raise at their timeout instead
-                link.exchange(("this rank stopped its grouped load early", None))
+                link.all_gather(("this rank stopped its grouped load early", None))
         if measured[0] >= MEASURE_FROM:
             _last_rate = measured[0] / measured[1]
         _core.set_last_load_stats(
@@ -463,9 +420,11 @@ class _Round:
         self.seconds = 0.0
 
 
-def raise_first_or_differ(where: str, error: Any, gathered: list[Any], raise_first: Any) -> None:
+def raise_first_or_differ(where: str, error: Any, gathered: list[Any]) -> None:
     """Every rank raises if one failed to open the checkpoint, or if they opened different
     ones (their tensors' names, dtypes, shapes or sizes differ)."""
+    from .ckpt.group import raise_first
+
     raise_first(where, error, [g[3] for g in gathered])
     layouts = [g[0]["layout"] for g in gathered]
     odd = [r for r, layout in enumerate(layouts) if layout != layouts[0]]

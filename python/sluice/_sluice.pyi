@@ -119,6 +119,10 @@ def parse_byte_size(name: str, value: _ByteSize) -> int:
     """The bytes of option ``name`` (an int, or a size string like ``"512MiB"``), by the
     rules of every load option; ``ConfigError`` naming it otherwise."""
 
+def stream_memory_limit(memory_limit: _ByteSize | None = None) -> int:
+    """The memory limit a stream would run under: ``memory_limit`` when given, else
+    ``SLUICE_MEMORY_LIMIT``, else the stream default; ``ConfigError`` for a bad value."""
+
 def gpu_runtime() -> str | None:
     """The CUDA runtime that pins the loader's buffers (``pin=True``), opened on first
     use (torch's when torch loaded one); ``None`` where this process has none."""

@@ -328,13 +328,15 @@ def _grouped_stream(
     dev: torch.device,
     memory_limit: ByteSize,
     allow_partial: bool,
+    into: Optional[dict[str, torch.Tensor]] = None,
     **options: Any,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """:func:`stream` with ``group``: see there."""
+    """:func:`stream` with ``group``: see there (``into``: :func:`_grouped.stream`)."""
     options = {k: v for k, v in options.items() if v is not None}
     yield from _grouped.stream(
-        os.fspath(filename), group, names, dev, memory_limit, timeout, allow_partial, options
-    )
+        os.fspath(filename), group, names, dev, memory_limit, timeout, allow_partial, options,
+        into=into,
+    )  # fmt: skip
 
 
 def load_into(
@@ -420,12 +422,10 @@ def load_into(
         # the others are filled with copy_ from what the group yields.
         into = {n: d[2] for n, d in in_place.items()}
         wanted = {**into, **copied}
-        options = {"concurrency": concurrency, "chunk_bytes": chunk_bytes,
-                   "drop_cache": drop_cache, "direct": direct}  # fmt: skip
-        grouped = _grouped.stream(
-            os.fspath(filename), group, list(wanted), torch.device("cpu"), memory_limit,
-            timeout, allow_partial, {k: v for k, v in options.items() if v is not None},
-            into=into,
+        grouped = _grouped_stream(
+            filename, group, timeout, list(wanted), torch.device("cpu"), memory_limit,
+            allow_partial, into=into, concurrency=concurrency, chunk_bytes=chunk_bytes,
+            drop_cache=drop_cache, direct=direct,
         )  # fmt: skip
         with torch.no_grad():
             for name, t in grouped:

@@ -3,7 +3,7 @@
 use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
 use pyo3::types::PyBool;
-use sluice_load::{parse_bytes, LoadConfig};
+use sluice_load::{parse_bytes, LoadConfig, DEFAULT_STREAM_MEMORY_LIMIT};
 
 use crate::errors::config_error;
 
@@ -38,6 +38,15 @@ pub fn build(
     }
     cfg.validate().map_err(crate::errors::err)?;
     Ok(cfg)
+}
+
+/// The memory limit a stream would run under: `memory_limit` when given, else
+/// `SLUICE_MEMORY_LIMIT`, else the stream default (what a grouped load sizes its rounds by).
+#[pyfunction]
+#[pyo3(signature = (memory_limit=None))]
+pub fn stream_memory_limit(memory_limit: Option<Bound<'_, PyAny>>) -> PyResult<u64> {
+    let cfg = build(None, None, None, None, memory_limit, None, None)?;
+    Ok(cfg.memory_limit.unwrap_or(DEFAULT_STREAM_MEMORY_LIMIT))
 }
 
 /// Checks the option values a load would be given, without reading the

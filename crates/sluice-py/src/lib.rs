@@ -39,6 +39,7 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<gpu::PySlot>()?;
     m.add_function(wrap_pyfunction!(config::check_options, m)?)?;
     m.add_function(wrap_pyfunction!(config::parse_byte_size, m)?)?;
+    m.add_function(wrap_pyfunction!(config::stream_memory_limit, m)?)?;
     m.add_function(wrap_pyfunction!(sim::sim_run, m)?)?;
     m.add_function(wrap_pyfunction!(warm::warm_run_dir, m)?)?;
     m.add_function(wrap_pyfunction!(warm::warm_status, m)?)?;

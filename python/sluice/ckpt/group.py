@@ -113,8 +113,12 @@ class Group:
     def transfer(self, ops: list[tuple[bool, int, Any]], pg: Any = None) -> None:
         """Runs point-to-point transfers (send?, peer rank in this group, tensor) as one
         batch, and waits for them."""
+        self.wait(self.post(ops, pg))
+
+    def post(self, ops: list[tuple[bool, int, Any]], pg: Any = None) -> list[Any]:
+        """Starts :meth:`transfer`'s batch without waiting; :meth:`wait` for its works."""
         if not ops:
-            return
+            return []
         import torch.distributed as dist
 
         pg = pg if pg is not None else self.pg
@@ -123,7 +127,11 @@ class Group:
             for send, peer, t in ops
         ]
         with collective("point-to-point transfer", self.who):
-            for w in dist.batch_isend_irecv(p2p):
+            return list(dist.batch_isend_irecv(p2p))
+
+    def wait(self, works: list[Any]) -> None:
+        with collective("point-to-point transfer", self.who):
+            for w in works:
                 w.wait()
 
 

@@ -139,20 +139,14 @@ def _tp_group():
     return group if group.world_size > 1 else None
 
 
-def _bytes_read(stats: Optional[dict[str, Any]]) -> int:
-    """What a load took from its files: read into buffers, or through a mapping when
-    Sluice found the file in the page cache."""
-    stats = stats or {}
-    return int(stats.get("read_bytes", 0)) + int(stats.get("mapped_bytes", 0))
-
-
 def _log_read(options: dict[str, Any], group) -> int:
     """Logs (and returns) the bytes this process read from storage in its last stream."""
     from vllm.logger import init_logger
 
     from sluice import last_load_stats
+    from sluice._core import bytes_read
 
-    read = _bytes_read(last_load_stats())
+    read = bytes_read(last_load_stats())
     where = (
         f"tensor-parallel rank {group.rank_in_group} of {group.world_size}"
         if group
