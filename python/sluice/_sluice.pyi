@@ -422,6 +422,7 @@ class CkptStore:
     """An open checkpoint store; its lock is held shared until ``close``."""
 
     root: str
+    is_object: bool
     def start_save(
         self,
         share: CkptShare,
@@ -476,8 +477,9 @@ def ckpt_totals(tables: list[bytes]) -> tuple[int, int, int]:
 def ckpt_table_keep(table: bytes, rank: int, keep: set[str]) -> bytes:
     """A table cut down to the entries named in ``keep``."""
 
-def ckpt_gc(root: str, keep: int) -> _CkptGcReport:
-    """Keeps the ``keep`` newest checkpoints of a store."""
+def ckpt_gc(root: str, keep: int, grace_s: float | None = None) -> _CkptGcReport:
+    """Keeps the ``keep`` newest checkpoints of a store (in an object store, unreferenced
+    chunks younger than ``grace_s`` stay)."""
 
 def ckpt_collect_failed(root: str, token: str) -> _CkptCleanup | None:
     """After grouped save ``token`` failed: removes its ranks' new chunks and its commit

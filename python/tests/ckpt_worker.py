@@ -10,6 +10,9 @@ MODE ``killrep``: as ``kill``, but the second save has ``replicate=True`` and ra
 once it is staged: rank 0 writes rank 1's share from its replica, publishes, and exits
 normally (run with a tcp:// rendezvous, as under torchrun).
 MODE ``load``: loads ``s1`` (grouped: each unique chunk read by one rank) and checks it.
+MODE ``object``: STORE is an object-store URL: saves, changes about 6% of the bytes, saves
+again asynchronously (staged, then durable), loads both back bit-exact; ``replicate=True``
+is refused on every rank.
 """
 
 from __future__ import annotations
@@ -72,6 +75,13 @@ def equal(a: dict, b: dict) -> bool:
     return True
 
 
+def write_report(out: str, result: dict, destroy: bool = False) -> None:
+    with open(out, "w") as f:
+        json.dump(result, f)
+    if destroy:
+        dist.destroy_process_group()
+
+
 def main() -> None:
     rank, world, init, store, mode, out = sys.argv[1:7]
     rank, world = int(rank), int(world)
@@ -96,12 +106,30 @@ def main() -> None:
             result["bad"] = "loaded"
         except Exception as e:
             result["bad"] = f"{type(e).__name__}: {e}"
-        with open(out, "w") as f:
-            json.dump(result, f)
-        dist.destroy_process_group()
+        write_report(out, result, destroy=True)
         return
     r1 = ck.save(sd, f"{store}/s1", chunk_bytes=CHUNK).durable.result()
     result["s1"] = r1
+    if mode == "object":
+        sd["model"]["shard"][:16] += 1
+        sd["model"]["embed"][:8] += 1
+        sd["optim"]["step"] = 4
+        h2 = ck.save(sd, f"{store}/s2", chunk_bytes=CHUNK)
+        order: list[str] = []
+        h2.staged.add_done_callback(lambda f: order.append("staged"))
+        h2.durable.add_done_callback(lambda f: order.append("durable"))
+        result["s2"] = h2.durable.result()
+        result["order"] = order
+        result["s2_exact"] = equal(sd, ck.load(zeros_like(sd), f"{store}/s2"))
+        result["s2_read_bytes"] = ck.last_load["read_bytes"]
+        result["s1_exact"] = equal(state(rank), ck.load(zeros_like(sd), f"{store}/s1"))
+        try:
+            ck.save(sd, f"{store}/s3", chunk_bytes=CHUNK, replicate=True)
+            result["replicate"] = "saved"
+        except Exception as e:
+            result["replicate"] = f"{type(e).__name__}: {e}"
+        write_report(out, result, destroy=True)
+        return
     if mode in ("kill", "killrep"):
         sd["model"]["shard"] = sd["model"]["shard"] + 1  # new bytes on every rank
         rep = mode == "killrep"

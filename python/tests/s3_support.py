@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
@@ -128,3 +130,48 @@ class FaultProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextmanager
+def moto_with_auth() -> Iterator[dict[str, str]]:
+    """moto's S3 server with IAM auth on (it checks signatures), one user allowed all, and
+    BUCKET created; yields the environment of that user's good key (change its
+    ``AWS_SECRET_ACCESS_KEY`` to be refused with 403)."""
+    port = free_port()
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port(port, proc, "moto_server")
+        endpoint = f"http://127.0.0.1:{port}"
+        kw = dict(
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="a",
+            aws_secret_access_key="b",
+        )
+        iam = boto3.client("iam", **kw)
+        iam.create_user(UserName="u")
+        key = iam.create_access_key(UserName="u")["AccessKey"]
+        policy = (
+            '{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"*","Resource":"*"}]}'
+        )
+        iam.put_user_policy(UserName="u", PolicyName="all", PolicyDocument=policy)
+        good = dict(
+            kw, aws_access_key_id=key["AccessKeyId"], aws_secret_access_key=key["SecretAccessKey"]
+        )
+        boto3.client("s3", **good).create_bucket(Bucket=BUCKET)
+        yield {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ALLOW_HTTP": "true",
+            "AWS_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+            "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
+        }
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -310,34 +310,37 @@ def test_a_user_with_read_permission_only_can_load(world_readable_dir, sluice_bi
     assert out.returncode == 0, out.stderr
 
 
-URL = "s3://bucket/run/step-1"
-
-
-def test_an_object_url_is_a_config_error_everywhere(tmp_path, sluice_bin):
-    # Issue 27, #15: it was taken for a local path and wrote a directory called "s3:".
+def test_a_foreign_or_folded_url_is_a_config_error_everywhere(tmp_path, sluice_bin):
+    # Issue 27, #15: an object URL was taken for a local path and wrote a directory called
+    # "s3:". s3://, gs:// and az:// are stores now (issue 30, test_ckpt_object.py); other
+    # schemes, and an s3:// URL that pathlib folded into "s3:/", stay config errors.
     os.chdir(tmp_path)
     sd = {"w": torch.ones(2)}
-    for call in (
-        lambda: ck.save(sd, URL, blocking=True),
-        lambda: ck.load(sd, URL),
-        lambda: ck.manifest(URL),
-        lambda: ck.verify(URL),
-        lambda: ck.ls("s3://bucket/run"),
-        lambda: ck.gc("s3://bucket/run", 1),
-        lambda: ck.StorageWriter(URL)._where(),
-        lambda: ck.StorageReader(URL)._where(),
+    for url, store, why in (
+        ("http://host/run/step-1", "http://host/run", "not supported"),
+        ("s3:/bucket/run/step-1", "s3:/bucket/run", "pathlib"),
     ):
-        with pytest.raises(ConfigError, match="s3://"):
-            call()
-    for args in (
-        ["ls", "s3://bucket/run"],
-        ["inspect", URL],
-        ["verify", URL],
-        ["diff", URL, URL],
-        ["gc", "s3://bucket/run", "--keep", "1"],
-    ):
-        out = subprocess.run([str(sluice_bin), "ckpt", *args], capture_output=True, text=True)
-        assert out.returncode == 2 and "s3://" in out.stderr, (args, out.stderr)
+        for call in (
+            lambda u=url: ck.save(sd, u, blocking=True),
+            lambda u=url: ck.load(sd, u),
+            lambda u=url: ck.manifest(u),
+            lambda u=url: ck.verify(u),
+            lambda s=store: ck.ls(s),
+            lambda s=store: ck.gc(s, 1),
+            lambda u=url: ck.StorageWriter(u)._where(),
+            lambda u=url: ck.StorageReader(u)._where(),
+        ):
+            with pytest.raises(ConfigError, match=why):
+                call()
+        for args in (
+            ["ls", store],
+            ["inspect", url],
+            ["verify", url],
+            ["diff", url, url],
+            ["gc", store, "--keep", "1"],
+        ):
+            out = subprocess.run([str(sluice_bin), "ckpt", *args], capture_output=True, text=True)
+            assert out.returncode == 2 and why in out.stderr, (args, out.stderr)
     assert os.listdir(tmp_path) == []
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_same_tensors, two_shards_of_six_dtypes, write_sharded
+from conftest import assert_same_tensors, check_ckpt_store, two_shards_of_six_dtypes, write_sharded
 from s3_support import _stop, free_port, wait_for_port
 from sluice.errors import SluiceFileNotFoundError, SluicePermissionError
 
@@ -122,3 +122,14 @@ def test_a_missing_blob_and_a_wrong_key_are_typed_errors(sharded, monkeypatch):
     monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", wrong)
     with pytest.raises(SluicePermissionError, match=CONTAINER):
         sluice.torch.load_file(f"az://{CONTAINER}/llm/")
+
+
+def test_checkpoints_save_load_and_publish_once_in_azure(az_env, monkeypatch):
+    """sluice.ckpt with its store in a container; a wrong key is a permission error."""
+    import sluice.ckpt as ck
+
+    store = f"az://{CONTAINER}/ckpt"
+    check_ckpt_store(store)
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", "A" * 86 + "==")
+    with pytest.raises(SluicePermissionError, match=CONTAINER):
+        ck.load({"w": torch.zeros(256, 256)}, f"{store}/b")

@@ -11,7 +11,6 @@ import _thread
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from conftest import (
     random_tensor,
     write_sharded,
 )
-from s3_support import BUCKET, FaultProxy, S3Server, boto3, faultproxy_bin, free_port, wait_for_port
+from s3_support import BUCKET, FaultProxy, S3Server, boto3, faultproxy_bin, moto_with_auth
 from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import save_file
 from sluice.errors import (
@@ -306,50 +305,23 @@ def test_object_replaced_after_open_is_refused(s3_env, tmp_path):
 def test_wrong_credentials_are_a_permission_error(monkeypatch, tmp_path):
     """A server that checks signatures (moto with IAM auth on) refuses unknown keys with
     403: a permission error naming the object, not a retry loop."""
-    port = free_port()
-    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for_port(port, proc, "moto_server")
-        endpoint = f"http://127.0.0.1:{port}"
-        kw = dict(
-            endpoint_url=endpoint,
-            region_name="us-east-1",
-            aws_access_key_id="a",
-            aws_secret_access_key="b",
-        )
-        iam = boto3.client("iam", **kw)
-        iam.create_user(UserName="u")
-        key = iam.create_access_key(UserName="u")["AccessKey"]
-        policy = (
-            '{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"*","Resource":"*"}]}'
-        )
-        iam.put_user_policy(UserName="u", PolicyName="all", PolicyDocument=policy)
-        good = dict(
-            kw, aws_access_key_id=key["AccessKeyId"], aws_secret_access_key=key["SecretAccessKey"]
-        )
-        client = boto3.client("s3", **good)
-        client.create_bucket(Bucket=BUCKET)
+    with moto_with_auth() as env:
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
         save_file({"w": torch.arange(8.0)}, str(tmp_path / "w.safetensors"))
+        client = boto3.client(
+            "s3",
+            endpoint_url=env["AWS_ENDPOINT_URL"],
+            region_name="us-east-1",
+            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        )
         client.upload_file(str(tmp_path / "w.safetensors"), BUCKET, "auth/w.safetensors")
         url = f"s3://{BUCKET}/auth/w.safetensors"
-        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-        monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
-        monkeypatch.setenv("AWS_REGION", "us-east-1")
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", key["AccessKeyId"])
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", key["SecretAccessKey"])
         assert torch.equal(sluice.torch.load_file(url)["w"], torch.arange(8.0))
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
         with pytest.raises(SluicePermissionError, match=url):
             sluice.torch.load_file(url)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")

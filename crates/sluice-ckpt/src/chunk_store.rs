@@ -13,6 +13,11 @@
 //! staging buffer: the device reads them there, with no copy into the page cache and no
 //! dirty pages left for the final sync to write back. A file system that refuses O_DIRECT
 //! (tmpfs, some FUSE) gets buffered writes from then on, logged once.
+//!
+//! In an object store ([`ChunkStore::in_object`]) a chunk is an object under the same key
+//! (`<prefix>/chunks/ab/abcd...`), written with one PUT (multipart when large: either is
+//! seen whole or not at all, and durable once it returns), read with one GET and verified
+//! the same way.
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -25,6 +30,7 @@ use sluice_engine::AlignedBuf;
 
 use crate::chunking::{ChunkRef, Digest};
 use crate::error::{ChunkDamage, CkptError};
+use crate::object::ObjectRoot;
 use crate::steps::{Step, StoreSteps};
 
 /// O_DIRECT transfer sizes are padded to this, and the file cut back to the chunk's length.
@@ -42,6 +48,8 @@ pub struct ChunkStore {
     /// Cleared, for every clone, once the file system refuses O_DIRECT.
     direct: Arc<AtomicBool>,
     steps: Arc<dyn StoreSteps>,
+    /// The object store the chunks live in (`dir` is then its URL, for messages).
+    object: Option<ObjectRoot>,
 }
 
 impl std::fmt::Debug for ChunkStore {
@@ -63,7 +71,38 @@ impl ChunkStore {
             dir: dir.to_path_buf(),
             direct: Arc::new(AtomicBool::new(true)),
             steps,
+            object: None,
         }
+    }
+
+    /// The chunks of an object-store checkpoint store (`<prefix>/chunks/...`).
+    pub fn in_object(root: ObjectRoot, steps: Arc<dyn StoreSteps>) -> ChunkStore {
+        ChunkStore {
+            dir: root.path(crate::path::CHUNKS_DIR),
+            direct: Arc::new(AtomicBool::new(false)),
+            steps,
+            object: Some(root),
+        }
+    }
+
+    /// The object store the chunks live in, if not a directory.
+    pub fn object(&self) -> Option<&ObjectRoot> {
+        self.object.as_ref()
+    }
+
+    /// Threads for bulk chunk I/O: `asked` on a file system; on an object store at least
+    /// as many as requests it keeps in flight (each thread waits out a round trip).
+    pub fn io_threads(&self, asked: usize) -> usize {
+        match &self.object {
+            Some(o) => asked.max(o.concurrency()),
+            None => asked,
+        }
+    }
+
+    /// A chunk's key under an object store's prefix.
+    fn key_of(d: &Digest) -> String {
+        let hex = d.hex();
+        format!("{}/{}/{hex}", crate::path::CHUNKS_DIR, &hex[..2])
     }
 
     /// The steps this store's file operations go through.
@@ -93,6 +132,15 @@ impl ChunkStore {
 
     /// Whether the chunk is stored (a file of its length under its name).
     pub fn contains(&self, c: &ChunkRef) -> bool {
+        if let Some(o) = &self.object {
+            return match o.head(&Self::key_of(&c.digest)) {
+                Ok(found) => found.is_some_and(|l| l.size == c.len),
+                Err(e) => {
+                    tracing::debug!("{e}: taken as not stored");
+                    false
+                }
+            };
+        }
         std::fs::metadata(self.path_of(&c.digest)).is_ok_and(|m| m.is_file() && m.len() == c.len)
     }
 
@@ -108,6 +156,17 @@ impl ChunkStore {
         if self.contains(c) {
             return Ok(false);
         }
+        if let Some(o) = &self.object {
+            let path = self.path_of(&c.digest);
+            self.steps
+                .before(Step::ChunkWrite, &path)
+                .map_err(CkptError::io(&path))?;
+            o.put(
+                &Self::key_of(&c.digest),
+                bytes::Bytes::copy_from_slice(bytes),
+            )?;
+            return Ok(true);
+        }
         self.put(c, |tmp| {
             let mut f = std::fs::File::create(tmp)?;
             self.steps.before(Step::ChunkWrite, tmp)?;
@@ -122,7 +181,7 @@ impl ChunkStore {
     pub fn write_aligned(&self, c: &ChunkRef, buf: &mut AlignedBuf) -> Result<bool, CkptError> {
         let n = c.len as usize;
         let padded = n.next_multiple_of(DIRECT_ALIGN);
-        if !self.direct.load(Ordering::Relaxed) || padded > buf.len() {
+        if self.object.is_some() || !self.direct.load(Ordering::Relaxed) || padded > buf.len() {
             return self.write(c, &buf.as_slice()[..n]);
         }
         if self.contains(c) {
@@ -194,6 +253,9 @@ impl ChunkStore {
                 format!("a {}-byte buffer for a {}-byte chunk", out.len(), c.len),
             ));
         }
+        if let Some(o) = &self.object {
+            return self.read_object(o, c, entry, out);
+        }
         let mut file = match sluice_engine::open_regular(&path, 0) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -231,9 +293,48 @@ impl ChunkStore {
         Ok(())
     }
 
+    /// [`ChunkStore::read_into`] from an object store: one GET, the same checks.
+    fn read_object(
+        &self,
+        o: &ObjectRoot,
+        c: &ChunkRef,
+        entry: &str,
+        out: &mut [u8],
+    ) -> Result<(), CkptError> {
+        let path = self.path_of(&c.digest);
+        let Some((bytes, _)) = o.get(&Self::key_of(&c.digest))? else {
+            return Err(CkptError::MissingChunk {
+                digest: c.digest,
+                entry: entry.to_string(),
+                path,
+            });
+        };
+        let found = match bytes.len().cmp(&out.len()) {
+            std::cmp::Ordering::Less => Some(ChunkDamage::Short {
+                len: bytes.len() as u64,
+            }),
+            std::cmp::Ordering::Greater => Some(ChunkDamage::Long),
+            std::cmp::Ordering::Equal => {
+                out.copy_from_slice(&bytes);
+                let actual = Digest::of(out);
+                (actual != c.digest).then_some(ChunkDamage::Hashes(actual))
+            }
+        };
+        match found {
+            Some(found) => Err(CkptError::CorruptChunk {
+                digest: c.digest,
+                found,
+                entry: entry.to_string(),
+                path,
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Makes every chunk written so far durable: one `syncfs` of the store's file system
     /// (the chunk files, and the renames that named them). Where it fails, each file in
-    /// `written` and its directory is synced instead.
+    /// `written` and its directory is synced instead. In an object store a chunk is
+    /// durable once its put returned: nothing is left to do.
     pub fn sync(&self, written: &[Digest]) -> Result<(), CkptError> {
         if written.is_empty() {
             return Ok(());
@@ -241,6 +342,9 @@ impl ChunkStore {
         self.steps
             .before(Step::Sync, &self.dir)
             .map_err(CkptError::io(&self.dir))?;
+        if self.object.is_some() {
+            return Ok(());
+        }
         let dir = std::fs::File::open(&self.dir).map_err(CkptError::io(&self.dir))?;
         // SAFETY: syncfs on a descriptor we own.
         if unsafe { libc::syncfs(dir.as_raw_fd()) } == 0 {
@@ -273,6 +377,13 @@ impl ChunkStore {
 
     /// Every chunk stored, with its file length; temporary files are left out.
     pub fn list(&self) -> Result<Vec<(Digest, u64)>, CkptError> {
+        if self.object.is_some() {
+            return Ok(self
+                .list_dated()?
+                .into_iter()
+                .map(|(d, n, _)| (d, n))
+                .collect());
+        }
         let mut out = Vec::new();
         let Ok(fans) = std::fs::read_dir(&self.dir) else {
             return Ok(out);
@@ -293,9 +404,34 @@ impl ChunkStore {
         Ok(out)
     }
 
+    /// Every chunk of an object store, with its size and when it was written (a
+    /// directory's chunks have no date here: the epoch).
+    pub fn list_dated(&self) -> Result<Vec<(Digest, u64, std::time::SystemTime)>, CkptError> {
+        let Some(o) = &self.object else {
+            return Ok(self
+                .list()?
+                .into_iter()
+                .map(|(d, n)| (d, n, std::time::UNIX_EPOCH))
+                .collect());
+        };
+        Ok(o.list(crate::path::CHUNKS_DIR)?
+            .into_iter()
+            .filter_map(|l| {
+                let name = l.key.rsplit('/').next()?;
+                Some((name.parse::<Digest>().ok()?, l.size, l.modified))
+            })
+            .collect())
+    }
+
     /// Removes a chunk file; gone already is fine.
     pub fn remove(&self, d: &Digest) -> Result<(), CkptError> {
         let path = self.path_of(d);
+        if let Some(o) = &self.object {
+            self.steps
+                .before(Step::Remove, &path)
+                .map_err(CkptError::io(&path))?;
+            return o.delete(&Self::key_of(d));
+        }
         let removed = self
             .steps
             .before(Step::Remove, &path)
@@ -307,7 +443,12 @@ impl ChunkStore {
     }
 
     /// Removes chunks a crashed save left half written; returns how many.
+    /// (An object store has none: an upload killed midway leaves no object, only an
+    /// unfinished multipart upload that the bucket's lifecycle rule aborts.)
     pub fn remove_temporaries(&self) -> usize {
+        if self.object.is_some() {
+            return 0;
+        }
         let mut n = 0;
         let Ok(fans) = std::fs::read_dir(&self.dir) else {
             return 0;

@@ -51,12 +51,9 @@ pub enum CkptError {
     /// An argument out of range: `what` names it.
     #[error("{what}: {detail}")]
     InvalidArgument { what: String, detail: String },
-    /// An object-store URL where a checkpoint path belongs.
-    #[error(
-        "{url}: checkpoints are saved to a directory; {scheme}:// object stores are not \
-         supported by sluice.ckpt yet (save to a local or mounted file system)"
-    )]
-    ObjectUrl { url: String, scheme: String },
+    /// A request to an object store failed (it names the object's URL).
+    #[error("{0}")]
+    Remote(Arc<sluice_remote::RemoteError>),
     /// A directory the store did not write, where it would write: a store is created only
     /// in a new or empty directory, and a checkpoint only where none or its own was.
     #[error(
@@ -164,10 +161,10 @@ impl sluice_engine::Classify for CkptError {
             | CkptError::NoStore { .. } => ErrorClass::NotFound,
             CkptError::BadManifest { .. } | CkptError::NewerFormat { .. } => ErrorClass::BadStore,
             CkptError::InvalidArgument { .. }
-            | CkptError::ObjectUrl { .. }
             | CkptError::ForeignDirectory { .. }
             | CkptError::Unplannable(_) => ErrorClass::Config,
             CkptError::Busy { .. } => ErrorClass::Locked,
+            CkptError::Remote(e) => e.class(),
             CkptError::Cancelled(_) | CkptError::RankFailed { .. } | CkptError::TimedOut { .. } => {
                 ErrorClass::Failed
             }

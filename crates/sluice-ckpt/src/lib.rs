@@ -31,6 +31,7 @@ mod commit;
 mod error;
 mod fetch;
 mod manifest;
+mod object;
 mod path;
 mod planner;
 mod save;
@@ -42,11 +43,12 @@ mod writer;
 
 pub use chunk_store::ChunkStore;
 pub use chunking::{chunk, hash_all, ChunkRef, Digest};
-pub use commit::Commit;
+pub use commit::{Commit, STALE as HEARTBEAT_STALE};
 pub use error::{ChunkDamage, CkptError};
 pub use fetch::{decode_needs, encode_needs, Fetch, FetchReport, ReadPlan, Transfer};
 pub use manifest::{Entry, EntryKind, Manifest, PackRef, MANIFEST_FILE};
-pub use path::{check_name, check_store_path, CkptPath};
+pub use object::ObjectRoot;
+pub use path::{check_name, check_store_path, is_url, CkptPath};
 pub use planner::{PlanInput, WritePlan, WritePlanner};
 pub use save::{totals, write_share, Replica, SaveJob, SaveOptions, SaveSummary};
 pub use saver::{SavePlan, Saver, DEFAULT_BANDWIDTH};
@@ -58,6 +60,6 @@ pub use steps::FailAt;
 pub use steps::{RealSteps, Step, StoreSteps};
 pub use store::{
     diff, CheckpointInfo, CkptStore, Cleanup, DiffReport, GcReport, SaveItem, SaveReport,
-    VerifyReport,
+    VerifyReport, DEFAULT_GRACE,
 };
 pub use writer::{JobReport, StagingPool, WriteJob, WriteTask};

@@ -135,12 +135,30 @@ impl Manifest {
             }
             other => other.map_err(CkptError::io(&path))?,
         };
+        let value: serde_json::Value = serde_json::from_reader(std::io::BufReader::new(file))
+            .map_err(|e| CkptError::BadManifest {
+                path: path.clone(),
+                detail: e.to_string(),
+            })?;
+        Manifest::from_value(value, path)
+    }
+
+    /// Checks and decodes a manifest's bytes, read from `path` (a file or an object URL,
+    /// named in errors).
+    pub fn from_bytes(bytes: &[u8], path: PathBuf) -> Result<Manifest, CkptError> {
+        let value: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| CkptError::BadManifest {
+                path: path.clone(),
+                detail: e.to_string(),
+            })?;
+        Manifest::from_value(value, path)
+    }
+
+    fn from_value(value: serde_json::Value, path: PathBuf) -> Result<Manifest, CkptError> {
         let bad = |detail: String| CkptError::BadManifest {
             path: path.clone(),
             detail,
         };
-        let value: serde_json::Value = serde_json::from_reader(std::io::BufReader::new(file))
-            .map_err(|e| bad(e.to_string()))?;
         if value.get("format").and_then(|f| f.as_str()) != Some(FORMAT) {
             return Err(bad(format!("not a {FORMAT} manifest")));
         }

@@ -1,13 +1,15 @@
 //! Checkpoint paths, checked once for every front (Python, DCP, the CLI).
 //!
-//! A checkpoint is named `STORE/NAME`: the store is a directory, the name one plain file
-//! name inside it. The checks here are what keeps a save inside the store the user named:
+//! A checkpoint is named `STORE/NAME`: the store is a directory or an object-store prefix
+//! (`s3://bucket/run`, `gs://...`, `az://...`), the name one plain file name inside it.
+//! The checks here are what keeps a save inside the store the user named:
 //! - a path ending in `/`, `/.` or `/..` names no checkpoint (`Path("STORE/").name` is
 //!   `STORE`, which would save a checkpoint called `STORE` into the parent directory and
 //!   make the parent a store);
 //! - a `..` anywhere is refused, so no path climbs out of the directory it starts from;
-//! - an object URL (`s3://bucket/run/step-1`) is refused: checkpoints live on a file
-//!   system, and a URL taken as a relative path would write a directory called `s3:`;
+//! - a URL of another scheme (`http://`, `hf://`, `file://`) is refused, and so is one a
+//!   path library folded (`s3:/bucket/x`, which Python's `pathlib.Path` makes of `s3://`):
+//!   taken as a relative path it would write a directory called `s3:`;
 //! - the name is a plain name: not empty, not starting with `.` (the store's own
 //!   bookkeeping), not one of the store's files (`chunks`, `lock`, `sluice-ckpt.json`).
 
@@ -39,11 +41,32 @@ pub struct CkptPath {
 impl CkptPath {
     /// Parses and checks `STORE/NAME`.
     pub fn parse(path: &str) -> Result<CkptPath, CkptError> {
-        check_local(path)?;
+        let url = check_path(path)?;
         let bad = |detail: &str| CkptError::InvalidArgument {
             what: format!("checkpoint path {path:?}"),
             detail: detail.to_string(),
         };
+        if url {
+            let (_, rest) = path.split_once("://").expect("an object URL has '://'");
+            return match rest.trim_end_matches('/').rsplit_once('/') {
+                Some((bucket_and_prefix, name)) if !path.ends_with('/') => {
+                    check_name(name).map_err(|e| match e {
+                        CkptError::InvalidArgument { detail, .. } => bad(&detail),
+                        other => other,
+                    })?;
+                    Ok(CkptPath {
+                        root: PathBuf::from(
+                            &path[..path.len() - rest.len() + bucket_and_prefix.len()],
+                        ),
+                        name: name.to_string(),
+                    })
+                }
+                _ => Err(bad(
+                    "names no checkpoint: a checkpoint URL is STORE/NAME, e.g. \
+                     s3://bucket/run/step-100",
+                )),
+            };
+        }
         if path.ends_with('/') || path == "." {
             return Err(bad(
                 "names no checkpoint: a checkpoint path is STORE/NAME, \
@@ -92,12 +115,16 @@ impl std::fmt::Display for CkptPath {
     }
 }
 
-/// Checks a store's path: a local path without `..` (an object URL is refused).
+/// Checks a store's path: a local path without `..`, or an object URL (`s3://`, `gs://`,
+/// `az://`) with a bucket.
 pub fn check_store_path(path: &Path) -> Result<(), CkptError> {
-    match path.to_str() {
-        Some(s) => check_local(s),
-        None => Ok(()), // not UTF-8: no URL; `..` is checked on the components below
-    }?;
+    let url = match path.to_str() {
+        Some(s) => check_path(s)?,
+        None => false, // not UTF-8: no URL; `..` is checked on the components below
+    };
+    if url {
+        return Ok(());
+    }
     if path
         .components()
         .any(|c| c == std::path::Component::ParentDir)
@@ -110,8 +137,9 @@ pub fn check_store_path(path: &Path) -> Result<(), CkptError> {
     Ok(())
 }
 
-/// Refuses object URLs and `..` components.
-fn check_local(path: &str) -> Result<(), CkptError> {
+/// Whether a checkpoint or store path is an object URL (`true`) or a local path; refuses
+/// other schemes, folded URLs and `..` components.
+fn check_path(path: &str) -> Result<bool, CkptError> {
     if path.is_empty() {
         return Err(CkptError::InvalidArgument {
             what: "checkpoint path \"\"".into(),
@@ -119,10 +147,28 @@ fn check_local(path: &str) -> Result<(), CkptError> {
         });
     }
     if let Some(scheme) = url_scheme(path) {
-        return Err(CkptError::ObjectUrl {
-            url: path.to_string(),
-            scheme: scheme.to_string(),
-        });
+        let bad = |detail: String| CkptError::InvalidArgument {
+            what: format!("checkpoint path {path:?}"),
+            detail,
+        };
+        if !path.contains("://") {
+            return Err(bad(format!(
+                "looks like a {scheme}:// URL with one slash (Python's pathlib.Path folds \
+                 '{scheme}://' into '{scheme}:/'): pass the URL as a str"
+            )));
+        }
+        let url = sluice_remote::ObjectUrl::parse(path).map_err(|e| match e {
+            sluice_remote::RemoteError::BadUrl { why, .. } => bad(format!(
+                "{why} (checkpoints go to a directory or to s3://, gs:// or az://)"
+            )),
+            other => CkptError::remote(other),
+        })?;
+        if url.key.split('/').any(|c| c == ".." || c == ".") {
+            return Err(bad(
+                "may not contain '.' or '..' components: give the prefix without them".into(),
+            ));
+        }
+        return Ok(true);
     }
     if path.split('/').any(|c| c == "..") {
         return Err(CkptError::InvalidArgument {
@@ -136,7 +182,12 @@ fn check_local(path: &str) -> Result<(), CkptError> {
             detail: "contains a NUL byte".into(),
         });
     }
-    Ok(())
+    Ok(false)
+}
+
+/// Whether a checked store path is an object URL.
+pub fn is_url(path: &Path) -> bool {
+    path.to_str().is_some_and(|s| url_scheme(s).is_some())
 }
 
 /// Schemes of object stores and remote files, recognised even after a path library folded
@@ -238,20 +289,43 @@ mod tests {
     }
 
     #[test]
-    fn object_urls_are_refused_naming_them() {
+    fn object_urls_split_into_a_prefix_and_a_name() {
+        assert_eq!(
+            parsed("s3://bucket/run/step-1"),
+            ("s3://bucket/run".into(), "step-1".into())
+        );
+        assert_eq!(parsed("gs://b/x"), ("gs://b".into(), "x".into()));
+        assert_eq!(parsed("az://c/a/b/x"), ("az://c/a/b".into(), "x".into()));
+        assert!(check_store_path(Path::new("s3://bucket/run")).is_ok());
+        assert!(check_store_path(Path::new("s3://bucket")).is_ok());
+        assert!(is_url(Path::new("s3://bucket")));
+        assert!(!is_url(Path::new("/tmp/s3")));
         for p in [
-            "s3://bucket/run/step-1",
-            "gs://b/x",
-            "az://c/x",
+            "s3://bucket",
+            "s3://bucket/",
+            "s3://bucket/run/",
+            "s3://b/run/..",
+            "s3://b/./x",
+        ] {
+            let e = CkptPath::parse(p).unwrap_err();
+            assert!(matches!(e, CkptError::InvalidArgument { .. }), "{p}: {e}");
+        }
+    }
+
+    #[test]
+    fn other_schemes_and_folded_urls_are_refused_naming_them() {
+        for p in [
             "file:///tmp/x",
+            "http://host/x",
+            "hf://org/model/x",
             "s3:/bucket/run/step-1", // what pathlib.Path makes of an s3:// URL
         ] {
             let e = CkptPath::parse(p).unwrap_err();
-            assert!(matches!(e, CkptError::ObjectUrl { .. }), "{p}: {e}");
+            assert!(matches!(e, CkptError::InvalidArgument { .. }), "{p}: {e}");
             assert!(e.to_string().contains(p), "{e}");
         }
-        let e = check_store_path(Path::new("s3://bucket/run")).unwrap_err();
-        assert!(matches!(e, CkptError::ObjectUrl { .. }));
+        let e = CkptPath::parse("s3:/bucket/x").unwrap_err().to_string();
+        assert!(e.contains("pathlib"), "{e}");
         // A colon that is no scheme is a plain name.
         assert_eq!(parsed("ckpt/a:b"), ("ckpt".into(), "a:b".into()));
         assert_eq!(parsed("c:/x"), ("c:".into(), "x".into()));

@@ -131,9 +131,26 @@ impl SaveJob {
             check_replica_budget(&tables, &plan, opts.staging_bytes, &store, &opts.name)?;
         }
         let (host, streamed) = share.tasks(&plan.indices[rank])?;
+        if store.object().is_some() && opts.replicate && world > 1 {
+            // A stand-in needs to know its predecessor's process is gone: a file lock
+            // tells, an object store has none.
+            return Err(CkptError::arg(
+                format!("{}/{}: replicate=True", store.root().display(), opts.name),
+                "needs a file-system store (a rank's death is noticed by its file lock); an \
+                 object store has no locks",
+            ));
+        }
         let commit = match world {
             _ if !opts.publish => None,
             1 => None,
+            _ if store.object().is_some() => Some(Commit::join_object(
+                store.object().expect("checked"),
+                &opts.name,
+                &plan.token,
+                rank,
+                world,
+                opts.timeout,
+            )?),
             _ => Some(Commit::join(
                 store.root(),
                 &opts.name,
@@ -156,7 +173,7 @@ impl SaveJob {
                 store.chunks().clone(),
                 tasks,
                 pool,
-                WRITERS,
+                store.chunks().io_threads(WRITERS),
                 keep,
                 !streamed.is_empty(),
             )?
@@ -348,7 +365,7 @@ impl SaveJob {
                 self.store.chunks().clone(),
                 tasks,
                 pool,
-                WRITERS,
+                self.store.chunks().io_threads(WRITERS),
                 Box::new(()),
             )?
         };
@@ -425,8 +442,9 @@ pub unsafe fn write_share(
         .collect();
     let pool = StagingPool::new(staging_bytes, table.chunk_bytes)?;
     // SAFETY: the caller's contract; the job is waited for before `share` is released.
+    let writers = store.chunks().io_threads(WRITERS);
     let job =
-        unsafe { WriteJob::start(store.chunks().clone(), tasks, pool, WRITERS, Box::new(()))? };
+        unsafe { WriteJob::start(store.chunks().clone(), tasks, pool, writers, Box::new(()))? };
     let outcome = job.wait_durable(None).expect("no timeout");
     if outcome.is_err() {
         store.remove_created(&job.created());

@@ -12,14 +12,19 @@
 //! that a save in flight found already stored and is about to reference. Readers lock a
 //! file they can only read, so a store on a read-only mount (or another user's) loads.
 //!
+//! A store under an object-store prefix (`s3://bucket/run`) has the same layout without
+//! the lock and the pending directory; `crate::object` says what replaces them.
+//!
 //! A store writes only where it owns the directory, and removes only what it wrote: it is
 //! created in a new or empty directory (or one that is already a store), a checkpoint is
 //! saved where there is none or the store's own, and `gc` removes a checkpoint's manifest
 //! and then its directory only if nothing else is in it.
 
 mod maintenance;
+mod objects;
 
 pub use maintenance::{diff, CheckpointInfo, DiffReport, GcReport, VerifyReport};
+pub use objects::DEFAULT_GRACE;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -32,6 +37,7 @@ use crate::chunk_store::ChunkStore;
 use crate::chunking::{chunk, parallel_map, ChunkRef, Digest};
 use crate::error::CkptError;
 use crate::manifest::{Entry, EntryKind, Manifest, MANIFEST_FILE};
+use crate::object::ObjectRoot;
 use crate::path::{check_name, check_store_path, CHUNKS_DIR, LOCK_FILE, MARKER_FILE, PENDING_DIR};
 use crate::steps::{Step, StoreSteps};
 
@@ -73,6 +79,8 @@ pub struct CkptStore {
     chunks: ChunkStore,
     /// `None` where the lock file cannot be opened at all (a read-only store without one).
     lock: Mutex<Option<FileLock>>,
+    /// Where the store is an object-store prefix (`root` is then its URL).
+    object: Option<ObjectRoot>,
 }
 
 /// How a store is opened.
@@ -120,6 +128,10 @@ impl CkptStore {
         steps: Arc<dyn StoreSteps>,
     ) -> Result<CkptStore, CkptError> {
         check_store_path(root)?;
+        if crate::path::is_url(root) {
+            let url = root.to_str().expect("a checked URL is UTF-8");
+            return CkptStore::open_object(url, access, steps);
+        }
         if root.exists() && !root.is_dir() {
             return Err(CkptError::arg(
                 root.display().to_string(),
@@ -154,6 +166,7 @@ impl CkptStore {
             root: root.to_path_buf(),
             chunks: ChunkStore::with_steps(&root.join(CHUNKS_DIR), steps),
             lock: Mutex::new(lock),
+            object: None,
         })
     }
 
@@ -163,6 +176,20 @@ impl CkptStore {
 
     pub fn chunks(&self) -> &ChunkStore {
         &self.chunks
+    }
+
+    /// The object store, where the store is under an object-store prefix.
+    pub fn object(&self) -> Option<&ObjectRoot> {
+        self.object.as_ref()
+    }
+
+    /// The manifest of checkpoint `name`.
+    pub fn manifest(&self, name: &str) -> Result<Manifest, CkptError> {
+        check_name(name)?;
+        match &self.object {
+            Some(o) => self.manifest_object(o, name),
+            None => Manifest::read(&self.root.join(name)),
+        }
     }
 
     fn steps(&self) -> &dyn StoreSteps {
@@ -181,6 +208,9 @@ impl CkptStore {
     /// written.
     pub fn prepare(&self, name: &str) -> Result<PathBuf, CkptError> {
         let dir = self.checkpoint_dir(name)?;
+        if let Some(o) = &self.object {
+            return self.prepare_object(o, name);
+        }
         match std::fs::symlink_metadata(&dir) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(dir),
             Err(e) => return Err(CkptError::io(&dir)(e)),
@@ -269,6 +299,10 @@ impl CkptStore {
     /// the manifest was renamed into place (its directory did not sync) takes it back: a
     /// failed save is never visible.
     pub fn publish(&self, name: &str, manifest: &Manifest) -> Result<(), CkptError> {
+        if let Some(o) = &self.object {
+            check_name(name)?;
+            return self.publish_object(o, name, manifest);
+        }
         let dir = self.prepare(name)?;
         let path = Manifest::path_in(&dir);
         manifest.check().map_err(|detail| CkptError::BadManifest {
@@ -302,6 +336,7 @@ impl CkptStore {
         chunks: &[(ChunkRef, &[u8])],
         threads: usize,
     ) -> Result<Vec<(Digest, u64)>, CkptError> {
+        let threads = self.chunks.io_threads(threads);
         let results = parallel_map(chunks, threads, |(c, b)| self.chunks.write(c, b));
         let mut written = Vec::new();
         let mut first_err = None;
@@ -331,6 +366,9 @@ impl CkptStore {
         let mut report = Cleanup::default();
         if created.is_empty() {
             return report;
+        }
+        if self.object.is_some() {
+            return self.remove_created_objects(created);
         }
         let mut guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         let alone = match guard.as_mut() {
@@ -440,6 +478,7 @@ impl CkptStore {
     ) -> Result<(), CkptError> {
         let cells: Vec<Mutex<(ChunkRef, &str, &mut [u8])>> =
             pieces.into_iter().map(Mutex::new).collect();
+        let threads = self.chunks.io_threads(threads);
         let results = parallel_map(&cells, threads, |cell| {
             let mut g = cell.lock().unwrap_or_else(|p| p.into_inner());
             let (c, key, buf) = &mut *g;
@@ -450,6 +489,9 @@ impl CkptStore {
 
     /// The checkpoints in the store, oldest first (by when each was published).
     pub fn list(&self) -> Result<Vec<(String, Manifest)>, CkptError> {
+        if let Some(o) = &self.object {
+            return self.list_object(o);
+        }
         let mut out = Vec::new();
         for name in names_in(&self.root)? {
             let path = self.root.join(&name);
@@ -487,6 +529,9 @@ impl CkptStore {
 
     /// The most recently published checkpoint, if any (its manifest alone is read).
     pub fn newest(&self) -> Result<Option<(String, Manifest)>, CkptError> {
+        if self.object.is_some() {
+            return Ok(self.list()?.pop());
+        }
         let mut best: Option<(std::time::SystemTime, String)> = None;
         for name in names_in(&self.root)? {
             if check_name(&name).is_err() {
@@ -512,6 +557,9 @@ impl CkptStore {
     /// Removes checkpoint `name`'s manifest, then its directory if nothing else is in it;
     /// `false` if files Sluice did not write were left there.
     fn remove_checkpoint(&self, name: &str) -> Result<bool, CkptError> {
+        if let Some(o) = &self.object {
+            return self.remove_object_checkpoint(o, name);
+        }
         let dir = self.root.join(name);
         // The manifest goes first: a checkpoint half removed is no checkpoint at all.
         let m = Manifest::path_in(&dir);

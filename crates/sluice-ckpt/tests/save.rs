@@ -4,51 +4,16 @@
 //! noticed at once; a replicated share is written by the successor; grouped reads pair up.
 
 mod common;
-use common::pattern;
+use common::{fail_each_step, load_all, share_of, state, CHUNK};
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_ckpt::{
-    ChunkRef, CkptError, CkptStore, EntryHead, EntryKind, FailAt, Fetch, Manifest, ReadPlan,
-    Replica, SaveJob, SaveOptions, SavePlan, Saver, Share, ShareTable, Source, Step,
+    ChunkRef, CkptError, CkptStore, FailAt, Fetch, ReadPlan, Replica, SaveJob, SaveOptions,
+    SavePlan, Saver, Share, ShareTable, Step,
 };
-
-const CHUNK: u64 = 4096;
-
-fn head(key: &str, nbytes: usize) -> EntryHead {
-    EntryHead {
-        key: key.into(),
-        kind: EntryKind::Tensor,
-        dtype: Some("uint8".into()),
-        shape: Some(vec![nbytes as u64]),
-        nbytes: nbytes as u64,
-        meta: serde_json::Value::Null,
-    }
-}
-
-/// A rank's state: a large entry, a tied copy, and small ones that share a pack.
-fn state(rank: u8, step: u8) -> Vec<(String, Vec<u8>)> {
-    let mut big = pattern(rank, 5 * CHUNK as usize + 100);
-    big[0] = step;
-    vec![
-        (format!("{rank}/big"), big.clone()),
-        (format!("{rank}/tied"), big),
-        (format!("{rank}/norm"), vec![rank; 40]),
-        (format!("{rank}/step"), vec![step; 8]),
-    ]
-}
-
-fn share_of(entries: &[(String, Vec<u8>)]) -> Share {
-    let heads = entries.iter().map(|(k, b)| head(k, b.len())).collect();
-    let sources = entries
-        .iter()
-        .map(|(_, b)| Source::Host(b.as_ptr() as usize))
-        .collect();
-    // SAFETY: every test keeps `entries` alive until its save is finished.
-    unsafe { Share::hash(heads, sources, CHUNK, 2) }.unwrap()
-}
 
 fn options(name: &str, rank: usize, world: usize, timeout: Duration) -> SaveOptions {
     SaveOptions {
@@ -88,26 +53,6 @@ fn start(
     }
 }
 
-/// Loads every entry of checkpoint `name` through a fetch.
-fn load_all(store: &CkptStore, name: &str) -> Result<Vec<(String, Vec<u8>)>, CkptError> {
-    let m = Manifest::read(&store.checkpoint_dir(name)?)?;
-    let mut out: Vec<(String, Vec<u8>)> = m
-        .entries
-        .iter()
-        .map(|(k, e)| (k.clone(), vec![0u8; e.nbytes as usize]))
-        .collect();
-    let dests: Vec<(String, usize, u64)> = out
-        .iter_mut()
-        .map(|(k, b)| (k.clone(), b.as_mut_ptr() as usize, b.len() as u64))
-        .collect();
-    // SAFETY: the buffers outlive the fetch and are distinct.
-    let mut f = unsafe { Fetch::new(&m, &dests, name)? };
-    let plan = ReadPlan::new(&[f.needs()]);
-    f.read(store, &plan, 0, 2)?;
-    f.finish();
-    Ok(out)
-}
-
 fn chunk_names(root: &Path) -> Vec<String> {
     let mut out: Vec<String> = walk(&root.join("chunks"));
     out.sort();
@@ -141,7 +86,7 @@ fn a_save_round_trips_with_packs_and_a_second_save_writes_only_what_changed() {
         v.sort();
         v
     });
-    let m = Manifest::read(&store.checkpoint_dir("s1").unwrap()).unwrap();
+    let m = store.manifest("s1").unwrap();
     assert_eq!(m.packs.len(), 1, "the two small entries share one pack");
     assert_eq!(m.version, 2);
     let s2 = state(0, 2); // the first chunk of big and the step change
@@ -173,15 +118,7 @@ fn a_failure_at_every_step_leaves_the_last_checkpoint_and_nothing_of_the_new_one
         let out = start(&store, &saver, &s2, "s2").and_then(|j| j.finish(&saver, None).map(|_| ()));
         (steps.steps(), out, dir)
     };
-    let (all, ok, _) = count(None);
-    ok.unwrap();
-    assert!(all.len() >= 10, "{all:?}");
-    for (k, step) in all.iter().enumerate() {
-        let (_, out, dir) = count(Some(k));
-        let err = out.expect_err(&format!(
-            "a failure at step {k} ({step:?}) was not reported"
-        ));
-        assert!(matches!(err, CkptError::Io { .. }), "step {k}: {err}");
+    fail_each_step(count, 10, |k, step, dir| {
         let store = CkptStore::open(dir.path()).unwrap();
         let names: Vec<String> = store.list().unwrap().into_iter().map(|(n, _)| n).collect();
         assert_eq!(names, ["s1"], "step {k} ({step:?})");
@@ -190,13 +127,13 @@ fn a_failure_at_every_step_leaves_the_last_checkpoint_and_nothing_of_the_new_one
         assert_eq!(load_all(&store, "s1").unwrap(), s1, "step {k}");
         // What the failed save created is gone again (no gc needed).
         let live: Vec<String> = {
-            let m = Manifest::read(&store.checkpoint_dir("s1").unwrap()).unwrap();
+            let m = store.manifest("s1").unwrap();
             let mut v: Vec<String> = m.unique_chunks().keys().map(|d| d.hex()).collect();
             v.sort();
             v
         };
         assert_eq!(chunk_names(dir.path()), live, "step {k} ({step:?})");
-    }
+    });
 }
 
 /// Every rank's share and table for a world of `world`, and rank 0's plan.
@@ -408,7 +345,7 @@ fn grouped_reads_pair_every_send_with_a_receive() {
         .unwrap()
         .finish(&saver, None)
         .unwrap();
-    let m = Manifest::read(&store.checkpoint_dir("s1").unwrap()).unwrap();
+    let m = store.manifest("s1").unwrap();
     // Both ranks load everything: each chunk is read by one and sent to the other.
     let mut bufs: Vec<Vec<(String, Vec<u8>)>> = (0..2)
         .map(|_| {

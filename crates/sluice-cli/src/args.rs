@@ -114,7 +114,7 @@ pub enum CkptCommand {
 
 #[derive(Args, Debug)]
 pub struct CkptLsArgs {
-    /// The store directory.
+    /// The store: a directory, or an s3://, gs:// or az:// prefix.
     pub path: PathBuf,
     #[arg(long)]
     pub json: bool,
@@ -122,7 +122,7 @@ pub struct CkptLsArgs {
 
 #[derive(Args, Debug)]
 pub struct CkptPathArgs {
-    /// A checkpoint: STORE/NAME.
+    /// A checkpoint: STORE/NAME (STORE a directory or an s3://, gs://, az:// prefix).
     pub path: PathBuf,
     #[arg(long)]
     pub json: bool,
@@ -140,13 +140,24 @@ pub struct CkptDiffArgs {
 
 #[derive(Args, Debug)]
 pub struct CkptGcArgs {
-    /// The store directory.
+    /// The store: a directory, or an s3://, gs:// or az:// prefix.
     pub path: PathBuf,
     /// How many of the newest checkpoints to keep.
     #[arg(long)]
     pub keep: usize,
+    /// Object stores only (they have no lock): unreferenced chunks written less than this
+    /// many seconds ago are left, as a save in flight may be about to publish them.
+    #[arg(long, default_value_t = 3600.0, value_parser = grace_seconds)]
+    pub grace_s: f64,
     #[arg(long)]
     pub json: bool,
+}
+
+fn grace_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("{s:?}: expected seconds >= 0")),
+    }
 }
 
 #[derive(Subcommand, Debug)]

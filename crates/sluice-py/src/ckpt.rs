@@ -13,8 +13,8 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use sluice_ckpt::{
-    decode_needs, encode_needs, ChunkRef, CkptPath, CkptStore, Digest, EntryHead, Fetch, Manifest,
-    ReadPlan, Replica, SaveJob, SaveOptions, SavePlan, Saver, Share, ShareTable, Source,
+    decode_needs, encode_needs, ChunkRef, CkptPath, CkptStore, Digest, EntryHead, Fetch, ReadPlan,
+    Replica, SaveJob, SaveOptions, SavePlan, Saver, Share, ShareTable, Source,
 };
 
 use crate::convert::to_py;
@@ -41,15 +41,16 @@ fn tables(raw: &[Vec<u8>]) -> PyResult<Vec<ShareTable>> {
         .collect()
 }
 
-/// `STORE/NAME` checked: (store, name). Refuses object URLs, `..`, paths that name no
-/// checkpoint and names the store uses itself.
+/// `STORE/NAME` checked: (store, name), the store a path or an object URL (a str: a
+/// `pathlib.Path` would fold `s3://` into `s3:/`). Refuses other URLs, `..`, paths that
+/// name no checkpoint and names the store uses itself.
 #[pyfunction]
-pub fn ckpt_path(path: &str) -> PyResult<(PathBuf, String)> {
+pub fn ckpt_path(path: &str) -> PyResult<(String, String)> {
     let p = CkptPath::parse(path).map_err(ckpt_to_py)?;
-    Ok((p.root, p.name))
+    Ok((p.root.to_string_lossy().into_owned(), p.name))
 }
 
-/// Checks a store path (no object URL, no `..`).
+/// Checks a store path (a directory without `..`, or an `s3://`, `gs://`, `az://` URL).
 #[pyfunction]
 pub fn ckpt_check_store(path: PathBuf) -> PyResult<()> {
     sluice_ckpt::check_store_path(&path).map_err(ckpt_to_py)
@@ -434,8 +435,14 @@ pub fn ckpt_open(py: Python<'_>, root: PathBuf, create: bool) -> PyResult<PyCkpt
 #[pymethods]
 impl PyCkptStore {
     #[getter]
-    fn root(&self) -> PyResult<PathBuf> {
-        Ok(self.get()?.root().to_path_buf())
+    fn root(&self) -> PyResult<String> {
+        Ok(self.get()?.root().to_string_lossy().into_owned())
+    }
+
+    /// Whether the store is under an object-store prefix (no lock, create-only publish).
+    #[getter]
+    fn is_object(&self) -> PyResult<bool> {
+        Ok(self.get()?.object().is_some())
     }
 
     /// Starts this rank's share of a save: `share` hashed here, every rank's `tables`,
@@ -537,9 +544,7 @@ impl PyCkptStore {
     /// The manifest of checkpoint `name`.
     fn manifest<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyAny>> {
         let store = self.get()?;
-        let m = py
-            .detach(|| Manifest::read(&store.checkpoint_dir(&name)?))
-            .map_err(ckpt_to_py)?;
+        let m = py.detach(|| store.manifest(&name)).map_err(ckpt_to_py)?;
         to_py(py, &m)
     }
 
@@ -551,10 +556,10 @@ impl PyCkptStore {
         dests: Vec<(String, usize, u64)>,
     ) -> PyResult<PyFetch> {
         let store = self.get()?;
-        let where_ = store.root().join(&name).display().to_string();
+        let where_ = format!("{}/{name}", store.root().display());
         let fetch = py
             .detach(|| {
-                let m = Manifest::read(&store.checkpoint_dir(&name)?)?;
+                let m = store.manifest(&name)?;
                 // SAFETY: sluice/ckpt passes writable host buffers of these sizes, distinct,
                 // that it keeps alive and untouched until the fetch is finished.
                 unsafe { Fetch::new(&m, &dests, &where_) }
@@ -607,11 +612,27 @@ pub fn ckpt_collect_failed<'py>(
     }
 }
 
-/// Keeps the `keep` newest checkpoints; the report.
+/// Keeps the `keep` newest checkpoints; the report. In an object store, unreferenced
+/// chunks younger than `grace_s` (default an hour) are left for a later `gc`.
 #[pyfunction]
-pub fn ckpt_gc<'py>(py: Python<'py>, root: PathBuf, keep: usize) -> PyResult<Bound<'py, PyAny>> {
+#[pyo3(signature = (root, keep, grace_s=None))]
+pub fn ckpt_gc<'py>(
+    py: Python<'py>,
+    root: PathBuf,
+    keep: usize,
+    grace_s: Option<f64>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let grace = match grace_s {
+        None => sluice_ckpt::DEFAULT_GRACE,
+        Some(s) if s.is_finite() && s >= 0.0 => Duration::from_secs_f64(s),
+        Some(s) => {
+            return Err(config_error(format!(
+                "grace_s: expected seconds >= 0, got {s}"
+            )))
+        }
+    };
     let r = py
-        .detach(|| CkptStore::open_exclusive(&root)?.gc(keep))
+        .detach(|| CkptStore::open_exclusive(&root)?.gc_with(keep, grace))
         .map_err(ckpt_to_py)?;
     to_py(py, &r)
 }

@@ -17,5 +17,7 @@ mod url;
 pub use error::RemoteError;
 #[cfg(any(test, feature = "testing"))]
 pub use faulty::{Fault, FaultyStore, ListFault};
-pub use store::{runtime_handle, ObjectInfo, ReadReport, RemoteOptions, RemoteStore};
+pub use store::{
+    runtime_handle, Listed, ObjectInfo, ReadReport, RemoteOptions, RemoteStore, MULTIPART_BYTES,
+};
 pub use url::{ObjectUrl, Scheme};

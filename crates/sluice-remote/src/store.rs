@@ -16,6 +16,9 @@ use tokio::runtime::Runtime;
 use crate::error::RemoteError;
 use crate::url::{ObjectUrl, Scheme};
 
+mod write;
+pub use write::{Listed, MULTIPART_BYTES};
+
 /// How a store is reached and read.
 #[derive(Clone, Debug)]
 pub struct RemoteOptions {

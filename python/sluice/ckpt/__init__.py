@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Optional, Union
 
 from .. import _sluice
@@ -53,6 +52,7 @@ from .saving import (
     DEFAULT_TIMEOUT_S,
     ByteSize,
     Replica,
+    Root,
     SaveHandle,
     check_flag,
     check_sizes,
@@ -83,11 +83,12 @@ __all__ = [
 ]
 
 
-def split(path: PathLike) -> tuple[Path, str]:
+def split(path: PathLike) -> tuple[Root, str]:
     """STORE/NAME -> (store root, checkpoint name), checked by the native layer: a path
-    that names no checkpoint, climbs with '..', or is an object URL is a ConfigError."""
+    that names no checkpoint or climbs with '..', or a URL other than s3://, gs://, az://,
+    is a ConfigError."""
     root, name = _sluice.ckpt_path(fs_path(path))
-    return Path(root), name
+    return Root(root), name
 
 
 def save(
@@ -161,7 +162,7 @@ def _read(root: PathLike, call: Any) -> Any:
     """``call(store)``'s answer, the existing store at ``root`` open (read-only) for it."""
     root = fs_path(root, "store")
     _sluice.ckpt_check_store(root)
-    store = open_store(Path(root))
+    store = open_store(root)
     try:
         return call(store)
     finally:
@@ -186,16 +187,24 @@ def verify(path: PathLike) -> dict[str, Any]:
     return _read(root, lambda s: s.verify(name))
 
 
-def gc(store: PathLike, keep: int) -> dict[str, Any]:
+def gc(store: PathLike, keep: int, *, grace_s: Optional[float] = None) -> dict[str, Any]:
     """Keeps the ``keep`` newest checkpoints of ``store`` and removes the rest, with every
     chunk no kept checkpoint references. Removes only what the store wrote: a checkpoint
     directory holding other files keeps them (``directories_left``). Raises
-    ``StoreLockedError`` while a save or load has the store open."""
+    ``StoreLockedError`` while a save or load has the store open.
+
+    An object store (``s3://``, ``gs://``, ``az://``) has no lock: there ``gc`` leaves
+    unreferenced chunks written less than ``grace_s`` seconds ago (default 3600), which a
+    save in flight may be about to publish."""
     if isinstance(keep, bool) or not isinstance(keep, int) or not 0 <= keep < 2**63:
         raise ConfigError(f"keep: expected a count >= 0, got {keep!r}")
+    if grace_s is not None and (
+        isinstance(grace_s, bool) or not isinstance(grace_s, (int, float)) or not grace_s >= 0
+    ):
+        raise ConfigError(f"grace_s: expected seconds >= 0, got {grace_s!r}")
     root = fs_path(store, "store")
     _sluice.ckpt_check_store(root)
-    return _sluice.ckpt_gc(root, keep)
+    return _sluice.ckpt_gc(root, keep, None if grace_s is None else float(grace_s))
 
 
 def __getattr__(name: str) -> Any:

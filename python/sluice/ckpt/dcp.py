@@ -54,6 +54,7 @@ from ..errors import ConfigError, SluiceError, StoreFormatError, TensorNotFoundE
 from . import saving, state
 from .group import Group, failure, raise_first
 from .loading import grouped_read
+from .saving import Root
 
 #: The entry that holds DCP's pickled global metadata.
 METADATA_KEY = ".dcp/metadata"
@@ -91,9 +92,22 @@ class _Save:
         self.staged.close()
 
 
-def _split(path: str) -> tuple[Path, str]:
+def _split(path: str) -> tuple[Root, str]:
     root, name = _sluice.ckpt_path(path)
-    return Path(root), name
+    return Root(root), name
+
+
+def _is_url(s: Any) -> bool:
+    return isinstance(s, str) and s.startswith(("s3://", "gs://", "az://"))
+
+
+def _parses(s: str) -> bool:
+    """Whether ``s`` is a checkpoint URL (STORE/NAME) this store takes; no request made."""
+    try:
+        _sluice.ckpt_path(s)
+        return True
+    except Exception:
+        return False
 
 
 class _Located:
@@ -116,7 +130,7 @@ class _Located:
         if checkpoint_id is not None:
             self.path = saving.fs_path(checkpoint_id, "checkpoint_id")
 
-    def _where(self) -> tuple[Path, str]:
+    def _where(self) -> tuple[Root, str]:
         if self.path is None:
             cls = type(self).__name__
             raise ConfigError(
@@ -157,7 +171,10 @@ class StorageWriter(_Located, _DcpWriter, AsyncStager):
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
-        p = Path(os.fspath(checkpoint_id))
+        s = os.fspath(checkpoint_id)
+        if _is_url(s):
+            return _parses(s)
+        p = Path(s)
         return (p.parent / "sluice-ckpt.json").is_file()
 
     def storage_meta(self) -> Optional[StorageMeta]:
@@ -382,7 +399,10 @@ class StorageReader(_Located, _DcpReader):
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
-        p = Path(os.fspath(checkpoint_id))
+        s = os.fspath(checkpoint_id)
+        if _is_url(s):
+            return _parses(s)
+        p = Path(s)
         return (p / "manifest.json").is_file() and (p.parent / "sluice-ckpt.json").is_file()
 
     def _entries(self) -> dict[str, Any]:
@@ -528,7 +548,7 @@ def _check_rank(group: Any, kwargs: dict[str, Any], cls: str, call: str) -> None
         )
 
 
-def _buffer(where: Path, key: str, e: dict[str, Any], item: Any) -> Any:
+def _buffer(where: Root, key: str, e: dict[str, Any], item: Any) -> Any:
     """A host buffer holding the whole of entry ``key``."""
     if e["kind"] == "bytes":
         import numpy as np

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import ConfigError, SluiceError
@@ -84,7 +83,7 @@ class Group:
         pg = pg if pg is not None else self.pg
         return dist.get_global_rank(pg, r) if pg is not None else r
 
-    def agree(self, where: Path, error: Optional[BaseException]) -> None:
+    def agree(self, where: Any, error: Optional[BaseException]) -> None:
         """Every rank raises if any failed: its own error, or one naming the first rank
         that failed."""
         raise_first(where, error, self.all_gather(failure(error)))
@@ -151,7 +150,7 @@ def failure(e: Optional[BaseException]) -> Optional[str]:
     return None if e is None else f"{type(e).__name__}: {e}"
 
 
-def check_same(where: Path, calls: list[dict[str, Any]]) -> None:
+def check_same(where: Any, calls: list[dict[str, Any]]) -> None:
     """Refuses a collective call the ranks do not all make alike (one saves while another
     loads, or they name different checkpoints or options): every rank gets the same
     gathered ``calls``, so all raise together, naming what differs."""
@@ -174,7 +173,7 @@ def check_same(where: Path, calls: list[dict[str, Any]]) -> None:
     )
 
 
-def raise_first(where: Path, mine: Optional[BaseException], all_: list[Optional[str]]) -> None:
+def raise_first(where: Any, mine: Optional[BaseException], all_: list[Optional[str]]) -> None:
     """Raises this rank's own error, or one naming the first rank that failed."""
     if mine is not None:
         raise mine

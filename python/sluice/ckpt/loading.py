@@ -7,13 +7,12 @@ The internal API the DCP reader uses too: :func:`grouped_read`.
 from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
-from pathlib import Path
 from typing import Any, Optional
 
 from .. import _sluice
 from ..errors import ConfigError, StoreFormatError, TensorNotFoundError
 from .group import Group, check_same, failure, raise_first
-from .saving import check_flag, fs_path, open_store
+from .saving import Root, check_flag, fs_path, open_store
 from .state import (
     address,
     at,
@@ -33,7 +32,7 @@ last_load: dict[str, int] = {}
 def grouped_read(
     store: Any,
     name: str,
-    where: Path,
+    where: Root,
     dests: list[tuple[str, Any]],
     group: Group,
     failed: Optional[BaseException] = None,
@@ -87,7 +86,7 @@ def load(
     ``state_dict`` must be in the checkpoint unless ``strict=False``. Returns
     ``state_dict``. Collective over ``group`` when torch.distributed is initialized."""
     root_s, name = _sluice.ckpt_path(fs_path(path))
-    root = Path(root_s)
+    root = Root(root_s)
     check_flag(strict, "strict")
     grp = Group.of(group)
     reads: list[tuple[str, Any]] = []  # (entry, host buffer to fill)
@@ -129,7 +128,7 @@ def load(
 
 def _plan(
     state_dict: Mapping[str, Any],
-    where: Path,
+    where: Root,
     m: Mapping[str, Any],
     grp: Group,
     strict: bool,

@@ -23,7 +23,6 @@ import sys
 import threading
 import time
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any, Optional, Union
 
 from .. import _pinned, _sluice
@@ -99,6 +98,26 @@ def check_flag(value: Any, what: str) -> bool:
     return value
 
 
+class Root(str):
+    """A store's root as given: a directory or an object-store prefix (``s3://bucket/run``).
+    A str, not a ``pathlib.Path``, which would fold ``s3://`` into ``s3:/``; ``root / name``
+    joins as a path does."""
+
+    def __truediv__(self, name: str) -> Root:
+        if self in ("", "."):
+            return Root(name)
+        return Root(self.rstrip("/") + "/" + name if self != "/" else "/" + name)
+
+    @property
+    def parent(self) -> Root:
+        head, sep, _ = self.rstrip("/").rpartition("/")
+        if not sep:
+            return Root(".")
+        if head.endswith(":/"):  # s3://bucket: the bucket is the top
+            return Root(self)
+        return Root(head or "/")
+
+
 def fs_path(path: Any, what: str = "path") -> str:
     """``path`` (str, bytes or os.PathLike) as a str."""
     try:
@@ -107,7 +126,7 @@ def fs_path(path: Any, what: str = "path") -> str:
         raise ConfigError(f"{what}: expected a file-system path, got {path!r}") from None
 
 
-def open_store(root: Path, create: bool = False) -> Any:
+def open_store(root: str, create: bool = False) -> Any:
     """The store at ``root``, opened (``create``: made if absent). While a ``gc`` holds it
     (briefly, as a rule), waits up to ``STORE_PATIENCE_S`` rather than fail."""
     deadline = time.monotonic() + STORE_PATIENCE_S
@@ -182,7 +201,7 @@ class Staged:
     """One rank's save after the foreground: the store (its lock held shared), the native
     save job, and every rank's chunk table."""
 
-    def __init__(self, store: Any, job: Any, tables: list[bytes], where: Path, world: int) -> None:
+    def __init__(self, store: Any, job: Any, tables: list[bytes], where: Root, world: int) -> None:
         self.store, self.job, self.tables, self.where = store, job, tables, where
         self.world = world
         self.token: str = job.token()
@@ -205,7 +224,7 @@ class Staged:
 
 def stage(
     leaves: list[Leaf],
-    root: Path,
+    root: Root,
     name: str,
     group: Group,
     chunk: int,
@@ -333,7 +352,7 @@ class Replica:
         self.buf = buf
 
     @staticmethod
-    def exchange(group: Group, job: Any, timeout: float, where: Path) -> Replica:
+    def exchange(group: Group, job: Any, timeout: float, where: Root) -> Replica:
         """Sends this rank's share to the next rank and receives the previous rank's, on a
         side gloo group (collective; in the foreground, while the caller's state is alive
         and unchanged). Every rank raises if any fails."""
@@ -378,7 +397,7 @@ class SaveHandle:
     The interpreter waits for a save in flight before it exits: a script's last save is
     durable when the script ends."""
 
-    def __init__(self, path: Path, name: str) -> None:
+    def __init__(self, path: Root, name: str) -> None:
         self.path = path
         self.name = name
         self.staged: Future[float] = Future()

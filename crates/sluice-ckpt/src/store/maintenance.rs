@@ -93,9 +93,14 @@ impl CkptStore {
         let Some((_, m)) = self.newest()? else {
             return Ok(BTreeSet::new());
         };
+        // In an object store a HEAD per chunk would cost more than it saves: the publish
+        // checks that every chunk is there before the manifest goes up.
+        let object = self.object.is_some();
         Ok(m.unique_chunks()
             .into_iter()
-            .filter(|&(digest, len)| self.chunks.contains(&crate::ChunkRef { digest, len }))
+            .filter(|&(digest, len)| {
+                object || self.chunks.contains(&crate::ChunkRef { digest, len })
+            })
             .map(|(d, _)| d)
             .collect())
     }
@@ -105,6 +110,12 @@ impl CkptStore {
     /// commit files). Needs the lock exclusive ([`CkptStore::open_exclusive`]). Removes
     /// only what the store wrote: a checkpoint directory that holds other files keeps them.
     pub fn gc(&self, keep: usize) -> Result<GcReport, CkptError> {
+        self.gc_with(keep, super::DEFAULT_GRACE)
+    }
+
+    /// [`CkptStore::gc`]; in an object store (which has no lock) unreferenced chunks
+    /// younger than `grace` are left: a save in flight may be about to reference them.
+    pub fn gc_with(&self, keep: usize, grace: std::time::Duration) -> Result<GcReport, CkptError> {
         let all = self.list()?;
         let cut = all.len().saturating_sub(keep);
         let mut report = GcReport::default();
@@ -122,6 +133,10 @@ impl CkptStore {
             .iter()
             .flat_map(|(_, m)| m.unique_chunks().into_keys())
             .collect();
+        if self.object.is_some() {
+            self.collect_object_chunks(&live, grace, &mut report)?;
+            return Ok(report);
+        }
         for (d, len) in self.chunks.list()? {
             if !live.contains(&d) {
                 self.chunks.remove(&d)?;
@@ -141,6 +156,9 @@ impl CkptStore {
     /// last one succeeds, and `gc` collects what no one could).
     pub fn collect_failed(&self, token: &str) -> Result<super::Cleanup, CkptError> {
         crate::path::check_name(token)?;
+        if self.object.is_some() {
+            return Ok(super::Cleanup::default()); // grouped object saves have no commit files
+        }
         let dir = crate::commit::pending_dir(&self.root, token);
         let mut created = Vec::new();
         for f in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
@@ -210,7 +228,8 @@ impl CkptStore {
         threads: usize,
         progress: &(dyn Fn(u64, u64) + Sync),
     ) -> Result<VerifyReport, CkptError> {
-        let m = Manifest::read(&self.checkpoint_dir(name)?)?;
+        let m = self.manifest(name)?;
+        let threads = self.chunks.io_threads(threads);
         let chunks: Vec<(Digest, u64, String)> = m
             .chunk_owners()
             .into_iter()

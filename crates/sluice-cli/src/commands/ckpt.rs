@@ -89,7 +89,7 @@ pub fn ls(args: &CkptLsArgs) -> Result<(), CkptCliError> {
 pub fn inspect(args: &CkptPathArgs) -> Result<(), CkptCliError> {
     let (root, name) = split(&args.path)?;
     let store = CkptStore::open_existing(&root)?;
-    let m = Manifest::read(&store.checkpoint_dir(&name)?)?;
+    let m = store.manifest(&name)?;
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&m).unwrap_or_default());
         return Ok(());
@@ -176,7 +176,7 @@ pub fn verify(args: &CkptPathArgs) -> Result<(), CkptCliError> {
 pub fn diff_cmd(args: &CkptDiffArgs) -> Result<(), CkptCliError> {
     let read = |p: &Path| -> Result<Manifest, CkptError> {
         let (root, name) = split(p)?;
-        Manifest::read(&CkptStore::open_existing(&root)?.checkpoint_dir(&name)?)
+        CkptStore::open_existing(&root)?.manifest(&name)
     };
     let d = diff(&read(&args.a)?, &read(&args.b)?);
     if args.json {
@@ -204,7 +204,8 @@ pub fn diff_cmd(args: &CkptDiffArgs) -> Result<(), CkptCliError> {
 
 /// `sluice ckpt gc STORE --keep N`.
 pub fn gc(args: &CkptGcArgs) -> Result<(), CkptCliError> {
-    let r = CkptStore::open_exclusive(&args.path)?.gc(args.keep)?;
+    let grace = std::time::Duration::from_secs_f64(args.grace_s);
+    let r = CkptStore::open_exclusive(&args.path)?.gc_with(args.keep, grace)?;
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
         return Ok(());
