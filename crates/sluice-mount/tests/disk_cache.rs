@@ -63,7 +63,22 @@ fn mount(src: &Path, opts: MountOptions) -> (Arc<FaultyBackend>, MountFs) {
         Arc::new(DirBackend::new(src).unwrap()),
         Duration::ZERO,
     ));
-    let fs = MountFs::new(backend.clone(), opts).unwrap();
+    // A test that runs `mount(8)` forks this process: until the child execs, it holds a
+    // copy of every descriptor, the previous mount's cache lock included, so a remount in
+    // that window finds the directory busy. The lock is ours; wait that window out.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let fs = loop {
+        match MountFs::new(backend.clone(), opts.clone()) {
+            Err(e)
+                if e.to_string()
+                    .contains("another mount uses this cache directory")
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            other => break other.unwrap(),
+        }
+    };
     (backend, fs)
 }
 
