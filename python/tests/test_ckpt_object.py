@@ -28,6 +28,7 @@ from sluice.errors import (
     ChunkCorruptError,
     ConfigError,
     SluiceFileNotFoundError,
+    SluiceIOError,
     SluicePermissionError,
 )
 
@@ -139,6 +140,19 @@ def test_save_load_ls_verify_and_an_incremental_save_upload_only_new_chunks(stor
     v = ck.verify(f"{store}/step-2")
     assert v["problems"] == [] and v["bytes"] == listing[1]["unique_bytes"]
     assert ck.manifest(f"{store}/step-2")["entries"]["w"]["shape"] == [512, 1024]
+
+
+def test_large_chunks_go_up_as_multipart_uploads(store, s3_env):
+    """Chunks above 16 MiB are multipart uploads (an S3 multipart ETag ends in -<parts>),
+    read back bit-exact."""
+    g = torch.Generator().manual_seed(9)
+    sd = {"big": torch.randn(10 << 20, generator=g)}  # 40 MiB: one 32 MiB chunk and the rest
+    ck.save(sd, f"{store}/m", chunk_bytes=32 << 20, blocking=True)
+    big = [k for k, n in chunk_keys(s3_env, store).items() if n == 32 << 20]
+    assert len(big) == 1
+    etag = s3_env.client.head_object(Bucket=BUCKET, Key=big[0])["ETag"]
+    assert etag.strip('"').endswith("-4"), etag  # 8 MiB parts
+    assert torch.equal(ck.load({"big": torch.zeros(10 << 20)}, f"{store}/m")["big"], sd["big"])
 
 
 def test_a_name_is_published_once_and_refused_before_any_upload(store, s3_env):
@@ -282,6 +296,36 @@ def test_saves_and_loads_through_latency_and_connection_resets(store, s3_env, mo
         ck.save(sd, f"{store}/f", chunk_bytes=CHUNK, blocking=True)
         assert same(sd, ck.load(blank(sd), f"{store}/f"))
         assert ck.verify(f"{store}/f")["problems"] == []
+
+
+def test_a_server_that_dies_mid_save_fails_it_and_leaves_nothing_visible(
+    store, s3_env, monkeypatch
+):
+    first = model()
+    ck.save(first, f"{store}/good", chunk_bytes=CHUNK, blocking=True)
+    monkeypatch.setenv("SLUICE_REMOTE_RETRIES", "1")
+    # The proxy dies once it has passed 20 kB of responses: a few dozen requests in.
+    with FaultProxy(s3_env.port, "--die-after", "20000") as p:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", p.endpoint)
+        sd = model(1)
+        t0 = time.monotonic()
+        with pytest.raises(SluiceIOError, match=f"s3://{BUCKET}/"):
+            ck.save(sd, f"{store}/lost", chunk_bytes=CHUNK, blocking=True)
+        assert time.monotonic() - t0 < 60
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_env.endpoint)
+    assert [c["name"] for c in ck.ls(store)] == ["good"]
+    assert same(first, ck.load(blank(first), f"{store}/good"))
+
+
+def test_stalled_requests_are_timed_out_and_retried_to_a_whole_save(store, s3_env, monkeypatch):
+    """The first connections stop answering mid-response: each request times out (1 s here)
+    and is retried on a new connection; the save and the load are bit-exact."""
+    monkeypatch.setenv("SLUICE_REMOTE_TIMEOUT_S", "1")
+    sd = model(2)
+    with FaultProxy(s3_env.port, "--stall-after", "0", "--faulty", "2") as p:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", p.endpoint)
+        ck.save(sd, f"{store}/s", chunk_bytes=CHUNK, blocking=True)
+        assert same(sd, ck.load(blank(sd), f"{store}/s"))
 
 
 def test_wrong_credentials_are_a_permission_error_naming_the_store(monkeypatch):

@@ -310,3 +310,27 @@ fn a_rank_whose_heartbeat_stops_fails_the_commit_long_before_the_timeout() {
     drop(d0);
     drop((c0, c1));
 }
+
+#[test]
+fn ranks_that_create_one_store_at_once_all_open_it() {
+    for _ in 0..20 {
+        let mem = Arc::new(InMemory::new());
+        let opened: Vec<bool> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|_| {
+                    let mem = &mem;
+                    s.spawn(move || {
+                        CkptStore::with_object(
+                            root(mem, "run"),
+                            true,
+                            Arc::new(sluice_ckpt::RealSteps),
+                        )
+                        .is_ok()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(opened.iter().all(|&o| o), "{opened:?}");
+    }
+}

@@ -38,6 +38,10 @@ pub struct RemoteOptions {
     pub concurrency: usize,
     /// Largest GET: a longer range becomes several GETs in flight together.
     pub piece_bytes: u64,
+    /// S3 uploads sign their headers only, not a SHA-256 of the body (`UNSIGNED-PAYLOAD`),
+    /// for callers that verify every byte themselves; `None` leaves the library's choice
+    /// (signed) and `AWS_UNSIGNED_PAYLOAD`.
+    pub unsigned_payload: Option<bool>,
 }
 
 impl Default for RemoteOptions {
@@ -51,6 +55,7 @@ impl Default for RemoteOptions {
             timeout: Duration::from_secs(30),
             concurrency: 16,
             piece_bytes: 8 << 20,
+            unsigned_payload: None,
         }
     }
 }
@@ -190,6 +195,9 @@ impl RemoteStore {
                 }
                 if let Some(v) = opts.virtual_hosted {
                     b = b.with_virtual_hosted_style_request(v);
+                }
+                if let Some(v) = opts.unsigned_payload {
+                    b = b.with_unsigned_payload(v);
                 }
                 Arc::new(b.build().map_err(config)?)
             }

@@ -246,6 +246,14 @@ impl CkptStore {
 /// create the store at the same moment may have begun to write), as a directory must.
 fn create_object_store(root: &ObjectRoot) -> Result<(), CkptError> {
     let (files, dirs) = root.list_dir("")?;
+    let marker = root.path(MARKER_FILE);
+    if files.iter().any(|f| f.key == MARKER_FILE) {
+        // Another rank made the store since this one looked (a group's ranks all open a
+        // new store at once): a store now, if the marker says so.
+        if let Some((bytes, _)) = root.get(MARKER_FILE)? {
+            return check_marker(&marker, &bytes);
+        }
+    }
     let mut found: Vec<String> = files
         .iter()
         .map(|f| f.key.rsplit('/').next().unwrap_or(&f.key).to_string())
@@ -265,7 +273,6 @@ fn create_object_store(root: &ObjectRoot) -> Result<(), CkptError> {
     let body = serde_json::json!({"format": "sluice-ckpt-store", "version": 1});
     if !root.put_new(MARKER_FILE, body.to_string().into_bytes().into())? {
         // Another rank made the store at the same moment: it must be one.
-        let marker = root.path(MARKER_FILE);
         match root.get(MARKER_FILE)? {
             Some((bytes, _)) => check_marker(&marker, &bytes)?,
             None => {
