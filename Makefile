@@ -23,7 +23,7 @@ CARGO ?= cargo
 # Stamps record that a set-up step is done and redo it when its inputs change.
 STAMP := $(VENV)/.stamps
 
-.PHONY: all demo test lint docs rust-test py-test engine-test bench-vllm numa-test numa-vm-watchdog build develop bench-load bench-grouped bench-ckpt bench-sim bench-warm bench-kv bench-mlperf bench-deps bench-remote fuzz clean azurite fake-gcs
+.PHONY: all demo test lint docs rust-test py-test engine-test bench-vllm numa-test numa-vm-watchdog build develop bench-load bench-grouped bench-ckpt bench-ckpt-object bench-sim bench-warm bench-kv bench-mlperf bench-deps bench-remote fuzz clean azurite fake-gcs
 
 all: test
 
@@ -205,6 +205,26 @@ bench-load: $(STAMP)/develop $(STAMP)/bench-deps
 bench-grouped: $(STAMP)/develop
 	$(PY) benches/bench_grouped_load.py --gib 4 --worlds 2,4 --rounds 3 \
 		--out target/bench-grouped-load.json
+
+# `make bench-ckpt-object` (root; about 25 min, plus MinIO's build the first time; 10 GiB free
+# under /var/tmp): issue 30's checkpoints to MinIO at 0 and 5 ms round trips, Sluice against
+# DCP with s3torchconnector's writer and with DCP's fsspec/s3fs writer, and the parallel-PUT
+# ceiling. The peers live in $(CKPTPEERS) (requirements-bench-ckpt-object.txt says why).
+CKPTPEERS := .venv-ckptpeers
+$(CKPTPEERS)/.stamp: $(STAMP)/develop requirements-bench-ckpt-object.txt
+	python3 -m venv $(CKPTPEERS)
+	$(CKPTPEERS)/bin/pip install --quiet -r requirements-bench-ckpt-object.txt matplotlib
+	$(CKPTPEERS)/bin/pip install --quiet --no-deps s3torchconnector==1.5.0 s3torchconnectorclient==1.5.0
+	echo "import site; site.addsitedir('$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')')" \
+	  > "$$($(CKPTPEERS)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz-sluice-venv.pth"
+	touch $@
+
+bench-ckpt-object: $(STAMP)/develop $(CKPTPEERS)/.stamp build
+	@test -x $(HOME)/.cache/sluice/bin/minio || { \
+	  command -v go >/dev/null || { echo "go not found: MinIO is built from source with Go"; exit 1; }; \
+	  echo "building MinIO: go install github.com/minio/minio@latest (about 8-10 minutes, once)"; \
+	  GOBIN=$(HOME)/.cache/sluice/bin go install github.com/minio/minio@latest; }
+	$(CKPTPEERS)/bin/python benches/bench_ckpt_object.py --gib 1 --runs 3 --rtts 0,5 --out docs/
 
 # `make bench-ckpt` (root; about 35 min; 10 GiB of free disk): grouped saves and loads vs DCP, torch.save
 bench-ckpt: $(STAMP)/develop
