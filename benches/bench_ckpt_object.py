@@ -19,6 +19,10 @@ After each save it lists what is stored under its prefix: *uploaded* is what tha
 The writers, each at default settings unless a better one was measured (see PEERS below):
 - `sluice`: sluice.ckpt.save / load, the native API (the headline);
 - `sluice-dcp`: dcp.async_save / dcp.load with sluice.ckpt.StorageWriter / StorageReader;
+- `sluice-w2`: the same saves and load as a group of two ranks over gloo (each rank half the
+  logical bytes, the replicated parameters the same on both: each unique chunk is uploaded
+  by one rank, and read back by one rank and sent to the other); times are the slower
+  rank's;
 - `s3torch`: dcp.async_save / dcp.load with s3torchconnector 1.5's S3StorageWriter /
   S3StorageReader (AWS CRT client; thread_count 8, path-style addressing);
 - `fsspec`: dcp.async_save / dcp.load with DCP's FsspecWriter / FsspecReader over s3fs
@@ -65,7 +69,7 @@ ROOT = HERE.parent
 RESULT_PREFIX = "BENCH_RESULT "
 MiB = 2**20
 GiB = 2**30
-WRITERS = ("sluice", "sluice-dcp", "s3torch", "fsspec", "ceiling")
+WRITERS = ("sluice", "sluice-dcp", "sluice-w2", "s3torch", "fsspec", "ceiling")
 # Peer settings: s3torchconnector's and FsspecWriter's thread_count default to 1; 8 writes
 # that many files at once, which is what a user after throughput sets (both were faster with
 # 8 than with 1 or 4 at a 5 ms round trip here). The ceiling's object size and threads.
@@ -87,9 +91,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=ROOT / "docs")
     p.add_argument("--json-only", action="store_true", help="no markdown or plot")
     # Worker mode (internal).
-    p.add_argument("--worker", choices=WRITERS)
+    p.add_argument("--worker", choices=(*WRITERS, "sluice-rank"))
     p.add_argument("--endpoint")
     p.add_argument("--prefix")
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--world", type=int, default=1)
+    p.add_argument("--init")
     return p.parse_args(argv)
 
 
@@ -155,12 +162,17 @@ def unique_bytes(state: dict[str, Any]) -> int:
 def worker_main(args: argparse.Namespace) -> None:
     import ckpt_rank
 
-    nbytes = int(args.gib * GiB)
-    specs = ckpt_rank.layout("mixed", 0, nbytes)
+    if args.worker == "sluice-w2":
+        print(RESULT_PREFIX + json.dumps(run_group(args, 2)), flush=True)
+        return
+    nbytes = int(args.gib * GiB) // args.world
+    specs = ckpt_rank.layout("mixed", args.rank, nbytes)
     state = ckpt_rank.build(specs, "mixed")
     out: dict[str, Any] = {"writer": args.worker, "unique_bytes": unique_bytes(state)}
     out["logical_bytes"] = ckpt_rank.state_bytes(state)[1]
-    if args.worker == "ceiling":
+    if args.worker == "sluice-rank":
+        out.update(run_rank(args, specs, state, nbytes))
+    elif args.worker == "ceiling":
         out.update(run_ceiling(args.endpoint, args.prefix, out["unique_bytes"]))
     else:
         out.update(run_writer(args, specs, state, nbytes))
@@ -187,6 +199,74 @@ def run_writer(args: argparse.Namespace, specs, state, nbytes: int) -> dict[str,
     got = writer.load(fresh, f"{url}/step-2", args.endpoint)
     out["load_s"] = time.perf_counter() - t0
     out["mismatches"] = ckpt_rank.mismatches(got, state)[:5]
+    return out
+
+
+def run_group(args: argparse.Namespace, world: int) -> dict[str, Any]:
+    """`world` rank processes of this script on gloo; the slower rank's times."""
+    import tempfile
+
+    init = Path(tempfile.mkdtemp(prefix="bco-init-")) / "init"
+    base = [sys.executable, str(Path(__file__).resolve()), "--worker", "sluice-rank"]
+    base += ["--endpoint", args.endpoint, "--prefix", args.prefix, "--gib", str(args.gib)]
+    base += ["--world", str(world), "--init", str(init)]
+    procs = [
+        subprocess.Popen([*base, "--rank", str(r)], stdout=subprocess.PIPE, text=True)
+        for r in range(world)
+    ]
+    ranks = []
+    for p in procs:
+        out, _ = p.communicate(timeout=WORKER_TIMEOUT_S)
+        line = [x for x in out.splitlines() if x.startswith(RESULT_PREFIX)]
+        if p.returncode != 0 or not line:
+            raise SystemExit(f"a rank exited {p.returncode}")
+        ranks.append(json.loads(line[0][len(RESULT_PREFIX) :]))
+    r0 = ranks[0]
+    out: dict[str, Any] = {"writer": "sluice-w2", "ranks": world}
+    out["unique_bytes"] = r0["group_unique_bytes"]
+    out["logical_bytes"] = sum(r["logical_bytes"] for r in ranks)
+    for k in ("save1", "save2"):
+        out[k] = {m: max(r[k][m] for r in ranks) for m in ("staged_s", "durable_s")}
+        out[k]["uploaded"] = r0[k]["uploaded"]
+    out["load_s"] = max(r["load_s"] for r in ranks)
+    out["load_read_bytes"] = sum(r["load_read_bytes"] for r in ranks)
+    out["mismatches"] = sorted({m for r in ranks for m in r["mismatches"]})
+    out["changed_chunk_bytes"] = sum(r["changed_chunk_bytes"] for r in ranks)
+    return out
+
+
+def run_rank(args: argparse.Namespace, specs, state, nbytes: int) -> dict[str, Any]:
+    """One rank of `sluice-w2`: grouped saves and a grouped load."""
+    import ckpt_rank
+    import sluice.ckpt as ck
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{args.init}", rank=args.rank, world_size=args.world
+    )
+    client = s3_client(args.endpoint)
+    url = f"s3://{br.BUCKET}/{args.prefix}"
+    out: dict[str, Any] = {}
+    before = 0
+    for step in (1, 2):
+        if step == 2:
+            out["changed_chunk_bytes"] = ckpt_rank.modify(state, specs, nbytes)
+        dist.barrier()
+        staged, durable = SluiceWriter.save(state, f"{url}/step-{step}", args.endpoint)
+        dist.barrier()
+        after = stored_bytes(client, args.prefix)
+        out[f"save{step}"] = {"staged_s": staged, "durable_s": durable, "uploaded": after - before}
+        before = after
+    out["group_unique_bytes"] = ck.ls(url)[0]["unique_bytes"]
+    fresh = ckpt_rank.build(specs, "mixed", zeros=True)
+    dist.barrier()
+    t0 = time.perf_counter()
+    got = ck.load(fresh, f"{url}/step-2")
+    out["load_s"] = time.perf_counter() - t0
+    out["load_read_bytes"] = ck.last_load["read_bytes"]
+    out["mismatches"] = ckpt_rank.mismatches(got, state)[:5]
+    dist.barrier()
+    dist.destroy_process_group()
     return out
 
 
