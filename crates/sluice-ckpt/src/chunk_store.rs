@@ -153,19 +153,11 @@ impl ChunkStore {
                 format!("{} bytes given for a {}-byte chunk", bytes.len(), c.len),
             ));
         }
+        if self.object.is_some() {
+            return self.write_bytes(c, bytes::Bytes::copy_from_slice(bytes));
+        }
         if self.contains(c) {
             return Ok(false);
-        }
-        if let Some(o) = &self.object {
-            let path = self.path_of(&c.digest);
-            self.steps
-                .before(Step::ChunkWrite, &path)
-                .map_err(CkptError::io(&path))?;
-            o.put(
-                &Self::key_of(&c.digest),
-                bytes::Bytes::copy_from_slice(bytes),
-            )?;
-            return Ok(true);
         }
         self.put(c, |tmp| {
             let mut f = std::fs::File::create(tmp)?;
@@ -173,6 +165,32 @@ impl ChunkStore {
             f.write_all(bytes)
         })
         .map(|()| true)
+    }
+
+    /// As [`ChunkStore::write`], the bytes handed over as a body an object store's client
+    /// can keep (no copy is made); on a file system they are written as by `write`.
+    ///
+    /// In an object store the chunk is put without a look first: a put of a chunk's bytes
+    /// under its own name changes nothing a reader can see, where a HEAD per chunk cost a
+    /// save 9% of its time (1.72 against 1.57 s for 0.81 GB to MinIO). What a save skips is
+    /// decided by its plan (the newest checkpoint's chunks); a chunk only an older
+    /// checkpoint, or a killed save, left is uploaded again, and counted as written.
+    pub fn write_bytes(&self, c: &ChunkRef, data: bytes::Bytes) -> Result<bool, CkptError> {
+        let Some(o) = &self.object else {
+            return self.write(c, &data);
+        };
+        if data.len() as u64 != c.len {
+            return Err(CkptError::arg(
+                format!("chunk {}", c.digest),
+                format!("{} bytes given for a {}-byte chunk", data.len(), c.len),
+            ));
+        }
+        let path = self.path_of(&c.digest);
+        self.steps
+            .before(Step::ChunkWrite, &path)
+            .map_err(CkptError::io(&path))?;
+        o.put(&Self::key_of(&c.digest), data)?;
+        Ok(true)
     }
 
     /// As [`ChunkStore::write`], from a page-aligned staging buffer whose first `c.len`

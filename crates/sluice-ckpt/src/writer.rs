@@ -115,6 +115,32 @@ impl StagingPool {
     }
 }
 
+/// A staged buffer lent out as an upload's body: it goes back to its pool when the last
+/// reference to the body is dropped (an object store's client may keep one for a retry
+/// until the put returns), so an upload reads the staged bytes in place, uncopied.
+struct Lent {
+    buf: Option<AlignedBuf>,
+    len: usize,
+    pool: Arc<StagingPool>,
+}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        match &self.buf {
+            Some(b) => &b.as_slice()[..self.len],
+            None => &[],
+        }
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let Some(b) = self.buf.take() {
+            self.pool.give_back(b);
+        }
+    }
+}
+
 /// One chunk to write: its name and where its bytes are in the live state.
 #[derive(Clone, Copy, Debug)]
 pub struct WriteTask {
@@ -412,25 +438,42 @@ fn run(
             scope.spawn(|| loop {
                 let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
                 let Ok((c, mut buf)) = next else { return };
-                if !s.stop.load(Ordering::Relaxed) {
-                    let t = Instant::now();
-                    match chunks.write_aligned(&c, &mut buf) {
-                        Ok(true) => {
-                            written.fetch_add(c.len, Ordering::Relaxed);
-                            written_chunks.fetch_add(1, Ordering::Relaxed);
-                            s.created
-                                .lock()
-                                .unwrap_or_else(|p| p.into_inner())
-                                .push(c.digest);
-                        }
-                        Ok(false) => {
-                            present.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(e) => s.fail(e),
-                    }
-                    busy_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                if s.stop.load(Ordering::Relaxed) {
+                    s.pool.give_back(buf);
+                    continue;
                 }
-                s.pool.give_back(buf);
+                let t = Instant::now();
+                let outcome = match chunks.object() {
+                    // The body is the staged buffer itself, back to the pool once sent.
+                    Some(_) => {
+                        let lent = Lent {
+                            buf: Some(buf),
+                            len: c.len as usize,
+                            pool: Arc::clone(&s.pool),
+                        };
+                        chunks.write_bytes(&c, bytes::Bytes::from_owner(lent))
+                    }
+                    None => {
+                        let r = chunks.write_aligned(&c, &mut buf);
+                        s.pool.give_back(buf);
+                        r
+                    }
+                };
+                match outcome {
+                    Ok(true) => {
+                        written.fetch_add(c.len, Ordering::Relaxed);
+                        written_chunks.fetch_add(1, Ordering::Relaxed);
+                        s.created
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push(c.digest);
+                    }
+                    Ok(false) => {
+                        present.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => s.fail(e),
+                }
+                busy_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
             });
         }
         for t in &tasks {
