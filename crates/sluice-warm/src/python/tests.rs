@@ -357,6 +357,24 @@ fn bad_specs_are_refused_before_any_process_starts() {
     assert!(err.to_string().contains("SLUICE_PYTHON"), "{err}");
 }
 
+/// `super::spawn_with`, retried while the fake interpreter is "busy": a test writes its
+/// script just before running it, and another test's fork in this process can hold a copy of
+/// the write descriptor until its child execs (ETXTBSY, seen once in make test). That says
+/// nothing about the policy host, so it is waited out.
+fn spawn_with(spec: &str, config: &PythonConfig) -> Result<PythonPolicy, PythonError> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match super::spawn_with(spec, config) {
+            Err(PythonError::Start { source, .. })
+                if source.raw_os_error() == Some(libc::ETXTBSY) && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            other => return other,
+        }
+    }
+}
+
 /// A fake host: a shell script answering `hello`, then `reply`.
 fn fake_host(dir: &Path, reply: &str) -> PythonConfig {
     let script = dir.join("fakepython");
