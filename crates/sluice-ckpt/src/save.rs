@@ -383,7 +383,8 @@ impl SaveJob {
         };
         extra.insert("save_id".into(), self.plan.token.clone().into());
         m.extra = serde_json::Value::Object(extra);
-        self.store.publish(&self.opts.name, &m)
+        let fresh = self.write.created().into_iter().collect();
+        self.store.publish_after(&self.opts.name, &m, &fresh)
     }
 
     fn summary(&self, report: &JobReport) -> SaveSummary {

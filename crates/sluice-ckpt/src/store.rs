@@ -299,9 +299,21 @@ impl CkptStore {
     /// the manifest was renamed into place (its directory did not sync) takes it back: a
     /// failed save is never visible.
     pub fn publish(&self, name: &str, manifest: &Manifest) -> Result<(), CkptError> {
+        self.publish_after(name, manifest, &BTreeSet::new())
+    }
+
+    /// [`CkptStore::publish`] by the save that put the chunks in `fresh` and saw them
+    /// durable: an object store checks only the others (a file system checks all, by a
+    /// `stat` each).
+    pub fn publish_after(
+        &self,
+        name: &str,
+        manifest: &Manifest,
+        fresh: &BTreeSet<Digest>,
+    ) -> Result<(), CkptError> {
         if let Some(o) = &self.object {
             check_name(name)?;
-            return self.publish_object(o, name, manifest);
+            return self.publish_object(o, name, manifest, fresh);
         }
         let dir = self.prepare(name)?;
         let path = Manifest::path_in(&dir);

@@ -92,13 +92,15 @@ impl CkptStore {
         Ok(dir)
     }
 
-    /// Checks every chunk the manifest names is stored (HEADs in parallel), then puts the
-    /// manifest create-only: the checkpoint appears whole at that moment, or not at all.
+    /// Checks every chunk the manifest names is stored (HEADs in parallel), but for those in
+    /// `fresh` (put by this save), then puts the manifest create-only: the checkpoint
+    /// appears whole at that moment, or not at all.
     pub(super) fn publish_object(
         &self,
         o: &ObjectRoot,
         name: &str,
         manifest: &Manifest,
+        fresh: &BTreeSet<Digest>,
     ) -> Result<(), CkptError> {
         // A manifest there already is found by the create-only put itself, which also
         // catches one another save put after this look.
@@ -108,9 +110,12 @@ impl CkptStore {
             path: o.path(&key),
             detail,
         })?;
+        // Chunks this save saw put need no look: nothing deletes a chunk younger than gc's
+        // grace (failed saves leave theirs), so only those it reused are checked.
         let owners: Vec<(Digest, u64, String)> = manifest
             .chunk_owners()
             .into_iter()
+            .filter(|(d, _)| !fresh.contains(d))
             .map(|(d, (len, e))| (d, len, e.to_string()))
             .collect();
         let threads = self.chunks.io_threads(1);
@@ -187,25 +192,23 @@ impl CkptStore {
         Ok(files.is_empty() && dirs.is_empty())
     }
 
-    /// A failed save's clean-up in an object store: its chunks that no published
-    /// checkpoint references are deleted. (Another save that found one of them stored and
-    /// skipped it then fails its publish check, loudly, rather than publish without it.)
+    /// A failed save's clean-up in an object store: nothing is deleted. Without a lock,
+    /// deleting is safe only by age: another save may have put the same chunk (saves put
+    /// without looking first) and count on it. `gc` removes them once they are older than
+    /// its grace period; the report counts them as left.
     pub(super) fn remove_created_objects(&self, created: &[Digest]) -> super::Cleanup {
-        let mut report = super::Cleanup::default();
-        match self.live_chunks() {
-            Ok(live) => {
-                let doomed: Vec<&Digest> = created.iter().filter(|d| !live.contains(d)).collect();
-                let threads = self.chunks.io_threads(1);
-                let removed = parallel_map(&doomed, threads, |d| self.chunks.remove(d));
-                report.chunks_removed = removed.iter().filter(|r| r.is_ok()).count();
-            }
-            Err(e) => tracing::warn!(
-                "{}: {e}; a failed save's chunks are left for gc",
-                self.root.display()
-            ),
+        if !created.is_empty() {
+            tracing::info!(
+                "{}: a failed save left {} chunks; `sluice ckpt gc` removes them once they are \
+                 older than its grace period",
+                self.root.display(),
+                created.len()
+            );
         }
-        report.chunks_left = created.len() - report.chunks_removed;
-        report
+        super::Cleanup {
+            chunks_left: created.len(),
+            ..super::Cleanup::default()
+        }
     }
 
     /// `gc` in an object store: unreferenced chunks written more than `grace` ago go
