@@ -182,10 +182,11 @@ def worker_main(args: argparse.Namespace) -> None:
     print(RESULT_PREFIX + json.dumps(out), flush=True)
 
 
-def run_writer(args: argparse.Namespace, specs, state, nbytes: int) -> dict[str, Any]:
+def save_twice(writer, args, specs, state, nbytes: int, barrier=None) -> dict[str, Any]:
+    """`step-1`, then about 6% changed and `step-2`: each save's staged and durable times
+    and the bytes it added under the prefix. `barrier` (a group's) brackets each save."""
     import ckpt_rank
 
-    writer = WRITER_IMPLS[args.worker]
     client = s3_client(args.endpoint)
     url = f"s3://{br.BUCKET}/{args.prefix}"
     out: dict[str, Any] = {}
@@ -193,10 +194,23 @@ def run_writer(args: argparse.Namespace, specs, state, nbytes: int) -> dict[str,
     for step in (1, 2):
         if step == 2:
             out["changed_chunk_bytes"] = ckpt_rank.modify(state, specs, nbytes)
+        if barrier:
+            barrier()
         staged, durable = writer.save(state, f"{url}/step-{step}", args.endpoint)
+        if barrier:
+            barrier()
         after = stored_bytes(client, args.prefix)
         out[f"save{step}"] = {"staged_s": staged, "durable_s": durable, "uploaded": after - before}
         before = after
+    return out
+
+
+def run_writer(args: argparse.Namespace, specs, state, nbytes: int) -> dict[str, Any]:
+    import ckpt_rank
+
+    writer = WRITER_IMPLS[args.worker]
+    url = f"s3://{br.BUCKET}/{args.prefix}"
+    out = save_twice(writer, args, specs, state, nbytes)
     fresh = ckpt_rank.build(specs, "mixed", zeros=True)
     t0 = time.perf_counter()
     got = writer.load(fresh, f"{url}/step-2", args.endpoint)
@@ -247,19 +261,8 @@ def run_rank(args: argparse.Namespace, specs, state, nbytes: int) -> dict[str, A
     dist.init_process_group(
         "gloo", init_method=f"file://{args.init}", rank=args.rank, world_size=args.world
     )
-    client = s3_client(args.endpoint)
     url = f"s3://{br.BUCKET}/{args.prefix}"
-    out: dict[str, Any] = {}
-    before = 0
-    for step in (1, 2):
-        if step == 2:
-            out["changed_chunk_bytes"] = ckpt_rank.modify(state, specs, nbytes)
-        dist.barrier()
-        staged, durable = SluiceWriter.save(state, f"{url}/step-{step}", args.endpoint)
-        dist.barrier()
-        after = stored_bytes(client, args.prefix)
-        out[f"save{step}"] = {"staged_s": staged, "durable_s": durable, "uploaded": after - before}
-        before = after
+    out = save_twice(SluiceWriter, args, specs, state, nbytes, dist.barrier)
     out["group_unique_bytes"] = ck.ls(url)[0]["unique_bytes"]
     fresh = ckpt_rank.build(specs, "mixed", zeros=True)
     dist.barrier()

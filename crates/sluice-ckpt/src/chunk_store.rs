@@ -422,15 +422,11 @@ impl ChunkStore {
         Ok(out)
     }
 
-    /// Every chunk of an object store, with its size and when it was written (a
-    /// directory's chunks have no date here: the epoch).
+    /// Every chunk, with its size and when it was written (object stores only: a
+    /// directory's chunks are listed without dates by [`ChunkStore::list`]).
     pub fn list_dated(&self) -> Result<Vec<(Digest, u64, std::time::SystemTime)>, CkptError> {
         let Some(o) = &self.object else {
-            return Ok(self
-                .list()?
-                .into_iter()
-                .map(|(d, n)| (d, n, std::time::UNIX_EPOCH))
-                .collect());
+            return Err(CkptError::arg("list_dated", "needs an object store"));
         };
         Ok(o.list(crate::path::CHUNKS_DIR)?
             .into_iter()
