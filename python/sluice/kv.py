@@ -38,7 +38,8 @@ __all__ = ["DEFAULTS", "KvJob", "KvStore", "connect", "fsck", "open", "plot_benc
 
 #: Every option's default, from the Rust configs that own them (and say why each value):
 #: ``policy``, ``write_mode``, ``durability``, ``direct``, ``engine``, ``io_threads``,
-#: ``lease_timeout_ms``, ``shared_policy``, ``shared_refresh_ms``, and for :func:`connect`
+#: ``lease_timeout_ms``, ``shared_policy``, ``shared_refresh_ms``, ``remote_timeout_ms``, and
+#: for :func:`connect`
 #: ``shm_bytes``, ``connections``, ``retry_ms``, ``timeout_ms``.
 DEFAULTS: dict[str, Any] = _sluice.kv_defaults()
 _D = DEFAULTS
@@ -365,6 +366,8 @@ def open(
     shared: ByteSize = 0,
     shared_policy: str = _D["shared_policy"],
     shared_refresh_ms: int = _D["shared_refresh_ms"],
+    remote: Optional[str] = None,
+    remote_timeout_ms: int = _D["remote_timeout_ms"],
     engine: str = _D["engine"],
 ) -> KvStore:
     """Opens or creates the store at ``path``.
@@ -390,14 +393,23 @@ def open(
     ``shared_refresh_ms``. A block read from there is copied into this node's tiers.
     ``shared=0`` only reads.
 
+    ``remote`` (``"s3://bucket/prefix"``, ``gs://``, ``az://``) puts the shared tier in an
+    object store instead of a directory, with the same options: the store's sealed shared
+    segments (written under ``path/remote/`` first, ``shared`` bytes of them) go up under
+    ``<remote>/<store id>/`` in the background, and those other stores put there are found
+    every ``shared_refresh_ms`` and read by ranged GETs, each block verified and promoted
+    into this node's tiers. A read slower than ``remote_timeout_ms``, failed or corrupt is
+    a miss; lookups never wait on the network. Endpoints and credentials come from the
+    environment as for remote loads (``AWS_*``, ``GOOGLE_*``, ``AZURE_*``).
+
     ``engine`` is how O_DIRECT record reads run: ``auto`` streams each through io_uring
     in pieces, hashing what has landed while the rest is read (a preadv each where
     io_uring is unavailable, logged); ``io_uring`` requires it; ``threads`` never uses it.
     """
-    if shared_dir is None and shared not in (0, "0"):
+    if shared_dir is None and remote is None and shared not in (0, "0"):
         from .errors import ConfigError
 
-        raise ConfigError(f"kv: shared = {shared!r} needs a shared_dir to write into")
+        raise ConfigError(f"kv: shared = {shared!r} needs a shared_dir or a remote to write into")
     # Every keyword argument is an option of the same name (parsed in Rust, in one place).
     options = dict(locals())
     del options["path"], options["policy"]

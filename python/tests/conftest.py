@@ -27,6 +27,9 @@ from safetensors.torch import save_file
 
 MiB = 1 << 20
 
+# Fixtures of their own module: the S3 server's (`s3`, `s3_env`).
+pytest_plugins = ["s3_fixtures"]
+
 # safetensors dtype name -> torch dtype, for every dtype both torch and safetensors know.
 _ALL_TORCH_DTYPES = {
     "BOOL": "bool",

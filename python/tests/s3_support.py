@@ -57,10 +57,10 @@ class S3Server:
     """moto's S3 server in a child process, with one bucket, and the environment a client
     of it needs (credentials, endpoint, plain HTTP)."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         self.port = free_port()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-m", "moto.server", "-H", host, "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -92,6 +92,16 @@ class S3Server:
         for f in sorted(local.iterdir()):
             self.client.upload_file(str(f), BUCKET, f"{prefix}/{f.name}")
         return f"s3://{BUCKET}/{prefix}"
+
+    def objects(self, prefix: str) -> dict[str, int]:
+        """Every object under ``prefix`` (a key prefix, or a URL in BUCKET) and its size."""
+        prefix = prefix.removeprefix(f"s3://{BUCKET}/")
+        out: dict[str, int] = {}
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+        for page in pages:
+            for o in page.get("Contents", []):
+                out[o["Key"]] = o["Size"]
+        return out
 
     def stop(self) -> None:
         _stop(self.proc)

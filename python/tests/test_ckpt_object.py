@@ -35,20 +35,6 @@ from sluice.errors import (
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture(scope="module")
-def s3():
-    server = S3Server()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def s3_env(s3, monkeypatch):
-    for k, v in s3.env().items():
-        monkeypatch.setenv(k, v)
-    return s3
-
-
 _seq = iter(range(1 << 30))
 
 
@@ -60,12 +46,7 @@ def store(s3_env):
 
 def keys(s3: S3Server, prefix: str) -> dict[str, int]:
     """Every object under ``prefix`` (without ``s3://bucket/``) and its size."""
-    out: dict[str, int] = {}
-    pages = s3.client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
-    for page in pages:
-        for o in page.get("Contents", []):
-            out[o["Key"]] = o["Size"]
-    return out
+    return s3.objects(prefix)
 
 
 def prefix_of(url: str) -> str:

@@ -42,13 +42,6 @@ needs_proxy = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def s3():
-    server = S3Server()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def s3_env(s3, monkeypatch):
     """The server's environment in this process, where the loader reads it; short

@@ -205,6 +205,15 @@ pub struct KvTierArgs {
     /// Eviction policy of this store's shared segments.
     #[arg(long, default_value_t = sluice_kv::kv_defaults().shared_policy)]
     pub shared_policy: String,
+    /// The shared tier in an object store instead of --shared-dir (s3://bucket/prefix,
+    /// gs://, az://): sealed segments go up in the background, other stores' are read by
+    /// ranged GETs. --shared is its budget; credentials come from the environment.
+    #[arg(long, value_name = "URL")]
+    pub remote: Option<String>,
+    /// How long one read of another store's block from --remote may take before it is a
+    /// miss.
+    #[arg(long, default_value_t = sluice_kv::kv_defaults().remote_timeout_ms)]
+    pub remote_timeout_ms: u64,
 }
 
 #[derive(Args, Debug)]

@@ -175,6 +175,17 @@ pub struct KvConfig {
     /// blocks: 2,000 ms, well under an engine's request time scale, and a directory
     /// listing per stride is cheap even on NFS.
     pub shared_refresh_ms: u64,
+    /// An object-store prefix (`s3://bucket/prefix`, `gs://`, `az://`): the shared tier
+    /// in an object store instead of `shared_dir` (one or the other). This store's sealed
+    /// segments go up under `<remote>/<store id>/` in the background (written locally
+    /// first, under the store's `remote/` directory), other stores' are found every
+    /// `shared_refresh_ms` and read by ranged GETs. `shared_bytes`, `shared_policy` and
+    /// `shared_refresh_ms` apply as they do to the directory.
+    pub remote: Option<String>,
+    /// How long one read of another store's block may take before it is a miss (each
+    /// GET of it: blocks above 8 MiB are read in 8 MiB pieces at once). 1,000 ms: a load
+    /// slower than that is one an engine would rather recompute, and no retry follows.
+    pub remote_timeout_ms: u64,
 }
 
 impl KvConfig {
@@ -202,6 +213,8 @@ impl KvConfig {
             shared_bytes: 0,
             shared_policy: PolicyConfig::parse("fifo").expect("fifo is a built-in policy"),
             shared_refresh_ms: 2_000,
+            remote: None,
+            remote_timeout_ms: 1_000,
         }
     }
 
@@ -215,18 +228,42 @@ impl KvConfig {
                 "must be 1 byte to 4 GiB",
             ));
         }
-        if self.dram_bytes == 0 && self.ssd_bytes == 0 && self.shared_dir.is_none() {
+        let shared = self.shared_dir.is_some() || self.remote.is_some();
+        if self.dram_bytes == 0 && self.ssd_bytes == 0 && !shared {
             return Err(KvError::config(
                 "dram_bytes/ssd_bytes",
                 0,
-                "at least one tier needs a budget (or a shared_dir to read)",
+                "at least one tier needs a budget (or a shared_dir or remote to read)",
             ));
         }
-        if self.shared_bytes != 0 && self.shared_dir.is_none() {
+        if self.shared_bytes != 0 && !shared {
             return Err(KvError::config(
                 "shared_bytes",
                 self.shared_bytes,
-                "needs a shared_dir to write into",
+                "needs a shared_dir or a remote to write into",
+            ));
+        }
+        if let (Some(dir), Some(url)) = (&self.shared_dir, &self.remote) {
+            return Err(KvError::config(
+                "remote",
+                url,
+                format!(
+                    "the shared tier is either a directory or an object store, and \
+                     shared_dir is set too ({})",
+                    dir.display()
+                ),
+            ));
+        }
+        if let Some(url) = &self.remote {
+            if let Err(e) = sluice_remote::ObjectUrl::parse(url) {
+                return Err(KvError::config("remote", url, e.to_string()));
+            }
+        }
+        if self.remote_timeout_ms == 0 || self.remote_timeout_ms > 3_600_000 {
+            return Err(KvError::config(
+                "remote_timeout_ms",
+                self.remote_timeout_ms,
+                "must be 1 ms to an hour",
             ));
         }
         if self.shared_bytes != 0 && self.shared_bytes < 8 * self.block_bytes {

@@ -24,6 +24,7 @@ pub struct KvDefaults {
     pub lease_timeout_ms: u64,
     pub segment_bytes: u64,
     pub shared_refresh_ms: u64,
+    pub remote_timeout_ms: u64,
     pub high_watermark: f64,
     pub low_watermark: f64,
     /// `sluice.kv.connect`.
@@ -57,6 +58,7 @@ pub fn kv_defaults() -> KvDefaults {
         lease_timeout_ms: c.lease_timeout_ms,
         segment_bytes: c.segment_bytes,
         shared_refresh_ms: c.shared_refresh_ms,
+        remote_timeout_ms: c.remote_timeout_ms,
         high_watermark: c.high_watermark,
         low_watermark: c.low_watermark,
         shm_bytes: client.shm_bytes,

@@ -50,6 +50,13 @@ pub enum KvError {
         #[source]
         source: std::io::Error,
     },
+    /// The object store of the shared tier (`remote`) could not be reached, listed or
+    /// configured when the store opened: `source` names the URL and says why.
+    #[error("kv remote tier: {source}")]
+    Remote {
+        #[source]
+        source: sluice_remote::RemoteError,
+    },
     /// A segment file that cannot be decoded at all (its header is damaged).
     #[error("{path}: {source}")]
     Format {
@@ -126,6 +133,7 @@ impl sluice_engine::Classify for KvError {
                 ErrorClass::of_io(source)
             }
             KvError::Closed | KvError::UnknownJob(_) => ErrorClass::Failed,
+            KvError::Remote { source } => source.class(),
         }
     }
 

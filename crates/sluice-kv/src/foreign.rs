@@ -13,16 +13,24 @@
 //!
 //! Listing and reading summaries happen outside the index's lock ([`refresh`]), so a slow
 //! network file system delays discovery, not lookups.
+//!
+//! The same index serves the shared tier in an object store (`remote_tier`): the prefix
+//! is listed instead of the directory, summaries are fetched whole, and a segment is read
+//! by ranged GETs. A summary whose object was rewritten (a store that reused a segment id)
+//! is read again.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 use sluice_formats::kv_summary::SegmentSummary;
+use sluice_remote::RemoteError;
 
 use crate::config::DirectIo;
 use crate::namespace::{fp_map, Fingerprint, FpMap};
+use crate::remote_tier::Remote;
 use crate::segment_io::{open_foreign_segment, SegmentFile};
 use crate::stats::{ForeignCounters, ForeignStats};
 use crate::sync::lock;
@@ -30,20 +38,36 @@ use crate::sync::lock;
 /// Where another store's record lives.
 #[derive(Clone, Debug)]
 struct ForeignLoc {
+    /// The segment's path, or its object's key.
     segment: Arc<Path>,
     slot: u32,
 }
 
+/// Where the other stores' segments are.
+#[derive(Clone)]
+enum Source {
+    Dir { root: PathBuf, direct: DirectIo },
+    Remote(Arc<Remote>),
+}
+
+/// A summary read: its segment, the object's date (remote), the fingerprints it added
+/// (removed when it disappears).
+struct Known {
+    segment: Arc<Path>,
+    stamp: Option<SystemTime>,
+    fps: Vec<Fingerprint>,
+}
+
 /// Other stores' blocks, by fingerprint.
 pub struct ForeignIndex {
-    root: PathBuf,
-    /// This store's own directory name under `root` (skipped).
+    source: Source,
+    /// This store's own directory name under the root (skipped).
     own: OsString,
     block_bytes: u64,
-    direct: DirectIo,
     entries: FpMap<ForeignLoc>,
-    /// Per summary file read: the fingerprints it added (removed when it disappears).
-    summaries: HashMap<PathBuf, Vec<Fingerprint>>,
+    summaries: HashMap<PathBuf, Known>,
+    /// Remote segments' sizes, from the listing.
+    sizes: HashMap<Arc<Path>, u64>,
     files: HashMap<Arc<Path>, Arc<dyn SegmentFile>>,
     counters: ForeignCounters,
 }
@@ -53,17 +77,31 @@ impl ForeignIndex {
     pub fn release_files(&mut self) {
         self.entries.clear();
         self.summaries.clear();
+        self.sizes.clear();
         self.files.clear();
     }
 
     pub fn new(root: &Path, own: OsString, block_bytes: u64, direct: DirectIo) -> ForeignIndex {
-        ForeignIndex {
+        let source = Source::Dir {
             root: root.to_path_buf(),
+            direct,
+        };
+        ForeignIndex::with_source(source, own, block_bytes)
+    }
+
+    /// The index of the stores under an object-store prefix.
+    pub(crate) fn remote(remote: Arc<Remote>, own: String, block_bytes: u64) -> ForeignIndex {
+        ForeignIndex::with_source(Source::Remote(remote), own.into(), block_bytes)
+    }
+
+    fn with_source(source: Source, own: OsString, block_bytes: u64) -> ForeignIndex {
+        ForeignIndex {
+            source,
             own,
             block_bytes,
-            direct,
             entries: fp_map(0),
             summaries: HashMap::new(),
+            sizes: HashMap::new(),
             files: HashMap::new(),
             counters: ForeignCounters::default(),
         }
@@ -77,14 +115,23 @@ impl ForeignIndex {
         self.entries.len()
     }
 
-    /// The slot of `fp` and its segment file (opened on first use). A segment that can no
-    /// longer be opened (its owner dropped it) loses its blocks here.
+    /// The slot of `fp` and its segment file (opened on first use; an object's is a
+    /// handle, no request). A segment that can no longer be opened (its owner dropped it)
+    /// loses its blocks here.
     pub fn locate(&mut self, fp: Fingerprint) -> Option<(u32, Arc<dyn SegmentFile>)> {
         let loc = self.entries.get(&fp)?.clone();
         if let Some(f) = self.files.get(&loc.segment) {
             return Some((loc.slot, Arc::clone(f)));
         }
-        match open_foreign_segment(&loc.segment, self.direct) {
+        let opened = match &self.source {
+            Source::Dir { direct, .. } => open_foreign_segment(&loc.segment, *direct),
+            Source::Remote(r) => {
+                let size = self.sizes.get(&loc.segment).copied().unwrap_or(0);
+                let key = loc.segment.to_str().unwrap_or_default();
+                Ok(r.segment(key, size))
+            }
+        };
+        match opened {
             Ok(f) => {
                 self.files.insert(Arc::clone(&loc.segment), Arc::clone(&f));
                 Some((loc.slot, f))
@@ -121,37 +168,48 @@ impl ForeignIndex {
     fn apply(&mut self, scan: Scan) {
         let gone: Vec<PathBuf> = self
             .summaries
-            .keys()
-            .filter(|p| !scan.listed.contains(*p))
-            .cloned()
+            .iter()
+            .filter(|(p, k)| scan.listed.get(*p) != Some(&k.stamp))
+            .map(|(p, _)| p.clone())
             .collect();
         for summary in gone {
             self.forget(&summary);
         }
-        for (summary, read) in scan.read {
-            let fps = match read {
-                Some(s) => self.add(&summary, s),
+        for found in scan.read {
+            let fps = match found.summary {
+                Some(s) => self.add(&found.segment, s),
                 None => {
                     self.counters.skipped_summaries += 1;
                     Vec::new()
                 }
             };
-            self.summaries.insert(summary, fps);
+            if let Some(size) = found.size {
+                self.sizes.insert(Arc::clone(&found.segment), size);
+            }
+            let known = Known {
+                segment: found.segment,
+                stamp: found.stamp,
+                fps,
+            };
+            self.summaries.insert(found.id, known);
         }
         self.counters.stores = scan.stores;
-        self.counters.segments = self.summaries.values().filter(|v| !v.is_empty()).count() as u64;
+        self.counters.segments = self
+            .summaries
+            .values()
+            .filter(|k| !k.fps.is_empty())
+            .count() as u64;
         self.counters.refreshes += 1;
     }
 
-    fn add(&mut self, summary: &Path, s: SegmentSummary) -> Vec<Fingerprint> {
-        let segment: Arc<Path> = summary.with_extension("skv").into();
+    fn add(&mut self, segment: &Arc<Path>, s: SegmentSummary) -> Vec<Fingerprint> {
         let mut fps = Vec::with_capacity(s.entries.len());
         for e in s.entries {
             let fp = Fingerprint::of(&e.namespace_id, &e.key);
             // Two stores holding one block: the first found serves it.
             if let std::collections::hash_map::Entry::Vacant(v) = self.entries.entry(fp) {
                 v.insert(ForeignLoc {
-                    segment: Arc::clone(&segment),
+                    segment: Arc::clone(segment),
                     slot: e.slot,
                 });
                 fps.push(fp);
@@ -161,44 +219,78 @@ impl ForeignIndex {
     }
 
     fn forget(&mut self, summary: &Path) {
-        let segment = summary.with_extension("skv");
-        for fp in self.summaries.remove(summary).unwrap_or_default() {
+        let Some(known) = self.summaries.remove(summary) else {
+            return;
+        };
+        for fp in known.fps {
             if self
                 .entries
                 .get(&fp)
-                .is_some_and(|l| *l.segment == *segment)
+                .is_some_and(|l| l.segment == known.segment)
             {
                 self.entries.remove(&fp);
             }
         }
-        self.files.remove(segment.as_path());
+        self.files.remove(&known.segment);
+        self.sizes.remove(&known.segment);
     }
+}
+
+/// A summary a scan read.
+struct Found {
+    id: PathBuf,
+    segment: Arc<Path>,
+    stamp: Option<SystemTime>,
+    /// The segment object's size (remote).
+    size: Option<u64>,
+    /// Decoded (`None`: unusable, remembered as such).
+    summary: Option<SegmentSummary>,
 }
 
 /// What one listing of the shared directory found.
 struct Scan {
-    /// Every summary file listed.
-    listed: HashSet<PathBuf>,
-    /// The summaries not known before, decoded (`None`: unusable, remembered as such).
-    read: Vec<(PathBuf, Option<SegmentSummary>)>,
+    /// Every summary listed, with its object's date (remote).
+    listed: HashMap<PathBuf, Option<SystemTime>>,
+    /// The summaries not known before (or rewritten since).
+    read: Vec<Found>,
     stores: u64,
 }
 
-/// Lists the shared directory and reads the summaries `index` does not know yet, without
-/// holding its lock, then applies what changed.
-pub(crate) fn refresh(index: &Mutex<ForeignIndex>) {
-    let (root, own, block_bytes, known) = {
+/// Lists the shared directory (or prefix) and reads the summaries `index` does not know
+/// yet, without holding its lock, then applies what changed. A listing of an object store
+/// that fails leaves the index as it was and returns the error.
+pub(crate) fn refresh(index: &Mutex<ForeignIndex>) -> Result<(), RemoteError> {
+    let (source, own, block_bytes, known) = {
         let g = lock(index);
-        let known: HashSet<PathBuf> = g.summaries.keys().cloned().collect();
-        (g.root.clone(), g.own.clone(), g.block_bytes, known)
+        let known: HashMap<PathBuf, Option<SystemTime>> = g
+            .summaries
+            .iter()
+            .map(|(p, k)| (p.clone(), k.stamp))
+            .collect();
+        (g.source.clone(), g.own.clone(), g.block_bytes, known)
     };
-    let scan = scan(&root, &own, block_bytes, &known);
+    let scan = match &source {
+        Source::Dir { root, .. } => scan_dir(root, &own, block_bytes, &known),
+        Source::Remote(r) => match scan_remote(r, &own, block_bytes, &known) {
+            Ok(scan) => scan,
+            Err(e) => {
+                lock(index).counters.refresh_failures += 1;
+                return Err(e);
+            }
+        },
+    };
     lock(index).apply(scan);
+    Ok(())
 }
 
-fn scan(root: &Path, own: &OsString, block_bytes: u64, known: &HashSet<PathBuf>) -> Scan {
+fn scan_dir(
+    root: &Path,
+    own: &OsString,
+    block_bytes: u64,
+    known: &HashMap<PathBuf, Option<SystemTime>>,
+) -> Scan {
     let mut out = Scan {
-        listed: HashSet::new(),
+        listed: HashMap::new(),
         read: Vec::new(),
         stores: 0,
     };
@@ -219,24 +311,80 @@ fn scan(root: &Path, own: &OsString, block_bytes: u64, known: &HashSet<PathBuf>)
             if path.extension().is_none_or(|e| e != "summary") {
                 continue;
             }
-            if !known.contains(&path) {
-                out.read
-                    .push((path.clone(), read_summary(&path, block_bytes)));
+            if !known.contains_key(&path) {
+                let bytes = sluice_engine::open_regular(&path, 0).and_then(|mut f| {
+                    let mut v = Vec::new();
+                    std::io::Read::read_to_end(&mut f, &mut v).map(|_| v)
+                });
+                out.read.push(Found {
+                    id: path.clone(),
+                    segment: path.with_extension("skv").into(),
+                    stamp: None,
+                    size: None,
+                    summary: decode_summary(&path, bytes.ok(), block_bytes),
+                });
             }
-            out.listed.insert(path);
+            out.listed.insert(path, None);
         }
     }
     out
 }
 
+fn scan_remote(
+    remote: &Remote,
+    own: &OsString,
+    block_bytes: u64,
+    known: &HashMap<PathBuf, Option<SystemTime>>,
+) -> Result<Scan, RemoteError> {
+    let mut out = Scan {
+        listed: HashMap::new(),
+        read: Vec::new(),
+        stores: 0,
+    };
+    let listed = remote.list()?;
+    let sizes: HashMap<&str, u64> = listed
+        .iter()
+        .filter(|l| l.key.ends_with(".skv"))
+        .map(|l| (l.key.as_str(), l.size))
+        .collect();
+    let mut stores = HashSet::new();
+    for l in &listed {
+        let Some((store, _)) = remote.split(&l.key) else {
+            continue;
+        };
+        if own.to_str() == Some(store) {
+            continue;
+        }
+        stores.insert(store);
+        let Some(base) = l.key.strip_suffix(".summary") else {
+            continue;
+        };
+        let seg_key = format!("{base}.skv");
+        // A summary goes up after its segment: one without is a pass cut short.
+        let Some(size) = sizes.get(seg_key.as_str()) else {
+            continue;
+        };
+        let id = PathBuf::from(&l.key);
+        let stamp = Some(l.modified);
+        if known.get(&id) != Some(&stamp) {
+            let bytes = remote.get(&l.key)?;
+            out.read.push(Found {
+                id: id.clone(),
+                segment: Path::new(&seg_key).into(),
+                stamp,
+                size: Some(*size),
+                summary: decode_summary(&id, bytes.map(|b| b.to_vec()), block_bytes),
+            });
+        }
+        out.listed.insert(id, stamp);
+    }
+    out.stores = stores.len() as u64;
+    Ok(out)
+}
+
 /// A summary worth indexing: it decodes and its blocks are ours in size.
-fn read_summary(path: &Path, block_bytes: u64) -> Option<SegmentSummary> {
-    let bytes = sluice_engine::open_regular(path, 0)
-        .and_then(|mut f| {
-            let mut v = Vec::new();
-            std::io::Read::read_to_end(&mut f, &mut v).map(|_| v)
-        })
-        .ok()?;
+fn decode_summary(path: &Path, bytes: Option<Vec<u8>>, block_bytes: u64) -> Option<SegmentSummary> {
+    let bytes = bytes?;
     match SegmentSummary::decode(&bytes) {
         Ok(s) if s.block_bytes == block_bytes => Some(s),
         Ok(s) => {

@@ -6,7 +6,8 @@
 //! - a log-structured segment store on local SSD (`ssd_tier`): blocks appended into large
 //!   segment files, a compact in-memory index, space reclaimed by dropping or compacting
 //!   segments, and the index rebuilt from the records at open (`ssd_tier::recovery`);
-//! - optionally a directory other nodes share (`tiers`, `foreign`).
+//! - optionally a shared tier other nodes read: a directory they mount too, or an object
+//!   store prefix (`tiers`, `foreign`, `remote_tier`).
 //!
 //! Which blocks each tier keeps is decided by a `sluice-policy` policy chosen by name, the
 //! same code `sluice sim` runs, so the simulator's hit ratio predicts the live store's.
@@ -20,7 +21,8 @@
 //! - leaves: `sync`, `error`, `fork_guard`, `args`, `load_model`, then `namespace`,
 //!   `config`, `stats`, `manifest`;
 //! - storage: `segment_io` (the trait; `fs_dir`, and `faulty` for tests), `dram_tier`,
-//!   `ssd_tier` (with `compaction` and `recovery`), `foreign`, `reclaimer`;
+//!   `ssd_tier` (with `compaction` and `recovery`), `remote_tier` (the shared tier in an
+//!   object store), `foreign`, `reclaimer`;
 //! - the store: `tiers` (all tiers together), `call_gate` (the calls running, and
 //!   closing), `state` (what handles share), `io_path`
 //!   (puts and gets), `jobs`, then `store` ([`KvStore`]);
@@ -43,6 +45,7 @@ mod load_model;
 mod manifest;
 mod namespace;
 mod reclaimer;
+mod remote_tier;
 mod segment_io;
 mod serve;
 mod ssd_tier;
@@ -65,5 +68,5 @@ pub use namespace::{Fingerprint, Namespace};
 pub use segment_io::{FaultyDir, KvFault};
 pub use segment_io::{FsSegmentDir, SegmentDir, SegmentFile};
 pub use serve::{KvClient, KvClientConfig, KvServer, KvServerConfig};
-pub use stats::{ForeignCounters, ForeignStats, KvStats, TierStats};
+pub use stats::{ForeignCounters, ForeignStats, KvStats, RemoteStats, TierStats};
 pub use store::KvStore;

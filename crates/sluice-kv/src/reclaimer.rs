@@ -3,6 +3,12 @@
 //! this store's open shared segment once it is `shared_refresh_ms` old (other stores only
 //! see sealed segments) and looks for segments other stores sealed.
 //!
+//! With the shared tier in an object store a second thread of the same kind
+//! (`sluice-kv-remote`) does the network's part, so a slow or stalled server never holds
+//! up reclaiming local space: it seals our open shared segment when old, runs the
+//! uploader's pass and lists the other stores; when the store closes it seals and
+//! uploads what is left, once, if the last pass went through.
+//!
 //! The thread holds the segment tiers and nothing else of the store. That matters for the
 //! store's lock: the store's last handle dropping must release the directory lock at once,
 //! and it can only do that if no background thread keeps the store alive. Stopping joins
@@ -15,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use crate::foreign::{self, ForeignIndex};
 use crate::fork_guard::ForkGuard;
+use crate::remote_tier::Uploader;
 use crate::ssd_tier::SsdTier;
 use crate::sync::lock;
 
@@ -36,6 +43,8 @@ pub(crate) struct Tended {
     pub shared: Option<Arc<Mutex<SsdTier>>>,
     /// Other stores' segments, refreshed.
     pub foreign: Option<Arc<Mutex<ForeignIndex>>>,
+    /// Our shared segments' uploads and deletes (the shared tier in an object store).
+    pub uploader: Option<Arc<Uploader>>,
     pub refresh: Duration,
 }
 
@@ -52,8 +61,12 @@ impl Reclaimer {
     pub(crate) fn start(tended: Tended) -> std::io::Result<Reclaimer> {
         let signal: Arc<(Mutex<Signal>, Condvar)> = Arc::default();
         let theirs = Arc::clone(&signal);
+        let name = match tended.uploader {
+            Some(_) => "sluice-kv-remote",
+            None => "sluice-kv-reclaim",
+        };
         let thread = std::thread::Builder::new()
-            .name("sluice-kv-reclaim".into())
+            .name(name.into())
             .spawn(move || run(&tended, &theirs))?;
         Ok(Reclaimer {
             signal,
@@ -98,6 +111,8 @@ impl Drop for Reclaimer {
 fn run(tended: &Tended, signal: &(Mutex<Signal>, Condvar)) {
     let (m, cv) = signal;
     let mut refreshed = Instant::now();
+    // Whether the object store answered the last pass (the closing pass needs it).
+    let mut reachable = true;
     loop {
         {
             let mut s = lock(m);
@@ -108,6 +123,13 @@ fn run(tended: &Tended, signal: &(Mutex<Signal>, Condvar)) {
                     .unwrap_or_else(|p| p.into_inner().0);
             }
             if s.stopping {
+                drop(s);
+                if let (Some(u), true) = (&tended.uploader, reachable) {
+                    if let Some(s) = &tended.shared {
+                        lock(s).seal_active_if_older(Duration::ZERO);
+                    }
+                    u.run_once();
+                }
                 return;
             }
             s.woken = false;
@@ -122,8 +144,13 @@ fn run(tended: &Tended, signal: &(Mutex<Signal>, Condvar)) {
             if let Some(s) = &tended.shared {
                 lock(s).seal_active_if_older(tended.refresh);
             }
+            if let Some(u) = &tended.uploader {
+                reachable = u.run_once();
+            }
             if let Some(f) = &tended.foreign {
-                foreign::refresh(f);
+                if let Err(e) = foreign::refresh(f) {
+                    tracing::debug!("kv remote tier: listing the other stores: {e}");
+                }
             }
         }
     }

@@ -246,6 +246,7 @@ impl StoreState {
             segments,
             [dram, ssd, shared],
             foreign,
+            self.tiers.remote_stats(),
             self.load_model(),
         )
     }

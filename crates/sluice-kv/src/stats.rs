@@ -100,6 +100,8 @@ pub struct KvStats {
     pub shared: Option<TierStats>,
     /// Other stores' blocks found in the shared directory.
     pub foreign: Option<ForeignStats>,
+    /// The shared tier in an object store: its uploads and deletes.
+    pub remote: Option<RemoteStats>,
     /// Seconds per block a get spends on each tier (what `lookup_worth_loading` uses).
     pub load_model: LoadModel,
 }
@@ -125,9 +127,28 @@ pub struct ForeignCounters {
     /// Reads of their blocks that failed or did not verify (each a miss; block dropped).
     pub read_failures: u64,
     pub refreshes: u64,
+    /// Listings of the object store that failed (the index kept what it had).
+    pub refresh_failures: u64,
 }
 
 /// What the SSD tier counts.
+/// The remote thread's work on this store's segments in the object store.
+#[derive(Debug, Default, Clone, Serialize, PartialEq)]
+pub struct RemoteStats {
+    /// Sealed segments put up (each with its summary), and their bytes.
+    pub uploaded_segments: u64,
+    pub uploaded_bytes: u64,
+    /// Segments deleted from the object store after the local store dropped them.
+    pub deleted_segments: u64,
+    /// Sealed segments not up yet, as of the last pass.
+    pub pending_segments: u64,
+    pub passes: u64,
+    /// Passes that stopped at an error (the next one tries again).
+    pub failed_passes: u64,
+    /// The last pass's error, until a pass goes through.
+    pub last_error: Option<String>,
+}
+
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SsdCounters {
     pub corrupt_blocks: u64,
@@ -152,6 +173,7 @@ impl KvStats {
         segments: u64,
         [dram, ssd_tier, shared]: [Option<TierStats>; 3],
         foreign: Option<ForeignStats>,
+        remote: Option<RemoteStats>,
         load_model: LoadModel,
     ) -> KvStats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -183,6 +205,7 @@ impl KvStats {
             ssd: ssd_tier,
             shared,
             foreign,
+            remote,
             load_model,
         }
     }

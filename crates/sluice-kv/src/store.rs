@@ -38,6 +38,8 @@ use crate::tiers::{Tier, Tiers};
 struct Inner {
     state: StoreState,
     reclaimer: Option<Reclaimer>,
+    /// The shared tier in an object store: the thread of its uploads and listings.
+    remote: Option<Reclaimer>,
     owner_lock: Mutex<Option<StoreLock>>,
     jobs: Arc<JobQueue>,
     /// The process that opened the store: a forked child's copy refuses every call.
@@ -79,17 +81,17 @@ impl KvStore {
         let store_id = manifest
             .store_id_bytes()
             .expect("read() checked the store id");
-        let tiers = Tiers::open(&config, dir, seg_root, store_id)?;
+        let tiers = Tiers::open(&config, root, dir, seg_root, store_id)?;
         let refresh = Duration::from_millis(config.shared_refresh_ms);
-        let reclaimer = match tiers.tended(refresh) {
-            None => None,
-            Some(tended) => Some(Reclaimer::start(tended).map_err(KvError::io(root))?),
-        };
+        let start = |tended| Reclaimer::start(tended).map_err(KvError::io(root));
+        let reclaimer = tiers.tended(refresh).map(start).transpose()?;
+        let remote = tiers.remote_tended(refresh).map(start).transpose()?;
         let namespace_id = config.namespace.id();
         let recompute = config.recompute;
         let inner = Arc::new(Inner {
             state: StoreState::new(config, root, tiers),
             reclaimer,
+            remote,
             owner_lock: Mutex::new(Some(owner)),
             jobs: Arc::new(JobQueue::default()),
             fork: ForkGuard::this_process(),
@@ -342,6 +344,10 @@ impl KvStore {
             r.stop();
         }
         let synced = flush_and_sync(self.state());
+        // Then what is sealed goes up, in one last pass.
+        if let Some(r) = &self.inner.remote {
+            r.stop();
+        }
         // Its files go with it, those leases hold too (a closed store still referenced
         // must not keep its file system busy); only then does the next owner get the lock.
         self.state().end_leases();
@@ -406,9 +412,12 @@ impl Drop for Inner {
             return; // close() flushed and synced, and let go of the files
         }
         // Dropped without close() (a script's end, a collected object): what close()
-        // would have made durable still is.
+        // would have made durable still is, and uploaded.
         if let Err(e) = flush_and_sync(&self.state) {
             tracing::warn!("kv: syncing the store as its last handle goes: {e}");
+        }
+        if let Some(r) = &self.remote {
+            r.stop();
         }
     }
 }

@@ -14,7 +14,7 @@
 //! Locks are taken in one order everywhere: the lease table (the store's), DRAM, SSD, our
 //! shared segments, the foreign index.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -25,9 +25,10 @@ use crate::foreign::{self, ForeignIndex};
 use crate::manifest::create_dir;
 use crate::namespace::{fp_map, Fingerprint, FpMap};
 use crate::reclaimer::Tended;
+use crate::remote_tier::{Remote, Uploader};
 use crate::segment_io::{FsSegmentDir, SegmentDir, SegmentFile};
 use crate::ssd_tier::{SsdLoc, SsdTier};
-use crate::stats::{ForeignStats, TierStats};
+use crate::stats::{ForeignStats, RemoteStats, TierStats};
 use crate::sync::lock;
 
 /// A tier below DRAM.
@@ -66,6 +67,9 @@ pub(crate) struct Tiers {
     shared: Option<Arc<Mutex<SsdTier>>>,
     /// Other stores' segments in the shared directory.
     foreign: Option<Arc<Mutex<ForeignIndex>>>,
+    /// With the shared tier in an object store: what puts our shared segments up (they
+    /// are written locally first) and deletes those we dropped.
+    uploader: Option<Arc<Uploader>>,
     /// Write-back: blocks DRAM evicted whose SSD copy is not published yet. Entered under
     /// the DRAM lock in the same step as the eviction, left after the SSD publish.
     demoting: Mutex<FpMap<Arc<Demoted>>>,
@@ -73,9 +77,11 @@ pub(crate) struct Tiers {
 
 impl Tiers {
     /// Opens every tier `config` sizes: the SSD tier over `dir` (recovering its blocks),
-    /// and the shared tier under `config.shared_dir`.
+    /// and the shared tier under `config.shared_dir` or `config.remote` (the store at
+    /// `root` keeps its own remote segments in `root/remote` until they are up).
     pub(crate) fn open(
         config: &KvConfig,
+        root: &Path,
         dir: Arc<dyn SegmentDir>,
         seg_root: PathBuf,
         store_id: [u8; 16],
@@ -94,12 +100,19 @@ impl Tiers {
                 dir, seg_root, store_id, config,
             )?))),
         };
-        let (shared, foreign) = open_shared(config, store_id)?;
+        let (shared, foreign, uploader) = match &config.remote {
+            None => {
+                let (shared, foreign) = open_shared(config, store_id)?;
+                (shared, foreign, None)
+            }
+            Some(url) => open_remote(config, url, root, store_id)?,
+        };
         Ok(Tiers {
             dram,
             ssd,
             shared,
             foreign,
+            uploader,
             demoting: Mutex::new(fp_map(0)),
         })
     }
@@ -128,14 +141,36 @@ impl Tiers {
     }
 
     /// What the reclaim thread looks after, or `None` when there is nothing for it to do.
+    /// With the shared tier in an object store, it keeps the local files under their
+    /// watermarks and leaves the network to [`Tiers::remote_tended`]'s thread.
     pub(crate) fn tended(&self, refresh: Duration) -> Option<Tended> {
+        let local = self.uploader.is_none();
         let tended = Tended {
             tiers: self.ssd.iter().chain(self.shared.iter()).cloned().collect(),
-            shared: self.shared.clone(),
-            foreign: self.foreign.clone(),
+            shared: self.shared.clone().filter(|_| local),
+            foreign: self.foreign.clone().filter(|_| local),
+            uploader: None,
             refresh,
         };
         (!tended.tiers.is_empty() || tended.foreign.is_some()).then_some(tended)
+    }
+
+    /// What the remote thread looks after (the shared tier in an object store): sealing
+    /// our open shared segment when old, uploads and deletes, and other stores' listing.
+    pub(crate) fn remote_tended(&self, refresh: Duration) -> Option<Tended> {
+        let uploader = self.uploader.clone()?;
+        Some(Tended {
+            tiers: Vec::new(),
+            shared: self.shared.clone(),
+            foreign: self.foreign.clone(),
+            uploader: Some(uploader),
+            refresh,
+        })
+    }
+
+    /// The remote thread's work, for `stats()["remote"]`.
+    pub(crate) fn remote_stats(&self) -> Option<RemoteStats> {
+        self.uploader.as_ref().map(|u| u.stats())
     }
 
     /// Whether a segment tier is over its high watermark (the reclaimer should run).
@@ -315,8 +350,54 @@ fn open_shared(
     };
     let index = ForeignIndex::new(root, own_name.into(), config.block_bytes, config.direct);
     let index = Arc::new(Mutex::new(index));
-    foreign::refresh(&index);
+    // A directory's listing does not fail: one that cannot be read is logged.
+    let _ = foreign::refresh(&index);
     Ok((own, Some(index)))
+}
+
+/// Opens the shared tier in the object store at `url`: this store's own segments (with a
+/// shared budget) under `root/remote`, the uploader that puts them up under
+/// `<url>/<store id>/`, and the index of other stores' segments there. The prefix is
+/// listed once here, so a wrong bucket, endpoint or credentials fail the open with an
+/// error naming the URL; after that the tier fails open (a failed pass or read is logged
+/// and counted, a read that fails is a miss).
+#[allow(clippy::type_complexity)]
+fn open_remote(
+    config: &KvConfig,
+    url: &str,
+    root: &Path,
+    store_id: [u8; 16],
+) -> Result<
+    (
+        Option<Arc<Mutex<SsdTier>>>,
+        Option<Arc<Mutex<ForeignIndex>>>,
+        Option<Arc<Uploader>>,
+    ),
+    KvError,
+> {
+    let own_name: String = store_id.iter().map(|b| format!("{b:02x}")).collect();
+    let remote = Arc::new(Remote::open(url, config.remote_timeout_ms)?);
+    let index = ForeignIndex::remote(Arc::clone(&remote), own_name.clone(), config.block_bytes);
+    let index = Arc::new(Mutex::new(index));
+    foreign::refresh(&index).map_err(|source| KvError::Remote { source })?;
+    let outbox = root.join("remote");
+    let own = match config.shared_bytes {
+        0 => None, // a reader: nothing of ours goes up
+        _ => {
+            create_dir(&outbox)?;
+            let dir =
+                FsSegmentDir::new(&outbox, config.direct).with_io_uring(config.use_io_uring()?);
+            let tier = SsdTier::open(
+                Arc::new(dir),
+                outbox.clone(),
+                store_id,
+                &config.shared_tier_config(),
+            )?;
+            Some(Arc::new(Mutex::new(tier)))
+        }
+    };
+    let uploader = Uploader::new(remote, &own_name, outbox, config.slot_bytes());
+    Ok((own, Some(index), Some(Arc::new(uploader))))
 }
 
 /// Every tier's lock, held for a run of residency checks (see [`Tiers::residency`]).

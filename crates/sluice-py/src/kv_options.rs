@@ -193,6 +193,8 @@ pub(crate) fn store_config(mut o: Options<'_>) -> PyResult<KvConfig> {
     set!(shared_bytes, o.size("shared")?);
     set!(shared_policy, o.policy("shared_policy")?);
     set!(shared_refresh_ms, o.whole("shared_refresh_ms")?);
+    c.remote = o.string("remote")?;
+    set!(remote_timeout_ms, o.whole("remote_timeout_ms")?);
     o.finish()?;
     Ok(c)
 }

@@ -46,6 +46,13 @@ pub enum RemoteError {
         range: Range<u64>,
         size: u64,
     },
+    /// A local file an upload reads from could not be read.
+    #[error("{}: {source}", path.display())]
+    Local {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot start the remote I/O runtime: {0}")]
     Runtime(std::io::Error),
 }

@@ -264,6 +264,8 @@ pub(crate) fn apply_tiers(c: &mut KvConfig, t: &KvTierArgs) -> Result<(), KvCliE
     c.shared_dir = t.shared_dir.clone();
     c.shared_bytes = parse_size("shared", &t.shared)?;
     c.shared_policy = policy("shared-policy", &t.shared_policy)?;
+    c.remote = t.remote.clone();
+    c.remote_timeout_ms = t.remote_timeout_ms;
     Ok(())
 }
 

@@ -95,6 +95,64 @@ impl RemoteStore {
         done.map_err(|e| request_error(url, e))
     }
 
+    /// Writes the first `len` bytes of the file at `path` as the object, whole or not at
+    /// all like [`RemoteStore::put`], reading it a part at a time: at most
+    /// `PARTS_IN_FLIGHT` parts of it are in memory at once, however long it is.
+    pub fn put_file(
+        &self,
+        url: &ObjectUrl,
+        path: &std::path::Path,
+        len: u64,
+    ) -> Result<(), RemoteError> {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::File::open(path).map_err(|e| RemoteError::Local {
+            path: path.to_path_buf(),
+            source: e,
+        })?;
+        let read = |at: u64, n: usize| -> Result<Bytes, RemoteError> {
+            let mut buf = vec![0u8; n];
+            file.read_exact_at(&mut buf, at)
+                .map_err(|e| RemoteError::Local {
+                    path: path.to_path_buf(),
+                    source: e,
+                })?;
+            Ok(Bytes::from(buf))
+        };
+        if len <= MULTIPART_BYTES as u64 {
+            return self.put(url, read(0, len as usize)?);
+        }
+        let obj = self.path(url)?;
+        let rt = runtime()?;
+        rt.block_on(async {
+            let upload = self
+                .store
+                .put_multipart(&obj)
+                .await
+                .map_err(|e| request_error(url, e))?;
+            let mut w = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
+            let mut at = 0u64;
+            while at < len {
+                let n = (len - at).min(PART_BYTES as u64) as usize;
+                let part = match w.wait_for_capacity(PARTS_IN_FLIGHT).await {
+                    Ok(()) => read(at, n),
+                    Err(e) => Err(request_error(url, e)),
+                };
+                match part {
+                    Ok(b) => w.put(b),
+                    Err(e) => {
+                        let _ = w.abort().await;
+                        return Err(e);
+                    }
+                }
+                at += n as u64;
+            }
+            w.finish()
+                .await
+                .map(|_| ())
+                .map_err(|e| request_error(url, e))
+        })
+    }
+
     /// Writes the object only if there is none under its name (a conditional,
     /// create-only PUT: S3's `If-None-Match: *`, GCS's `ifGenerationMatch=0`, Azure's
     /// `If-None-Match: *`); `false` if one was there, which is left as it was.

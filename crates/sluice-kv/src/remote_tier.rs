@@ -1,0 +1,326 @@
+//! The shared tier in an object store (`remote = "s3://bucket/prefix"`): what the shared
+//! directory does over NFS or Lustre, over S3, GCS or Azure Blob.
+//!
+//! The layout is the directory's: every store keeps its segments under
+//! `<prefix>/<store id>/` as `seg-<id>.skv`, each with its `seg-<id>.summary`. An object
+//! store has no appends and no writes at an offset, so a store writes its own shared
+//! segments locally (a segment store like the SSD tier's, under `<store>/remote/`, with
+//! the shared budget and policy) and the remote thread ([`Uploader`]) puts each sealed
+//! one up whole, then its summary. A summary is what makes a segment visible to others,
+//! and it goes up only once the segment is there. A segment the local store dropped
+//! (evicted or compacted) is deleted remotely, summary first, so readers stop looking
+//! before its bytes go.
+//!
+//! Other stores' segments are found by listing the prefix (`foreign::refresh`, on the
+//! same thread), and each record is read by a ranged GET ([`RemoteSegmentFile`]) under
+//! `remote_timeout_ms` with no retry: a block that does not come in time, that is gone or
+//! that does not verify is a miss. Lookups consult the index in memory only.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{self, IoSliceMut};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use sluice_formats::kv_summary::SegmentSummary;
+use sluice_remote::{Listed, ObjectInfo, ObjectUrl, RemoteError, RemoteOptions, RemoteStore};
+
+use crate::error::KvError;
+use crate::segment_io::SegmentFile;
+use crate::stats::RemoteStats;
+use crate::sync::lock;
+
+/// One object-store prefix of the shared tier.
+pub(crate) struct Remote {
+    /// Record reads: `remote_timeout_ms` per GET, no retry.
+    reads: RemoteStore,
+    /// Listings, summaries, uploads and deletes: the environment's settings.
+    writes: RemoteStore,
+    /// The prefix, without a trailing `/`.
+    prefix: ObjectUrl,
+}
+
+impl Remote {
+    /// The prefix `url`, its stores configured from the environment as the loaders' are
+    /// (`AWS_*`, `GOOGLE_*`, `AZURE_*`, `SLUICE_REMOTE_*`).
+    pub(crate) fn open(url: &str, timeout_ms: u64) -> Result<Remote, KvError> {
+        let remote = |source| KvError::Remote { source };
+        let parsed = ObjectUrl::parse(url).map_err(remote)?;
+        let mut opts = RemoteOptions::from_env().map_err(remote)?;
+        // Every record carries a BLAKE3 of its bytes and is verified on every read.
+        if std::env::var_os("AWS_UNSIGNED_PAYLOAD").is_none() {
+            opts.unsigned_payload = Some(true);
+        }
+        let writes = RemoteStore::open(&parsed, &opts).map_err(remote)?;
+        let read_opts = RemoteOptions {
+            retries: 0,
+            timeout: Duration::from_millis(timeout_ms),
+            ..opts
+        };
+        let reads = RemoteStore::open(&parsed, &read_opts).map_err(remote)?;
+        let key = parsed.key.trim_end_matches('/').to_string();
+        Ok(Remote {
+            reads,
+            writes,
+            prefix: ObjectUrl { key, ..parsed },
+        })
+    }
+
+    /// Every object under the prefix, in key order.
+    pub(crate) fn list(&self) -> Result<Vec<Listed>, RemoteError> {
+        self.writes.list_dated(&self.prefix.join(""))
+    }
+
+    /// A summary's bytes (`None`: it is gone).
+    pub(crate) fn get(&self, key: &str) -> Result<Option<Bytes>, RemoteError> {
+        let url = ObjectUrl {
+            key: key.to_string(),
+            ..self.prefix.clone()
+        };
+        Ok(self.writes.get(&url)?.map(|(b, _)| b))
+    }
+
+    /// `key` relative to the prefix: (store directory, file name), for keys one level
+    /// below a store's directory.
+    pub(crate) fn split<'k>(&self, key: &'k str) -> Option<(&'k str, &'k str)> {
+        let rest = match self.prefix.key.is_empty() {
+            true => key,
+            false => key
+                .strip_prefix(self.prefix.key.as_str())?
+                .strip_prefix('/')?,
+        };
+        let (store, name) = rest.split_once('/')?;
+        (!store.is_empty() && !name.is_empty() && !name.contains('/')).then_some((store, name))
+    }
+
+    /// The object `key`, `size` bytes long, as a segment file to read records from.
+    pub(crate) fn segment(self: &Arc<Self>, key: &str, size: u64) -> Arc<dyn SegmentFile> {
+        Arc::new(RemoteSegmentFile {
+            remote: Arc::clone(self),
+            info: ObjectInfo {
+                url: ObjectUrl {
+                    key: key.to_string(),
+                    ..self.prefix.clone()
+                },
+                size,
+                etag: None,
+            },
+        })
+    }
+}
+
+/// Another store's segment in the object store: each read is ranged GETs (one per 8 MiB,
+/// in flight together) under the tier's timeout. Read-only.
+struct RemoteSegmentFile {
+    remote: Arc<Remote>,
+    info: ObjectInfo,
+}
+
+impl SegmentFile for RemoteSegmentFile {
+    fn write_vectored_at(&self, _: &[&[u8]], _: u64) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("{}: another store's segment is read-only", self.info.url),
+        ))
+    }
+
+    fn read_vectored_at(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> io::Result<usize> {
+        let mut reads = Vec::with_capacity(bufs.len());
+        let mut at = offset;
+        for buf in bufs.iter_mut() {
+            let n = (buf.len() as u64).min(self.info.size.saturating_sub(at)) as usize;
+            if n == 0 {
+                break;
+            }
+            reads.push((at, &mut buf[..n]));
+            at += n as u64;
+        }
+        self.remote
+            .reads
+            .read_ranges(&self.info, reads)
+            .map(|r| r.bytes as usize)
+            .map_err(RemoteError::into_io)
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn is_direct(&self) -> bool {
+        false
+    }
+}
+
+/// Puts this store's sealed shared segments up and deletes those it dropped: one pass
+/// per `shared_refresh_ms` on the remote thread, and one when the store closes.
+pub(crate) struct Uploader {
+    remote: Arc<Remote>,
+    /// This store's directory under the prefix.
+    own: ObjectUrl,
+    /// Where the local store keeps its shared segments.
+    outbox: PathBuf,
+    slot_bytes: u64,
+    stats: Mutex<RemoteStats>,
+}
+
+/// A sealed local segment, ready to go up.
+struct Sealed {
+    stem: String,
+    summary: Bytes,
+    /// Bytes of the segment up to its last record (one sealed early by age leaves the
+    /// rest of its file unused).
+    used: u64,
+}
+
+impl Uploader {
+    pub(crate) fn new(
+        remote: Arc<Remote>,
+        own: &str,
+        outbox: PathBuf,
+        slot_bytes: u64,
+    ) -> Uploader {
+        let own = remote.prefix.join(own);
+        Uploader {
+            remote,
+            own,
+            outbox,
+            slot_bytes,
+            stats: Mutex::new(RemoteStats::default()),
+        }
+    }
+
+    pub(crate) fn stats(&self) -> RemoteStats {
+        lock(&self.stats).clone()
+    }
+
+    /// One pass; a failure is logged and counted, and the next pass tries again.
+    /// Returns whether it went through.
+    pub(crate) fn run_once(&self) -> bool {
+        let done = self.pass();
+        let mut s = lock(&self.stats);
+        s.passes += 1;
+        match done {
+            Ok(()) => {
+                s.last_error = None;
+                true
+            }
+            Err(e) => {
+                if s.last_error.is_none() {
+                    tracing::warn!("kv remote tier: {e}; trying again in the next pass");
+                }
+                s.failed_passes += 1;
+                s.last_error = Some(e.to_string());
+                false
+            }
+        }
+    }
+
+    fn pass(&self) -> Result<(), RemoteError> {
+        let listed = self.remote.writes.list_dated(&self.own.join(""))?;
+        let up: HashSet<&str> = listed
+            .iter()
+            .filter_map(|l| l.key.rsplit('/').next())
+            .collect();
+        let (sealed, local) = self.local_segments();
+        lock(&self.stats).pending_segments = sealed
+            .iter()
+            .filter(|s| !up.contains(format!("{}.summary", s.stem).as_str()))
+            .count() as u64;
+        for seg in &sealed {
+            let summary = format!("{}.summary", seg.stem);
+            if up.contains(summary.as_str()) {
+                continue;
+            }
+            let skv = format!("{}.skv", seg.stem);
+            let path = self.outbox.join(&skv);
+            if let Err(e) = self
+                .remote
+                .writes
+                .put_file(&self.own.join(&skv), &path, seg.used)
+            {
+                if matches!(e, RemoteError::Local { .. }) && !path.exists() {
+                    continue; // dropped while we looked: nothing to publish
+                }
+                return Err(e);
+            }
+            self.remote
+                .writes
+                .put(&self.own.join(&summary), seg.summary.clone())?;
+            let mut s = lock(&self.stats);
+            s.uploaded_segments += 1;
+            s.uploaded_bytes += seg.used + seg.summary.len() as u64;
+            s.pending_segments = s.pending_segments.saturating_sub(1);
+        }
+        // What the local store dropped goes: the summary first (readers stop looking),
+        // then the segment; a segment left without its summary by an interrupted pass too.
+        let mut stems: HashMap<&str, (bool, bool)> = HashMap::new();
+        for name in &up {
+            if let Some(stem) = name.strip_suffix(".summary") {
+                stems.entry(stem).or_default().0 = true;
+            } else if let Some(stem) = name.strip_suffix(".skv") {
+                stems.entry(stem).or_default().1 = true;
+            }
+        }
+        for (stem, (summary, skv)) in stems {
+            if local.contains(stem) {
+                continue;
+            }
+            if summary {
+                self.remote
+                    .writes
+                    .delete(&self.own.join(&format!("{stem}.summary")))?;
+            }
+            if skv {
+                self.remote
+                    .writes
+                    .delete(&self.own.join(&format!("{stem}.skv")))?;
+            }
+            lock(&self.stats).deleted_segments += 1;
+        }
+        Ok(())
+    }
+
+    /// The local shared segments: those sealed (with a summary), and every segment's stem.
+    fn local_segments(&self) -> (Vec<Sealed>, HashSet<String>) {
+        let mut sealed = Vec::new();
+        let mut all = HashSet::new();
+        let Ok(dir) = std::fs::read_dir(&self.outbox) else {
+            return (sealed, all);
+        };
+        for entry in dir.flatten() {
+            let name = entry.file_name();
+            let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".skv")) else {
+                continue;
+            };
+            all.insert(stem.to_string());
+            let path = entry.path();
+            if !path.with_extension("sealed").exists() {
+                continue;
+            }
+            if let Some(s) = self.sealed(stem, &path) {
+                sealed.push(s);
+            }
+        }
+        sealed.sort_by(|a, b| a.stem.cmp(&b.stem));
+        (sealed, all)
+    }
+
+    fn sealed(&self, stem: &str, path: &Path) -> Option<Sealed> {
+        let summary = std::fs::read(path.with_extension("summary")).ok()?;
+        let decoded = match SegmentSummary::decode(&summary) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!("{}: {e}; not uploaded", path.display());
+                return None;
+            }
+        };
+        let last = decoded.entries.iter().map(|e| e.slot).max().unwrap_or(0);
+        let len = std::fs::metadata(path).ok()?.len();
+        Some(Sealed {
+            stem: stem.to_string(),
+            summary: Bytes::from(summary),
+            used: ((last as u64 + 1) * self.slot_bytes).min(len),
+        })
+    }
+}
