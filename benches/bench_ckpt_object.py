@@ -48,15 +48,11 @@ import argparse
 import http.client
 import json
 import os
-import platform
-import statistics
 import subprocess
 import sys
 import threading
 import time
 import urllib.parse
-from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +61,7 @@ sys.path.insert(0, str(HERE))
 
 import bench_remote as br  # noqa: E402  (the MinIO, namespace and proxy set-up)
 import page_cache  # noqa: E402
+from minio_bench import client_env, finish, med, s3_client, servers_up  # noqa: E402
 
 ROOT = HERE.parent
 RESULT_PREFIX = "BENCH_RESULT "
@@ -103,32 +100,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # ---------------------------------------------------------------------------------------------
 # Worker: one writer, one round trip
-
-
-def client_env(endpoint: str) -> dict[str, str]:
-    return {
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": br.ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": br.SECRET_KEY,
-        "AWS_REGION": br.REGION,
-        "AWS_DEFAULT_REGION": br.REGION,
-        "AWS_ALLOW_HTTP": "true",
-    }
-
-
-def s3_client(endpoint: str):
-    import botocore.session
-    from botocore.config import Config
-
-    session = botocore.session.get_session()
-    return session.create_client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name=br.REGION,
-        aws_access_key_id=br.ACCESS_KEY,
-        aws_secret_access_key=br.SECRET_KEY,
-        config=Config(s3={"addressing_style": "path"}, max_pool_connections=64),
-    )
 
 
 def stored_bytes(client, prefix: str) -> int:
@@ -474,13 +445,6 @@ def delete_prefix(client, prefix: str) -> None:
         client.delete_objects(Bucket=br.BUCKET, Delete={"Objects": keys[i : i + 1000]})
 
 
-def med(xs: list[float]) -> dict[str, float] | None:
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return None
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
-
-
 def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for r in runs:
@@ -543,22 +507,6 @@ def targets(summary: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         )
         check(rtt, "wrong bytes on load (every writer)", len(wrong), "0", not wrong)
     return checks
-
-
-def versions() -> dict[str, str]:
-    out = {"python": platform.python_version(), "platform": platform.platform()}
-    for dist in ("torch", "sluice", "s3torchconnector", "s3torchconnectorclient", "s3fs"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = "not installed"
-    minio = subprocess.run([str(br.DEFAULT_MINIO), "--version"], capture_output=True, text=True)
-    out["minio"] = (minio.stdout.splitlines() or ["?"])[0]
-    git = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    )
-    out["sluice_commit"] = git.stdout.strip()
-    return out
 
 
 def fmt_s(v: dict[str, float] | None) -> str:
@@ -649,17 +597,8 @@ def parent_main(args: argparse.Namespace) -> int:
     br.install_signal_exits()
     runs: list[dict[str, Any]] = []
     with br.Stack() as stack:
-        br.netns_up(stack)
-        data = args.work_dir / "minio-data"
-        stack.callback(lambda: subprocess.run(["rm", "-rf", str(args.work_dir)], check=False))
-        upstream = br.start_minio(stack, args.minio, data)
+        upstream, endpoints = servers_up(stack, args, rtts)
         admin = s3_client(upstream)
-        admin.create_bucket(Bucket=br.BUCKET)
-        base = br.measure_rtt(upstream)
-        endpoints = [
-            br.start_proxy(stack, args.proxy, upstream.removeprefix("http://"), r, base)
-            for r in rtts
-        ]
         for rnd in range(args.runs):
             order_e = endpoints[rnd % len(endpoints) :] + endpoints[: rnd % len(endpoints)]
             for ep in order_e:
@@ -678,22 +617,10 @@ def parent_main(args: argparse.Namespace) -> int:
                     print(f"round {rnd} {ep.key} {w}: {json.dumps(brief)[:300]}", flush=True)
     summary = summarize(runs)
     checks = targets(summary)
-    meta = {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": " ".join(["benches/bench_ckpt_object.py", *sys.argv[1:]]),
-        "gib": args.gib,
-        "runs": args.runs,
-        "versions": versions(),
-        "endpoints": [vars(e) for e in endpoints],
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    doc = {"meta": meta, "summary": summary, "checks": checks, "runs": runs}
-    (args.out / "bench-ckpt-object.json").write_text(json.dumps(doc, indent=1))
-    if not args.json_only:
-        (args.out / "bench-ckpt-object.md").write_text(markdown(meta, summary, checks))
-        plot(summary, args.out / "bench-ckpt-object.png")
-    print(markdown(meta, summary, checks))
-    return 0 if not any("error" in r for r in runs) else 1
+    dists = ("torch", "sluice", "s3torchconnector", "s3torchconnectorclient", "s3fs")
+    return finish(
+        args, "bench-ckpt-object", dists, endpoints, runs, summary, checks, markdown, plot
+    )
 
 
 def main() -> None:

@@ -244,6 +244,18 @@ pub(crate) fn write_record(
     key: &[u8],
     block: &[u8],
 ) -> std::io::Result<()> {
+    write_record_with(v, r, key, block, None)
+}
+
+/// [`write_record`], with the block's checksum where the caller has already verified it
+/// (a block promoted from the shared tier was hashed as it was read).
+pub(crate) fn write_record_with(
+    v: View<'_>,
+    r: &Reservation,
+    key: &[u8],
+    block: &[u8],
+    checksum: Option<[u8; 32]>,
+) -> std::io::Result<()> {
     let slot_bytes = v.state.config().slot_bytes() as usize;
     let at = r.loc.slot as u64 * slot_bytes as u64;
     let encode = |into: &mut [u8]| {
@@ -253,7 +265,7 @@ pub(crate) fn write_record(
             namespace_id: r.namespace_id,
             seq: r.seq,
             payload_len: block.len() as u64,
-            payload_checksum: payload_checksum(block),
+            payload_checksum: checksum.unwrap_or_else(|| payload_checksum(block)),
             key: key.to_vec(),
         };
         header

@@ -111,7 +111,8 @@ impl Remote {
 }
 
 /// Another store's segment in the object store: each read is ranged GETs (one per 8 MiB,
-/// in flight together) under the tier's timeout. Read-only.
+/// in flight together; a record's header rides with its payload's first piece) under the
+/// tier's timeout. Read-only.
 struct RemoteSegmentFile {
     remote: Arc<Remote>,
     info: ObjectInfo,
@@ -126,19 +127,20 @@ impl SegmentFile for RemoteSegmentFile {
     }
 
     fn read_vectored_at(&self, bufs: &mut [IoSliceMut<'_>], offset: u64) -> io::Result<usize> {
-        let mut reads = Vec::with_capacity(bufs.len());
+        // Short only at the end of the object, as a file's read is.
+        let mut parts = Vec::with_capacity(bufs.len());
         let mut at = offset;
         for buf in bufs.iter_mut() {
             let n = (buf.len() as u64).min(self.info.size.saturating_sub(at)) as usize;
             if n == 0 {
                 break;
             }
-            reads.push((at, &mut buf[..n]));
+            parts.push(&mut buf[..n]);
             at += n as u64;
         }
         self.remote
             .reads
-            .read_ranges(&self.info, reads)
+            .read_vectored(&self.info, offset, parts)
             .map(|r| r.bytes as usize)
             .map_err(RemoteError::into_io)
     }

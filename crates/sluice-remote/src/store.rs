@@ -352,6 +352,43 @@ impl RemoteStore {
         runtime()?.block_on(self.read_all(obj, reads))
     }
 
+    /// Fills `bufs`, one after the other, with the object's bytes from `offset`: the range
+    /// they cover together is cut into pieces of at most `piece_bytes` as
+    /// [`RemoteStore::read_ranges`] cuts one buffer, a piece spanning buffers where they
+    /// meet (a record's small header and its payload cost one GET, not two).
+    pub fn read_vectored(
+        &self,
+        obj: &ObjectInfo,
+        offset: u64,
+        bufs: Vec<&mut [u8]>,
+    ) -> Result<ReadReport, RemoteError> {
+        runtime()?.block_on(async {
+            let path = self.path(&obj.url)?;
+            let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+            check_range(obj, offset..offset + len)?;
+            let piece = self.opts.piece_bytes.max(1);
+            let mut pieces: Vec<(Range<u64>, Vec<&mut [u8]>)> = Vec::new();
+            let mut at = offset;
+            for mut buf in bufs {
+                while !buf.is_empty() {
+                    let room = piece - (at - offset) % piece;
+                    let n = room.min(buf.len() as u64) as usize;
+                    let (head, rest) = std::mem::take(&mut buf).split_at_mut(n);
+                    match pieces.last_mut() {
+                        Some((r, parts)) if (at - offset) % piece != 0 => {
+                            r.end += n as u64;
+                            parts.push(head);
+                        }
+                        _ => pieces.push((at..at + n as u64, vec![head])),
+                    }
+                    at += n as u64;
+                    buf = rest;
+                }
+            }
+            self.fetch_pieces(&path, obj, pieces).await
+        })
+    }
+
     /// Fills `dst` with the object's bytes at `offset`, as [`RemoteStore::read_ranges`] does
     /// for one range, but as a future: an engine runs many on the shared runtime instead of
     /// blocking a thread on each.
@@ -373,28 +410,31 @@ impl RemoteStore {
         let piece = self.opts.piece_bytes.max(1) as usize;
         // The pieces are cut before the first await: a lazy iterator's closure held across
         // awaits would keep the future from being `Send`.
-        let mut pieces: Vec<(Range<u64>, &mut [u8])> = Vec::new();
+        let mut pieces: Vec<(Range<u64>, Vec<&mut [u8]>)> = Vec::new();
         for (offset, buf) in reads {
-            let end = offset + buf.len() as u64;
-            if end > obj.size {
-                return Err(RemoteError::OutOfRange {
-                    url: obj.url.to_string(),
-                    range: offset..end,
-                    size: obj.size,
-                });
-            }
+            check_range(obj, offset..offset + buf.len() as u64)?;
             let mut at = offset;
             for part in buf.chunks_mut(piece) {
                 let n = part.len() as u64;
-                pieces.push((at..at + n, part));
+                pieces.push((at..at + n, vec![part]));
                 at += n;
             }
         }
+        self.fetch_pieces(&path, obj, pieces).await
+    }
+
+    /// Fetches every piece, `concurrency` at once: all or nothing.
+    async fn fetch_pieces(
+        &self,
+        path: &ObjPath,
+        obj: &ObjectInfo,
+        pieces: Vec<(Range<u64>, Vec<&mut [u8]>)>,
+    ) -> Result<ReadReport, RemoteError> {
         let bytes: u64 = pieces.iter().map(|(r, _)| r.end - r.start).sum();
         let fetches: Vec<_> = pieces
             .into_iter()
             .filter(|(r, _)| r.end > r.start)
-            .map(|(range, dst)| self.fetch(&path, obj, range, dst))
+            .map(|(range, mut dst)| async move { self.fetch(path, obj, range, &mut dst).await })
             .collect();
         let retried: Vec<usize> = futures::stream::iter(fetches)
             .buffer_unordered(self.opts.concurrency.max(1))
@@ -413,7 +453,7 @@ impl RemoteStore {
         path: &ObjPath,
         obj: &ObjectInfo,
         range: Range<u64>,
-        dst: &mut [u8],
+        dst: &mut [&mut [u8]],
     ) -> Result<usize, RemoteError> {
         let mut attempt = 0;
         loop {
@@ -435,7 +475,7 @@ impl RemoteStore {
         path: &ObjPath,
         obj: &ObjectInfo,
         range: Range<u64>,
-        dst: &mut [u8],
+        dst: &mut [&mut [u8]],
     ) -> Result<(), RemoteError> {
         let url = || obj.url.to_string();
         let opts = GetOptions {
@@ -459,30 +499,59 @@ impl RemoteStore {
             },
         };
         let got = self.store.get_opts(path, opts).await.map_err(read_error)?;
-        sluice_engine::populate_write(dst);
+        for d in dst.iter_mut() {
+            sluice_engine::populate_write(d);
+        }
+        let want: usize = dst.iter().map(|d| d.len()).sum();
         let mut body = got.into_stream();
-        let mut at = 0usize;
+        // Where the next byte goes: buffer `part`, offset `at` in it; `total` so far.
+        let (mut part, mut at, mut total) = (0usize, 0usize, 0usize);
         while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(read_error)?;
-            let end = at + chunk.len();
-            if end > dst.len() {
+            let mut chunk: &[u8] = &chunk.map_err(read_error)?;
+            if total + chunk.len() > want {
                 return Err(RemoteError::Short {
                     url: url(),
                     range: range.clone(),
-                    got: end as u64,
+                    got: (total + chunk.len()) as u64,
                 });
             }
-            dst[at..end].copy_from_slice(&chunk);
-            at = end;
+            total += chunk.len();
+            while !chunk.is_empty() {
+                let d = &mut dst[part];
+                if at == d.len() {
+                    (part, at) = (part + 1, 0); // an empty buffer
+                    continue;
+                }
+                let n = chunk.len().min(d.len() - at);
+                d[at..at + n].copy_from_slice(&chunk[..n]);
+                chunk = &chunk[n..];
+                at += n;
+                if at == d.len() {
+                    part += 1;
+                    at = 0;
+                }
+            }
         }
-        if at != dst.len() {
+        if total != want {
             return Err(RemoteError::Short {
                 url: url(),
                 range,
-                got: at as u64,
+                got: total as u64,
             });
         }
         Ok(())
+    }
+}
+
+/// `range` of `obj`, or an error naming it where it lies past the object's end.
+fn check_range(obj: &ObjectInfo, range: Range<u64>) -> Result<(), RemoteError> {
+    match range.end > obj.size {
+        true => Err(RemoteError::OutOfRange {
+            url: obj.url.to_string(),
+            range,
+            size: obj.size,
+        }),
+        false => Ok(()),
     }
 }
 

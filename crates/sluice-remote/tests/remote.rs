@@ -76,6 +76,47 @@ fn ranges_land_exactly_in_pieces_in_flight_together() {
 }
 
 #[test]
+fn vectored_reads_cut_pieces_across_buffers() {
+    let (_, faulty, store) = setup(vec![], 3);
+    let info = store.info(&url("m/model.safetensors")).unwrap();
+    let all = bytes(10_000);
+    // A 40-byte head and a 2,460-byte payload from 300: pieces of 1,000 bytes from 300,
+    // the first spanning both buffers (3 GETs, not 4); an empty buffer between them.
+    let (mut head, mut empty, mut payload) = (vec![0u8; 40], vec![0u8; 0], vec![0u8; 2460]);
+    let r = store
+        .read_vectored(&info, 300, vec![&mut head, &mut empty, &mut payload])
+        .unwrap();
+    assert_eq!(head, all[300..340]);
+    assert_eq!(payload, all[340..2800]);
+    assert_eq!((r.requests, r.bytes), (3, 2500));
+    assert_eq!(faulty.gets(), 3);
+    // Past the end: a typed error naming the range, before any request.
+    let mut tail = vec![0u8; 10];
+    let e = store
+        .read_vectored(&info, 9_995, vec![&mut head[..1], &mut tail])
+        .unwrap_err();
+    assert!(
+        matches!(e, RemoteError::OutOfRange { size: 10_000, .. }),
+        "{e:?}"
+    );
+    assert_eq!(faulty.gets(), 3);
+}
+
+#[test]
+fn a_vectored_piece_cut_short_is_retried_whole() {
+    let (_, _, store) = setup(vec![Fault::Short(5)], 3);
+    let info = store.info(&url("m/model.safetensors")).unwrap();
+    let (mut head, mut payload) = (vec![0u8; 8], vec![0u8; 700]);
+    let r = store
+        .read_vectored(&info, 1000, vec![&mut head, &mut payload])
+        .unwrap();
+    let all = bytes(10_000);
+    assert_eq!(head, all[1000..1008]);
+    assert_eq!(payload, all[1008..1708]);
+    assert_eq!((r.requests, r.retried), (1, 1));
+}
+
+#[test]
 fn a_failed_or_short_get_is_retried_and_counted() {
     let (_, _, store) = setup(vec![Fault::Fail, Fault::Short(3), Fault::Long], 3);
     let info = store.info(&url("m/model.safetensors")).unwrap();

@@ -17,8 +17,8 @@ use crate::sync::{add, lock};
 use crate::tiers::{Lower, RecordLoc};
 
 use super::{
-    demote, dram_put, fill_slot, is_aligned, parallel, reserve_demotions, staging, write_record,
-    Demotion,
+    demote, dram_put, fill_slot, is_aligned, parallel, reserve_demotions, staging,
+    write_record_with, Demotion,
 };
 
 /// Gets a batch in three steps:
@@ -48,6 +48,9 @@ pub(crate) fn get_batch(
         let mut buf = lock(&bufs_cells[i]);
         fetch_one(v, plan, keys[i], &mut buf)
     });
+    let (fetched, promoted): (Vec<Fetched>, Vec<Option<(Reservation, bool)>>) =
+        fetched.into_iter().unzip();
+    publish_promoted(v, promoted.into_iter().flatten().collect());
     let mut ok = Vec::with_capacity(keys.len());
     let mut tiers = GetTiers::default();
     let mut prefix = true;
@@ -165,8 +168,15 @@ enum Source {
 }
 
 /// Step 2 of a get for one key: copy or read its bytes into `buf`, fill its promotion
-/// slot, end its lease.
-fn fetch_one(v: View<'_>, plan: GetPlan, key: &[u8], buf: &mut [u8]) -> Fetched {
+/// slot, end its lease. A block from the shared tier also comes back with the record it
+/// was copied into in the local SSD tier (written, not yet synced or published).
+fn fetch_one(
+    v: View<'_>,
+    plan: GetPlan,
+    key: &[u8],
+    buf: &mut [u8],
+) -> (Fetched, Option<(Reservation, bool)>) {
+    let mut promoted = None;
     let (fp, got) = match plan {
         GetPlan::Dram(fp, slot) => {
             let d = v
@@ -191,7 +201,8 @@ fn fetch_one(v: View<'_>, plan: GetPlan, key: &[u8], buf: &mut [u8]) -> Fetched 
             demoted,
             to_ssd,
         } => {
-            let read = read_from_lower(v, fp, key, &at, buf);
+            let checksum = read_from_lower(v, fp, key, &at, buf);
+            let read = checksum.is_some();
             if let (Some(slot), Some(d)) = (promote, v.state.tiers().dram()) {
                 if read {
                     fill_slot(d, slot, buf);
@@ -200,7 +211,7 @@ fn fetch_one(v: View<'_>, plan: GetPlan, key: &[u8], buf: &mut [u8]) -> Fetched 
                 }
             }
             if let Some(r) = to_ssd {
-                copy_to_ssd(v, r, key, buf, read);
+                promoted = copy_to_ssd(v, r, key, buf, checksum);
             }
             demote(v, demoted);
             let got = match (read, at.tier) {
@@ -212,7 +223,7 @@ fn fetch_one(v: View<'_>, plan: GetPlan, key: &[u8], buf: &mut [u8]) -> Fetched 
         }
     };
     v.state.release_lease(fp);
-    got
+    (got, promoted)
 }
 
 /// Locates `fp`: DRAM (pinned), then SSD, then a lease taken by an earlier lookup.
@@ -235,34 +246,51 @@ fn find(v: View<'_>, fp: Fingerprint, key: &[u8]) -> Option<Source> {
     }
 }
 
-/// A block read from the shared directory goes into the local SSD tier too (its policy
-/// admitted it at planning), written and synced before it is published: the next get of
-/// it is local.
-fn copy_to_ssd(v: View<'_>, r: Reservation, key: &[u8], bytes: &[u8], read: bool) {
+/// A block read from the shared tier goes into the local SSD tier too (its policy
+/// admitted it at planning): written here with the checksum its read verified (not hashed
+/// again), then synced and published with the rest of the batch's
+/// ([`publish_promoted`]), so the next get of it is local.
+fn copy_to_ssd(
+    v: View<'_>,
+    r: Reservation,
+    key: &[u8],
+    bytes: &[u8],
+    checksum: Option<[u8; 32]>,
+) -> Option<(Reservation, bool)> {
+    let ssd = v.state.tiers().ssd()?;
+    let Some(checksum) = checksum else {
+        lock(ssd).abandon(r);
+        return None;
+    };
+    let ok = write_record_with(v, &r, key, bytes, Some(checksum)).is_ok();
+    Some((r, ok))
+}
+
+/// Syncs the batch's promoted records, one `fdatasync` per segment they went to (not one
+/// per block), then publishes those that made it.
+fn publish_promoted(v: View<'_>, mut written: Vec<(Reservation, bool)>) {
     let Some(ssd) = v.state.tiers().ssd() else {
         return;
     };
-    if !read {
-        lock(ssd).abandon(r);
+    if written.is_empty() {
         return;
     }
-    let ok = write_record(v, &r, key, bytes)
-        .and_then(|()| r.file.sync())
-        .is_ok();
-    let _ = lock(ssd).publish(vec![(r, ok)]);
+    crate::ssd_tier::sync_written(&mut written);
+    let _ = lock(ssd).publish(written);
 }
 
-/// Reads one record into `buf`; a record that fails verification or cannot be read is
-/// dropped from the index that pointed to it and counted, and the key is a miss.
+/// Reads one record into `buf` and returns its verified payload checksum; a record that
+/// fails verification or cannot be read is dropped from the index that pointed to it and
+/// counted, and the key is a miss (`None`).
 fn read_from_lower(
     v: View<'_>,
     fp: Fingerprint,
     key: &[u8],
     at: &RecordLoc,
     buf: &mut [u8],
-) -> bool {
+) -> Option<[u8; 32]> {
     let (why, corrupt) = match read_record(v, key, at.loc.slot, &*at.file, buf) {
-        Ok(()) => return true,
+        Ok(sum) => return Some(sum),
         Err(ReadFailure::Corrupt(why)) => (why, true),
         Err(ReadFailure::Io(e)) => (format!("read failed: {e}"), false),
     };
@@ -273,7 +301,7 @@ fn read_from_lower(
         at.loc.slot
     );
     v.state.tiers().drop_lower(fp, at, corrupt);
-    false
+    None
 }
 
 enum ReadFailure {
@@ -289,7 +317,7 @@ fn read_record(
     slot: u32,
     file: &dyn SegmentFile,
     buf: &mut [u8],
-) -> Result<(), ReadFailure> {
+) -> Result<[u8; 32], ReadFailure> {
     let slot_bytes = v.state.config().slot_bytes();
     let at = slot as u64 * slot_bytes;
     let want = RECORD_HEADER_BYTES + buf.len();
@@ -309,7 +337,8 @@ fn read_record(
         if n < want {
             return Err(short(n));
         }
-        return verify_hashed(v, key, head, buf.len(), hasher.finalize().as_bytes());
+        let sum = *hasher.finalize().as_bytes();
+        return verify_hashed(v, key, head, buf.len(), &sum).map(|()| sum);
     }
     let mut bounce = staging(v, slot_bytes as usize).map_err(ReadFailure::Io)?;
     let bounce = &mut bounce.as_mut_slice()[..slot_bytes as usize];
@@ -320,9 +349,10 @@ fn read_record(
         return Err(short(n));
     }
     let (head, payload) = bounce[..want].split_at(RECORD_HEADER_BYTES);
-    verify(v, key, head, payload)?;
+    let sum = payload_checksum(payload);
+    verify_hashed(v, key, head, payload.len(), &sum)?;
     buf.copy_from_slice(payload);
-    Ok(())
+    Ok(sum)
 }
 
 /// Bytes of payload per piece of a streamed read: 256 KiB, large enough that the device
@@ -330,12 +360,8 @@ fn read_record(
 /// hashing the last piece adds little to a block's latency.
 const HASH_PIECE_BYTES: usize = 256 << 10;
 
-/// Checks a record's header against the key asked for and its payload against the hash.
-fn verify(v: View<'_>, key: &[u8], head: &[u8], payload: &[u8]) -> Result<(), ReadFailure> {
-    verify_hashed(v, key, head, payload.len(), &payload_checksum(payload))
-}
-
-/// [`verify`] given the payload's length and hash.
+/// Checks a record's header against the key asked for, and against the payload's length
+/// and hash.
 fn verify_hashed(
     v: View<'_>,
     key: &[u8],
