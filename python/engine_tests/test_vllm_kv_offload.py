@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import moto_s3
 
 pytest.importorskip("vllm", reason="the real-engine tests run in .venv-vllm (make engine-test)")
 
@@ -48,10 +49,10 @@ def parse(out: str) -> list:
 def tier_counters(out: str) -> list[dict]:
     """The counters each engine's Sluice tier logged at shutdown, in order."""
     pattern = (
-        r"sluice KV tier.*?: (\d+) puts, (\d+) gets, hits dram=(\d+) ssd=(\d+), (\d+) misses, "
-        r"(\d+) corrupt blocks, (\d+) damaged"
+        r"sluice KV tier.*?: (\d+) puts, (\d+) gets, hits dram=(\d+) ssd=(\d+) shared=(\d+), "
+        r"(\d+) misses, (\d+) corrupt blocks, (\d+) damaged"
     )
-    names = ("puts", "gets", "hits_dram", "hits_ssd", "misses", "corrupt", "damaged")
+    names = ("puts", "gets", "hits_dram", "hits_ssd", "hits_shared", "misses", "corrupt", "damaged")
     return [dict(zip(names, map(int, m))) for m in re.findall(pattern, out)]
 
 
@@ -137,3 +138,37 @@ def test_two_engines_share_one_kv_server(model, tmp_path, kv_server):
     assert ra[0]["num_cached_tokens"] == 0
     assert rb[0]["num_cached_tokens"] == FULL_CHUNKS * CHUNK_TOKENS, outs[1][-4000:]
     assert {**rb[0], "num_cached_tokens": 0} == ra[0]
+
+
+@pytest.fixture
+def s3_bucket():
+    with moto_s3() as bucket:
+        yield bucket
+
+
+def test_an_engine_on_another_node_hits_what_the_first_put_in_the_bucket(
+    model, tmp_path, s3_bucket, monkeypatch
+):
+    """Engines A and B share nothing but a bucket (`remote`): each its own store directory.
+    A computes the prompt and shuts down (its store uploads what it sealed); B, a fresh
+    engine over an empty directory, loads every full chunk from the object store, and
+    generates exactly what an engine without offloading does."""
+    url, env = s3_bucket
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    remote = {**STORE, "remote": f"{url}/kv", "shared": "16MiB"}
+    steps = [
+        {"sluice": None, "prompts": [PROMPT]},
+        {"sluice": {"path": str(tmp_path / "a"), **remote}, "prompts": [PROMPT]},
+        {"sluice": {"path": str(tmp_path / "b"), **remote}, "prompts": [PROMPT]},
+    ]
+    code, out, results = run_steps(model, steps)
+    assert code == 0 and len(results) == 3, out[-4000:]
+    want, first, second = (r[0] for r in results)
+    assert first["num_cached_tokens"] == 0
+    assert second["num_cached_tokens"] == FULL_CHUNKS * CHUNK_TOKENS, out[-4000:]
+    assert {**first, "num_cached_tokens": 0} == want
+    assert {**second, "num_cached_tokens": 0} == want
+    stored, loaded = tier_counters(out)
+    assert stored["puts"] == FULL_CHUNKS, out[-4000:]
+    assert loaded["hits_shared"] == FULL_CHUNKS and loaded["hits_ssd"] == 0, out[-4000:]

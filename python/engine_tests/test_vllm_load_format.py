@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import moto_s3
 
 pytest.importorskip("vllm", reason="the real-engine tests run in .venv-vllm (make engine-test)")
 
@@ -77,45 +78,17 @@ def test_tensor_parallel_ranks_read_the_checkpoint_once_between_them(model):
     assert sum(reads) < 1.5 * size, (reads, size)  # not once per rank
 
 
-MAIN_VENV = HERE.parents[1] / ".venv" / "bin" / "python"
-
-
 @pytest.fixture
 def s3_model(model, tmp_path):
-    """The model's safetensors in a bucket of moto's S3 server (run from the project's
-    main venv, which has moto and boto3), and its config alone in a local directory."""
-    if not MAIN_VENV.exists():
-        pytest.skip(f"{MAIN_VENV} is missing: make develop builds it")
-    script = f"""
-import sys, time
-sys.path.insert(0, {str(HERE.parents[0] / "tests")!r})
-from pathlib import Path
-from s3_support import S3Server
-server = S3Server()
-url = server.upload_dir(Path({str(model)!r}), "tiny")
-print(url, server.endpoint, flush=True)
-sys.stdin.read()
-server.stop()
-"""
-    proc = subprocess.Popen([str(MAIN_VENV), "-c", script], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
-    line = proc.stdout.readline().split()
-    assert len(line) == 2, "moto did not start"
-    config = tmp_path / "config-only"
-    config.mkdir()
-    for f in model.iterdir():
-        if f.suffix == ".json":
-            (config / f.name).write_bytes(f.read_bytes())
-    env = {
-        "AWS_ENDPOINT_URL": line[1],
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-        "AWS_REGION": "us-east-1",
-        "AWS_ALLOW_HTTP": "true",
-    }
-    yield config, line[0], env
-    proc.stdin.close()
-    proc.wait(timeout=30)
+    """The model's safetensors in a bucket of moto's S3 server, and its config alone in a
+    local directory."""
+    with moto_s3(upload=model) as (url, env):
+        config = tmp_path / "config-only"
+        config.mkdir()
+        for f in model.iterdir():
+            if f.suffix == ".json":
+                (config / f.name).write_bytes(f.read_bytes())
+        yield config, url, env
 
 
 def test_weights_from_an_object_store_generate_the_same_tokens(reference, s3_model):

@@ -44,6 +44,11 @@ class StoreOptions:
     # `shared` bytes of segments there and reads those other nodes sealed.
     shared_dir: str = ""
     shared: ByteSize = 0
+    # Or the shared tier in an object store ("s3://bucket/prefix", gs://, az://): each node
+    # uploads its sealed segments there and reads the others' by ranged GETs; credentials
+    # and endpoint from the environment (AWS_*, GOOGLE_*, AZURE_*).
+    remote: str = ""
+    remote_timeout_ms: int = sluice.kv.DEFAULTS["remote_timeout_ms"]
     io_threads: int = sluice.kv.DEFAULTS["io_threads"]
     lease_timeout_ms: int = sluice.kv.DEFAULTS["lease_timeout_ms"]
 
@@ -88,6 +93,8 @@ class StoreOptions:
             lease_timeout_ms=self.lease_timeout_ms,
             shared_dir=self.shared_dir or None,
             shared=self.shared,
+            remote=self.remote or None,
+            remote_timeout_ms=self.remote_timeout_ms,
             **namespace,
         )
 

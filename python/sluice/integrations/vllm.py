@@ -282,11 +282,11 @@ def _build_tier_class() -> type:
             try:
                 s = self._store.stats()
                 _log().info(
-                    "sluice KV tier%s: %d puts, %d gets, hits dram=%d ssd=%d, %d misses, "
-                    "%d corrupt blocks, %d damaged records skipped at open",
+                    "sluice KV tier%s: %d puts, %d gets, hits dram=%d ssd=%d shared=%d, "
+                    "%d misses, %d corrupt blocks, %d damaged records skipped at open",
                     " (the server's counters)" if "client" in s else "",
-                    s["puts"], s["gets"], s["hits_dram"], s["hits_ssd"], s["misses"],
-                    s["corrupt_blocks"], s["torn_slots_skipped"],
+                    s["puts"], s["gets"], s["hits_dram"], s["hits_ssd"], s["hits_shared"],
+                    s["misses"], s["corrupt_blocks"], s["torn_slots_skipped"],
                 )  # fmt: skip
             except Exception as e:  # a closed sidecar: the counters are gone with it
                 _log().info("sluice KV tier: no counters (%s)", e)
