@@ -158,7 +158,11 @@ def test_the_tier_keeps_its_budget_by_deleting_whole_segments(url, tmp_path, s3)
     the uploader deletes them remotely; another store stops seeing their blocks."""
     keys = keys_for(64)
     with open_store(tmp_path / "a", url, shared="1MiB", ssd=0, dram="8MiB") as a:
-        for i in range(0, 64, 8):
+        # The first blocks go up before the rest push them out (a segment dropped before
+        # any pass uploaded it has nothing in the bucket to delete).
+        assert a.put_batch(keys[:8], [block(k) for k in keys[:8]]) == [True] * 8
+        wait_until(lambda: a.stats()["remote"]["uploaded_segments"] > 0)
+        for i in range(8, 64, 8):
             batch = keys[i : i + 8]
             a.put_batch(batch, [block(k) for k in batch])
         a.sync()
@@ -194,6 +198,33 @@ def test_a_dead_server_costs_uploads_not_puts(url, tmp_path, s3, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
     with open_store(tmp_path / "a", url, shared="4MiB", dram="1MiB") as a:
         wait_until(lambda: a.stats()["remote"]["uploaded_segments"] > 0)
+
+
+def test_close_does_not_wait_out_a_stalled_server(url, tmp_path, s3, monkeypatch):
+    """The server stops answering mid-way (its proxy SIGSTOPped: connections accepted, no
+    byte forwarded) while segments wait to go up: close() returns after the remote thread's
+    grace, not after every request's timeout; the blocks stay in the local tiers."""
+    import signal
+
+    keys = keys_for(8)
+    monkeypatch.setenv("SLUICE_REMOTE_TIMEOUT_S", "120")
+    with FaultProxy(s3.port) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        a = open_store(tmp_path / "a", url, shared="4MiB")
+        proxy.proc.send_signal(signal.SIGSTOP)
+        try:
+            assert a.put_batch(keys, [block(k) for k in keys]) == [True] * 8
+            time.sleep(0.5)  # a pass starts, and hangs
+            started = time.monotonic()
+            a.close()
+            took = time.monotonic() - started
+        finally:
+            proxy.proc.send_signal(signal.SIGCONT)
+    assert took < 25, f"close() waited {took:.1f} s for a stalled server"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    with open_store(tmp_path / "a", url, shared="4MiB") as a:
+        ok, bufs = read(a, keys)
+        assert ok == [True] * 8 and all((x == block(k)).all() for x, k in zip(bufs, keys))
 
 
 def test_bad_settings_are_clear_errors(url, tmp_path, s3):

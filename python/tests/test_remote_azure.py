@@ -133,3 +133,23 @@ def test_checkpoints_save_load_and_publish_once_in_azure(az_env, monkeypatch):
     monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_KEY", "A" * 86 + "==")
     with pytest.raises(SluicePermissionError, match=CONTAINER):
         ck.load({"w": torch.zeros(256, 256)}, f"{store}/b")
+
+
+def test_kv_blocks_shared_through_a_container(az_env, tmp_path):
+    """Two KV stores share blocks through a container (`remote="az://..."`): what one put
+    and closed, the other finds at open, reads bit-exact and keeps."""
+    import numpy as np
+    import sluice.kv
+
+    block = 64 << 10
+    keys = [b"az-chain-%04d" % i for i in range(4)]
+    data = [np.frombuffer(np.random.default_rng(i).bytes(block), np.uint8) for i in range(4)]
+    common = dict(block_bytes=block, ssd="4MiB", model="m", remote=f"az://{CONTAINER}/kv")
+    with sluice.kv.open(tmp_path / "a", shared="4MiB", **common) as a:
+        assert a.put_batch(keys, data) == [True] * 4
+    with sluice.kv.open(tmp_path / "b", **common) as b:
+        assert b.lookup(keys) == 4
+        out = [np.zeros(block, np.uint8) for _ in keys]
+        assert b.get_batch_into(keys, out) == [True] * 4
+        assert all((o == d).all() for o, d in zip(out, data))
+        assert b.stats()["hits_shared"] == 4

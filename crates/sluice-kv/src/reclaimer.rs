@@ -85,20 +85,53 @@ impl Reclaimer {
     /// Stops the thread and waits for it: a pass in progress finishes first. Idempotent.
     /// In a forked child, where the thread does not exist, it only forgets it.
     pub(crate) fn stop(&self) {
+        if let Some(t) = self.signal_stop() {
+            if t.join().is_err() {
+                tracing::warn!("kv: the reclaim thread panicked");
+            }
+        }
+    }
+
+    /// Stops the thread, waiting for it as long as `progress` (a count that grows while
+    /// its work moves) changed within the last `stall`: the remote thread's last pass may
+    /// take as long as its uploads do, but a server that stopped answering does not hold
+    /// `close()` for its requests' timeouts. A thread left running ends when its request
+    /// fails, without a last pass (the object store was unreachable).
+    pub(crate) fn stop_unless_stalled(&self, stall: Duration, progress: impl Fn() -> u64) {
+        let Some(t) = self.signal_stop() else { return };
+        let (mut seen, mut moved) = (progress(), Instant::now());
+        while !t.is_finished() {
+            if moved.elapsed() >= stall {
+                tracing::warn!(
+                    "kv remote tier: no progress in {stall:?}; closing without waiting for the \
+                     upload in flight (the object store is not answering)"
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+            let now = progress();
+            if now != seen {
+                (seen, moved) = (now, Instant::now());
+            }
+        }
+        if t.join().is_err() {
+            tracing::warn!("kv: the remote thread panicked");
+        }
+    }
+
+    /// Tells the thread to stop; its handle, unless already taken or in a forked child
+    /// (where the thread does not exist: it is forgotten).
+    fn signal_stop(&self) -> Option<JoinHandle<()>> {
         if self.fork.is_forked() {
             std::mem::forget(lock(&self.thread).take());
-            return;
+            return None;
         }
         {
             let (m, cv) = &*self.signal;
             lock(m).stopping = true;
             cv.notify_one();
         }
-        if let Some(t) = lock(&self.thread).take() {
-            if t.join().is_err() {
-                tracing::warn!("kv: the reclaim thread panicked");
-            }
-        }
+        lock(&self.thread).take()
     }
 }
 

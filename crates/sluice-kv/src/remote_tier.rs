@@ -19,6 +19,7 @@
 use std::collections::{HashMap, HashSet};
 use std::io::{self, IoSliceMut};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -164,6 +165,9 @@ pub(crate) struct Uploader {
     outbox: PathBuf,
     slot_bytes: u64,
     stats: Mutex<RemoteStats>,
+    /// Grows with every part handed on, segment up or deleted, and pass: see
+    /// [`Uploader::progress`].
+    progress: AtomicU64,
 }
 
 /// A sealed local segment, ready to go up.
@@ -189,7 +193,18 @@ impl Uploader {
             outbox,
             slot_bytes,
             stats: Mutex::new(RemoteStats::default()),
+            progress: AtomicU64::new(0),
         }
+    }
+
+    /// A count that grows while the uploader's work moves: closing waits for the last
+    /// pass as long as it does.
+    pub(crate) fn progress(&self) -> u64 {
+        self.progress.load(Ordering::Relaxed)
+    }
+
+    fn moved(&self) {
+        self.progress.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn stats(&self) -> RemoteStats {
@@ -200,6 +215,7 @@ impl Uploader {
     /// Returns whether it went through.
     pub(crate) fn run_once(&self) -> bool {
         let done = self.pass();
+        self.moved();
         let mut s = lock(&self.stats);
         s.passes += 1;
         match done {
@@ -236,11 +252,12 @@ impl Uploader {
             }
             let skv = format!("{}.skv", seg.stem);
             let path = self.outbox.join(&skv);
-            if let Err(e) = self
+            let part = |_| self.moved();
+            let put = self
                 .remote
                 .writes
-                .put_file(&self.own.join(&skv), &path, seg.used)
-            {
+                .put_file(&self.own.join(&skv), &path, seg.used, &part);
+            if let Err(e) = put {
                 if matches!(e, RemoteError::Local { .. }) && !path.exists() {
                     continue; // dropped while we looked: nothing to publish
                 }
@@ -253,6 +270,8 @@ impl Uploader {
             s.uploaded_segments += 1;
             s.uploaded_bytes += seg.used + seg.summary.len() as u64;
             s.pending_segments = s.pending_segments.saturating_sub(1);
+            drop(s);
+            self.moved();
         }
         // What the local store dropped goes: the summary first (readers stop looking),
         // then the segment; a segment left without its summary by an interrupted pass too.
@@ -279,6 +298,7 @@ impl Uploader {
                     .delete(&self.own.join(&format!("{stem}.skv")))?;
             }
             lock(&self.stats).deleted_segments += 1;
+            self.moved();
         }
         Ok(())
     }

@@ -346,7 +346,8 @@ impl KvStore {
         let synced = flush_and_sync(self.state());
         // Then what is sealed goes up, in one last pass.
         if let Some(r) = &self.inner.remote {
-            r.stop();
+            let tiers = self.state().tiers();
+            r.stop_unless_stalled(REMOTE_STALL, || tiers.remote_progress());
         }
         // Its files go with it, those leases hold too (a closed store still referenced
         // must not keep its file system busy); only then does the next owner get the lock.
@@ -372,6 +373,12 @@ impl KvStore {
         }
     }
 }
+
+/// How long closing waits for the remote thread without a sign of progress (an 8 MiB part
+/// handed on, a segment up or deleted, a pass): an upload that moves at 1 MB/s is waited
+/// for, and a server that stopped answering does not hold `close()` for its requests'
+/// timeouts.
+const REMOTE_STALL: Duration = Duration::from_secs(10);
 
 /// Writes every block only DRAM holds to the SSD tier (write-back), then syncs the
 /// segments: what `sync()` and `close()` promise, and what letting go of the last handle
@@ -417,7 +424,8 @@ impl Drop for Inner {
             tracing::warn!("kv: syncing the store as its last handle goes: {e}");
         }
         if let Some(r) = &self.remote {
-            r.stop();
+            let tiers = self.state.tiers();
+            r.stop_unless_stalled(REMOTE_STALL, || tiers.remote_progress());
         }
     }
 }

@@ -168,6 +168,13 @@ impl Tiers {
         })
     }
 
+    /// A count that grows while the remote thread's work moves (parts handed on, segments
+    /// up or deleted, passes), for closing without waiting out a server that stopped
+    /// answering.
+    pub(crate) fn remote_progress(&self) -> u64 {
+        self.uploader.as_ref().map_or(0, |u| u.progress())
+    }
+
     /// The remote thread's work, for `stats()["remote"]`.
     pub(crate) fn remote_stats(&self) -> Option<RemoteStats> {
         self.uploader.as_ref().map(|u| u.stats())

@@ -98,11 +98,14 @@ impl RemoteStore {
     /// Writes the first `len` bytes of the file at `path` as the object, whole or not at
     /// all like [`RemoteStore::put`], reading it a part at a time: at most
     /// `PARTS_IN_FLIGHT` parts of it are in memory at once, however long it is.
+    /// `progress` is told the bytes handed on so far each time a part can go (so a caller
+    /// can tell a slow upload from a stalled one).
     pub fn put_file(
         &self,
         url: &ObjectUrl,
         path: &std::path::Path,
         len: u64,
+        progress: &(dyn Fn(u64) + Sync),
     ) -> Result<(), RemoteError> {
         use std::os::unix::fs::FileExt;
         let file = std::fs::File::open(path).map_err(|e| RemoteError::Local {
@@ -134,7 +137,10 @@ impl RemoteStore {
             while at < len {
                 let n = (len - at).min(PART_BYTES as u64) as usize;
                 let part = match w.wait_for_capacity(PARTS_IN_FLIGHT).await {
-                    Ok(()) => read(at, n),
+                    Ok(()) => {
+                        progress(at);
+                        read(at, n)
+                    }
                     Err(e) => Err(request_error(url, e)),
                 };
                 match part {
