@@ -68,6 +68,19 @@ impl Remote {
         })
     }
 
+    /// The prefix `url` over any object store (an in-memory one in tests).
+    #[cfg(test)]
+    fn with_store(url: &str, store: Arc<dyn object_store::ObjectStore>) -> Remote {
+        let parsed = ObjectUrl::parse(url).expect("a test URL");
+        let opts = RemoteOptions::default();
+        let key = parsed.key.trim_end_matches('/').to_string();
+        Remote {
+            reads: RemoteStore::with_store(&parsed, Arc::clone(&store), &opts),
+            writes: RemoteStore::with_store(&parsed, store, &opts),
+            prefix: ObjectUrl { key, ..parsed },
+        }
+    }
+
     /// Every object under the prefix, in key order.
     pub(crate) fn list(&self) -> Result<Vec<Listed>, RemoteError> {
         self.writes.list_dated(&self.prefix.join(""))
@@ -168,6 +181,8 @@ pub(crate) struct Uploader {
     /// Grows with every part handed on, segment up or deleted, and pass: see
     /// [`Uploader::progress`].
     progress: AtomicU64,
+    /// Local segments that could not be read for an upload (each logged once).
+    unreadable: Mutex<HashSet<String>>,
 }
 
 /// A sealed local segment, ready to go up.
@@ -194,6 +209,7 @@ impl Uploader {
             slot_bytes,
             stats: Mutex::new(RemoteStats::default()),
             progress: AtomicU64::new(0),
+            unreadable: Mutex::new(HashSet::new()),
         }
     }
 
@@ -257,11 +273,19 @@ impl Uploader {
                 .remote
                 .writes
                 .put_file(&self.own.join(&skv), &path, seg.used, &part);
-            if let Err(e) = put {
-                if matches!(e, RemoteError::Local { .. }) && !path.exists() {
-                    continue; // dropped while we looked: nothing to publish
+            match put {
+                Ok(()) => {}
+                // Dropped while we looked: nothing to publish.
+                Err(RemoteError::Local { .. }) if !path.exists() => continue,
+                // A local file that cannot be read (damaged, truncated under us) holds up
+                // only itself: the others still go up, and it is tried again next pass.
+                Err(e @ RemoteError::Local { .. }) => {
+                    if lock(&self.unreadable).insert(seg.stem.clone()) {
+                        tracing::warn!("kv remote tier: {e}; not uploaded");
+                    }
+                    continue;
                 }
-                return Err(e);
+                Err(e) => return Err(e),
             }
             self.remote
                 .writes
@@ -344,5 +368,112 @@ impl Uploader {
             summary: Bytes::from(summary),
             used: ((last as u64 + 1) * self.slot_bytes).min(len),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::memory::InMemory;
+    use sluice_formats::kv_summary::SummaryEntry;
+
+    const SLOT: u64 = 8192;
+
+    /// A sealed segment `id` in `dir` with records in slots 1..=`records`, its file
+    /// `file_slots` slots long.
+    fn sealed(dir: &Path, id: u64, records: u32, file_slots: u64) {
+        let stem = dir.join(format!("seg-{id:016x}"));
+        std::fs::write(
+            stem.with_extension("skv"),
+            vec![id as u8; (file_slots * SLOT) as usize],
+        )
+        .unwrap();
+        std::fs::write(stem.with_extension("sealed"), b"").unwrap();
+        let summary = SegmentSummary {
+            store_id: [1; 16],
+            segment_id: id,
+            block_bytes: 4096,
+            entries: (1..=records)
+                .map(|slot| SummaryEntry {
+                    slot,
+                    seq: slot.into(),
+                    namespace_id: [2; 16],
+                    key: vec![slot as u8],
+                })
+                .collect(),
+        };
+        std::fs::write(stem.with_extension("summary"), summary.encode()).unwrap();
+    }
+
+    fn listing(remote: &Remote) -> Vec<(String, u64)> {
+        let mut out: Vec<_> = remote
+            .list()
+            .unwrap()
+            .into_iter()
+            .map(|l| (l.key, l.size))
+            .collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn a_pass_uploads_sealed_segments_skips_an_unreadable_one_and_deletes_what_went() {
+        let outbox = tempfile::tempdir().unwrap();
+        let remote = Arc::new(Remote::with_store("s3://b/kv", Arc::new(InMemory::new())));
+        let up = Uploader::new(Arc::clone(&remote), "own", outbox.path().into(), SLOT);
+        // Segment 1: 3 records in a file of 32 slots (sealed early): 4 slots go up.
+        sealed(outbox.path(), 1, 3, 32);
+        // Segment 2 cannot be read (its file is a directory); segment 3 is not sealed.
+        sealed(outbox.path(), 2, 1, 4);
+        let skv2 = outbox.path().join(format!("seg-{:016x}.skv", 2));
+        std::fs::remove_file(&skv2).unwrap();
+        std::fs::create_dir(&skv2).unwrap();
+        std::fs::write(outbox.path().join(format!("seg-{:016x}.skv", 3)), b"open").unwrap();
+        assert!(up.run_once(), "{:?}", up.stats());
+        let seg1 = format!("kv/own/seg-{:016x}", 1);
+        let got = listing(&remote);
+        let summary1 = std::fs::metadata(outbox.path().join(format!("seg-{:016x}.summary", 1)))
+            .unwrap()
+            .len();
+        assert_eq!(
+            got,
+            [
+                (format!("{seg1}.skv"), 4 * SLOT),
+                (format!("{seg1}.summary"), summary1)
+            ]
+        );
+        let s = up.stats();
+        assert_eq!((s.uploaded_segments, s.failed_passes), (1, 0), "{s:?}");
+        assert!(lock(&up.unreadable).contains(&format!("seg-{:016x}", 2)));
+
+        // Segment 1 dropped locally, and an orphan segment object without its summary (a
+        // pass cut short) that no local segment backs: both go.
+        for ext in ["skv", "sealed", "summary"] {
+            let f = outbox.path().join(format!("seg-{:016x}.{ext}", 1));
+            std::fs::remove_file(f).unwrap();
+        }
+        let orphan = ObjectUrl::parse(&format!("s3://b/kv/own/seg-{:016x}.skv", 9)).unwrap();
+        remote
+            .writes
+            .put(&orphan, Bytes::from_static(b"x"))
+            .unwrap();
+        assert!(up.run_once());
+        assert!(listing(&remote).is_empty(), "{:?}", listing(&remote));
+        assert_eq!(up.stats().deleted_segments, 2);
+        assert!(up.progress() > 0);
+    }
+
+    #[test]
+    fn keys_split_into_store_and_name_only_one_level_below_the_prefix() {
+        let remote = Remote::with_store("s3://b/kv/", Arc::new(InMemory::new()));
+        assert_eq!(
+            remote.split("kv/abc/seg-1.summary"),
+            Some(("abc", "seg-1.summary"))
+        );
+        assert_eq!(remote.split("kv/abc/deeper/seg-1.summary"), None);
+        assert_eq!(remote.split("kvx/abc/seg-1.summary"), None);
+        assert_eq!(remote.split("kv/seg-1.summary"), None);
+        let root = Remote::with_store("s3://b", Arc::new(InMemory::new()));
+        assert_eq!(root.split("abc/x.skv"), Some(("abc", "x.skv")));
     }
 }
