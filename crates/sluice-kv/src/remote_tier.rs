@@ -446,6 +446,16 @@ mod tests {
         assert_eq!((s.uploaded_segments, s.failed_passes), (1, 0), "{s:?}");
         assert!(lock(&up.unreadable).contains(&format!("seg-{:016x}", 2)));
 
+        // Expired from the bucket (a lifecycle rule) while the store holds it: it goes up
+        // again.
+        for ext in ["summary", "skv"] {
+            let url = ObjectUrl::parse(&format!("s3://b/{seg1}.{ext}")).unwrap();
+            remote.writes.delete(&url).unwrap();
+        }
+        assert!(up.run_once());
+        assert_eq!(listing(&remote), got);
+        assert_eq!(up.stats().uploaded_segments, 2);
+
         // Segment 1 dropped locally, and an orphan segment object without its summary (a
         // pass cut short) that no local segment backs: both go.
         for ext in ["skv", "sealed", "summary"] {
