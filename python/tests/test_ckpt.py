@@ -461,14 +461,23 @@ def test_a_rank_killed_mid_grouped_save_fails_it_and_the_last_checkpoint_loads(s
     assert not (store / ".pending").exists()
 
 
-def test_a_replicated_save_survives_a_rank_killed_after_staging(store, tmp_path):
+def test_a_replicated_save_survives_a_rank_killed_after_staging(tmp_path):
     # Rank 0 exits normally after publishing: with a torchrun-like TCP rendezvous it used to
     # abort there ("terminate called without an active exception"; issue 27, #6).
-    codes, results = run_world(2, store, "killrep", tmp_path, tcp=True)
-    assert codes[1] == -signal.SIGKILL
-    assert codes[0] == 0, results
-    assert results[0]["s2"] == "published" and results[0]["stood_in_for"] == 1, results[0]
-    assert [x["name"] for x in ck.ls(store)] == ["s1", "s2"]
+    # Rank 1 kills itself when its share is staged; now and then (once in a loaded `make
+    # test`) its writer marks the share durable first, and rank 0, rightly, has nothing to
+    # stand in for. The stand-in must then happen on a second try, in a store of its own.
+    for attempt in range(3):
+        store, run = tmp_path / f"ckpt-{attempt}", tmp_path / f"run-{attempt}"
+        run.mkdir()
+        codes, results = run_world(2, store, "killrep", run, tcp=True)
+        assert codes[1] == -signal.SIGKILL
+        assert codes[0] == 0, results
+        assert results[0]["s2"] == "published", results[0]
+        assert [x["name"] for x in ck.ls(store)] == ["s1", "s2"]
+        if results[0]["stood_in_for"] is not None:
+            break
+    assert results[0]["stood_in_for"] == 1, results[0]
     codes, results = run_world(2, store, "load", tmp_path)
     assert codes == [0, 0] and all(r["s1_loads"] and r["s2_loads"] for r in results), results
 
