@@ -252,15 +252,11 @@ def cpu_s() -> float:
 def get_all(ranges: list[tuple[str, int, int]], threads: int) -> int:
     """Fetches every range on `threads` threads, one kept-alive connection each, into one
     reused buffer per thread; returns the bytes read."""
-    jobs = iter(ranges)
-    lock = threading.Lock()
-    done = [0]
-    errors: list[str] = []
+    jobs, lock, done = iter(ranges), threading.Lock(), [0]
 
-    def run() -> None:
+    def worker() -> None:
         conn: http.client.HTTPConnection | None = None
         buf = memoryview(bytearray(PIECE))
-        n = 0
         while True:
             with lock:
                 job = next(jobs, None)
@@ -274,27 +270,12 @@ def get_all(ranges: list[tuple[str, int, int]], threads: int) -> int:
             conn.request("GET", f"{parts.path}?{parts.query}", headers=headers)
             resp = conn.getresponse()
             if resp.status != 206:
-                errors.append(f"{resp.status} {resp.reason}")
-                resp.read()
-                break
-            view = buf[:length]
-            got = 0
-            while got < length:
-                k = resp.readinto(view[got:])
-                if not k:
-                    break
-                got += k
-            n += got
-        with lock:
-            done[0] += n
+                raise SystemExit(f"ceiling GET failed: {resp.status} {resp.reason}")
+            br.read_exact(resp.readinto, buf[:length])
+            with lock:
+                done[0] += length
 
-    pool = [threading.Thread(target=run) for _ in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    if errors:
-        raise SystemExit(f"ceiling GET failed: {errors[0]}")
+    br.run_threads(worker, threads)
     return done[0]
 
 

@@ -50,13 +50,10 @@ impl ObjectRoot {
     /// environment as the loaders are (`AWS_*`, `GOOGLE_*`, `AZURE_*`, `SLUICE_REMOTE_*`).
     pub fn open(url: &str) -> Result<ObjectRoot, CkptError> {
         let parsed = ObjectUrl::parse(url).map_err(CkptError::remote)?;
-        let mut opts = RemoteOptions::from_env().map_err(CkptError::remote)?;
         // Every chunk is verified against its BLAKE3 name on every read, so a SHA-256 of
         // each upload's body for its signature buys nothing but CPU (about 15% of a save's
         // time on two cores); AWS_UNSIGNED_PAYLOAD=false asks for it anyway.
-        if std::env::var_os("AWS_UNSIGNED_PAYLOAD").is_none() {
-            opts.unsigned_payload = Some(true);
-        }
+        let opts = RemoteOptions::from_env_self_verified().map_err(CkptError::remote)?;
         let remote = RemoteStore::open(&parsed, &opts).map_err(CkptError::remote)?;
         Ok(ObjectRoot::with_remote(parsed, remote, opts.concurrency))
     }

@@ -29,6 +29,7 @@ use sluice_remote::{Listed, ObjectInfo, ObjectUrl, RemoteError, RemoteOptions, R
 
 use crate::error::KvError;
 use crate::segment_io::SegmentFile;
+use crate::ssd_tier::{sealed_marker, summary_path};
 use crate::stats::RemoteStats;
 use crate::sync::lock;
 
@@ -48,11 +49,8 @@ impl Remote {
     pub(crate) fn open(url: &str, timeout_ms: u64) -> Result<Remote, KvError> {
         let remote = |source| KvError::Remote { source };
         let parsed = ObjectUrl::parse(url).map_err(remote)?;
-        let mut opts = RemoteOptions::from_env().map_err(remote)?;
         // Every record carries a BLAKE3 of its bytes and is verified on every read.
-        if std::env::var_os("AWS_UNSIGNED_PAYLOAD").is_none() {
-            opts.unsigned_payload = Some(true);
-        }
+        let opts = RemoteOptions::from_env_self_verified().map_err(remote)?;
         let writes = RemoteStore::open(&parsed, &opts).map_err(remote)?;
         let read_opts = RemoteOptions {
             retries: 0,
@@ -60,12 +58,7 @@ impl Remote {
             ..opts
         };
         let reads = RemoteStore::open(&parsed, &read_opts).map_err(remote)?;
-        let key = parsed.key.trim_end_matches('/').to_string();
-        Ok(Remote {
-            reads,
-            writes,
-            prefix: ObjectUrl { key, ..parsed },
-        })
+        Ok(Remote::with_stores(parsed, reads, writes))
     }
 
     /// The prefix `url` over any object store (an in-memory one in tests).
@@ -73,11 +66,25 @@ impl Remote {
     fn with_store(url: &str, store: Arc<dyn object_store::ObjectStore>) -> Remote {
         let parsed = ObjectUrl::parse(url).expect("a test URL");
         let opts = RemoteOptions::default();
-        let key = parsed.key.trim_end_matches('/').to_string();
+        let reads = RemoteStore::with_store(&parsed, Arc::clone(&store), &opts);
+        let writes = RemoteStore::with_store(&parsed, store, &opts);
+        Remote::with_stores(parsed, reads, writes)
+    }
+
+    fn with_stores(url: ObjectUrl, reads: RemoteStore, writes: RemoteStore) -> Remote {
+        let key = url.key.trim_end_matches('/').to_string();
         Remote {
-            reads: RemoteStore::with_store(&parsed, Arc::clone(&store), &opts),
-            writes: RemoteStore::with_store(&parsed, store, &opts),
-            prefix: ObjectUrl { key, ..parsed },
+            reads,
+            writes,
+            prefix: ObjectUrl { key, ..url },
+        }
+    }
+
+    /// The URL of `key`, an object of the prefix's bucket.
+    fn url(&self, key: &str) -> ObjectUrl {
+        ObjectUrl {
+            key: key.to_string(),
+            ..self.prefix.clone()
         }
     }
 
@@ -88,11 +95,7 @@ impl Remote {
 
     /// A summary's bytes (`None`: it is gone).
     pub(crate) fn get(&self, key: &str) -> Result<Option<Bytes>, RemoteError> {
-        let url = ObjectUrl {
-            key: key.to_string(),
-            ..self.prefix.clone()
-        };
-        Ok(self.writes.get(&url)?.map(|(b, _)| b))
+        Ok(self.writes.get(&self.url(key))?.map(|(b, _)| b))
     }
 
     /// `key` relative to the prefix: (store directory, file name), for keys one level
@@ -113,10 +116,7 @@ impl Remote {
         Arc::new(RemoteSegmentFile {
             remote: Arc::clone(self),
             info: ObjectInfo {
-                url: ObjectUrl {
-                    key: key.to_string(),
-                    ..self.prefix.clone()
-                },
+                url: self.url(key),
                 size,
                 etag: None,
             },
@@ -257,15 +257,13 @@ impl Uploader {
             .filter_map(|l| l.key.rsplit('/').next())
             .collect();
         let (sealed, local) = self.local_segments();
-        lock(&self.stats).pending_segments = sealed
+        let to_upload: Vec<&Sealed> = sealed
             .iter()
             .filter(|s| !up.contains(format!("{}.summary", s.stem).as_str()))
-            .count() as u64;
-        for seg in &sealed {
+            .collect();
+        lock(&self.stats).pending_segments = to_upload.len() as u64;
+        for seg in to_upload {
             let summary = format!("{}.summary", seg.stem);
-            if up.contains(summary.as_str()) {
-                continue;
-            }
             let skv = format!("{}.skv", seg.stem);
             let path = self.outbox.join(&skv);
             let part = |_| self.moved();
@@ -341,7 +339,7 @@ impl Uploader {
             };
             all.insert(stem.to_string());
             let path = entry.path();
-            if !path.with_extension("sealed").exists() {
+            if !sealed_marker(&path).exists() {
                 continue;
             }
             if let Some(s) = self.sealed(stem, &path) {
@@ -353,7 +351,7 @@ impl Uploader {
     }
 
     fn sealed(&self, stem: &str, path: &Path) -> Option<Sealed> {
-        let summary = std::fs::read(path.with_extension("summary")).ok()?;
+        let summary = std::fs::read(summary_path(path)).ok()?;
         let decoded = match SegmentSummary::decode(&summary) {
             Ok(s) => s,
             Err(e) => {

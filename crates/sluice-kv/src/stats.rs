@@ -131,7 +131,6 @@ pub struct ForeignCounters {
     pub refresh_failures: u64,
 }
 
-/// What the SSD tier counts.
 /// The remote thread's work on this store's segments in the object store.
 #[derive(Debug, Default, Clone, Serialize, PartialEq)]
 pub struct RemoteStats {
@@ -149,6 +148,7 @@ pub struct RemoteStats {
     pub last_error: Option<String>,
 }
 
+/// What the SSD tier counts.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SsdCounters {
     pub corrupt_blocks: u64,

@@ -340,21 +340,10 @@ fn open_shared(
     let Some(root) = &config.shared_dir else {
         return Ok((None, None));
     };
-    let own_name: String = store_id.iter().map(|b| format!("{b:02x}")).collect();
-    let own_dir = root.join(&own_name);
+    let own_name = store_dir_name(store_id);
     create_dir(root)?;
     std::fs::read_dir(root).map_err(KvError::io(root))?;
-    let own = match config.shared_bytes {
-        0 => None, // a reader: nothing of ours in the directory
-        _ => {
-            create_dir(&own_dir)?;
-            let dir =
-                FsSegmentDir::new(&own_dir, config.direct).with_io_uring(config.use_io_uring()?);
-            let dir = Arc::new(dir);
-            let tier = SsdTier::open(dir, own_dir, store_id, &config.shared_tier_config())?;
-            Some(Arc::new(Mutex::new(tier)))
-        }
-    };
+    let own = open_own_segments(config, &root.join(&own_name), store_id)?;
     let index = ForeignIndex::new(root, own_name.into(), config.block_bytes, config.direct);
     let index = Arc::new(Mutex::new(index));
     // A directory's listing does not fail: one that cannot be read is logged.
@@ -382,29 +371,41 @@ fn open_remote(
     ),
     KvError,
 > {
-    let own_name: String = store_id.iter().map(|b| format!("{b:02x}")).collect();
+    let own_name = store_dir_name(store_id);
     let remote = Arc::new(Remote::open(url, config.remote_timeout_ms)?);
     let index = ForeignIndex::remote(Arc::clone(&remote), own_name.clone(), config.block_bytes);
     let index = Arc::new(Mutex::new(index));
     foreign::refresh(&index).map_err(|source| KvError::Remote { source })?;
     let outbox = root.join("remote");
-    let own = match config.shared_bytes {
-        0 => None, // a reader: nothing of ours goes up
-        _ => {
-            create_dir(&outbox)?;
-            let dir =
-                FsSegmentDir::new(&outbox, config.direct).with_io_uring(config.use_io_uring()?);
-            let tier = SsdTier::open(
-                Arc::new(dir),
-                outbox.clone(),
-                store_id,
-                &config.shared_tier_config(),
-            )?;
-            Some(Arc::new(Mutex::new(tier)))
-        }
-    };
+    let own = open_own_segments(config, &outbox, store_id)?;
     let uploader = Uploader::new(remote, &own_name, outbox, config.slot_bytes());
     Ok((own, Some(index), Some(Arc::new(uploader))))
+}
+
+/// The name of a store's own directory in a shared tier: its id in hex.
+fn store_dir_name(store_id: [u8; 16]) -> String {
+    store_id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// This store's own shared segments in `dir` (created if absent), with the shared budget
+/// and policy; `None` for a reader (`shared_bytes` 0), which writes nothing there.
+fn open_own_segments(
+    config: &KvConfig,
+    dir: &Path,
+    store_id: [u8; 16],
+) -> Result<Option<Arc<Mutex<SsdTier>>>, KvError> {
+    if config.shared_bytes == 0 {
+        return Ok(None);
+    }
+    create_dir(dir)?;
+    let segments = FsSegmentDir::new(dir, config.direct).with_io_uring(config.use_io_uring()?);
+    let tier = SsdTier::open(
+        Arc::new(segments),
+        dir.to_path_buf(),
+        store_id,
+        &config.shared_tier_config(),
+    )?;
+    Ok(Some(Arc::new(Mutex::new(tier))))
 }
 
 /// Every tier's lock, held for a run of residency checks (see [`Tiers::residency`]).

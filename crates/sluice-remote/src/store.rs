@@ -110,6 +110,20 @@ impl RemoteOptions {
     }
 }
 
+impl RemoteOptions {
+    /// [`RemoteOptions::from_env`] for a caller that verifies every byte it reads back
+    /// itself (a checksum per chunk or record): S3 uploads then sign their headers only,
+    /// not a SHA-256 of each body (a CPU cost that buys such a caller nothing), unless
+    /// `AWS_UNSIGNED_PAYLOAD` is set, which the store then follows.
+    pub fn from_env_self_verified() -> Result<RemoteOptions, RemoteError> {
+        let mut opts = RemoteOptions::from_env()?;
+        if std::env::var_os("AWS_UNSIGNED_PAYLOAD").is_none() {
+            opts.unsigned_payload = Some(true);
+        }
+        Ok(opts)
+    }
+}
+
 /// An object's size and version, from one HEAD (or a listing).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectInfo {
@@ -349,6 +363,7 @@ impl RemoteStore {
         obj: &ObjectInfo,
         reads: Vec<(u64, &mut [u8])>,
     ) -> Result<ReadReport, RemoteError> {
+        let reads = reads.into_iter().map(|(at, buf)| (at, vec![buf])).collect();
         runtime()?.block_on(self.read_all(obj, reads))
     }
 
@@ -362,31 +377,7 @@ impl RemoteStore {
         offset: u64,
         bufs: Vec<&mut [u8]>,
     ) -> Result<ReadReport, RemoteError> {
-        runtime()?.block_on(async {
-            let path = self.path(&obj.url)?;
-            let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
-            check_range(obj, offset..offset + len)?;
-            let piece = self.opts.piece_bytes.max(1);
-            let mut pieces: Vec<(Range<u64>, Vec<&mut [u8]>)> = Vec::new();
-            let mut at = offset;
-            for mut buf in bufs {
-                while !buf.is_empty() {
-                    let room = piece - (at - offset) % piece;
-                    let n = room.min(buf.len() as u64) as usize;
-                    let (head, rest) = std::mem::take(&mut buf).split_at_mut(n);
-                    match pieces.last_mut() {
-                        Some((r, parts)) if (at - offset) % piece != 0 => {
-                            r.end += n as u64;
-                            parts.push(head);
-                        }
-                        _ => pieces.push((at..at + n as u64, vec![head])),
-                    }
-                    at += n as u64;
-                    buf = rest;
-                }
-            }
-            self.fetch_pieces(&path, obj, pieces).await
-        })
+        runtime()?.block_on(self.read_all(obj, vec![(offset, bufs)]))
     }
 
     /// Fills `dst` with the object's bytes at `offset`, as [`RemoteStore::read_ranges`] does
@@ -398,26 +389,41 @@ impl RemoteStore {
         offset: u64,
         dst: &mut [u8],
     ) -> Result<ReadReport, RemoteError> {
-        self.read_all(obj, vec![(offset, dst)]).await
+        self.read_all(obj, vec![(offset, vec![dst])]).await
     }
 
+    /// Each `(offset, buffers)`: the buffers filled one after the other from `offset`, the
+    /// range they cover cut into pieces of at most `piece_bytes` from `offset` on (a piece
+    /// spans buffers where they meet), `concurrency` pieces in flight. All or nothing.
     async fn read_all(
         &self,
         obj: &ObjectInfo,
-        reads: Vec<(u64, &mut [u8])>,
+        reads: Vec<(u64, Vec<&mut [u8]>)>,
     ) -> Result<ReadReport, RemoteError> {
         let path = self.path(&obj.url)?;
-        let piece = self.opts.piece_bytes.max(1) as usize;
+        let piece = self.opts.piece_bytes.max(1);
         // The pieces are cut before the first await: a lazy iterator's closure held across
         // awaits would keep the future from being `Send`.
         let mut pieces: Vec<(Range<u64>, Vec<&mut [u8]>)> = Vec::new();
-        for (offset, buf) in reads {
-            check_range(obj, offset..offset + buf.len() as u64)?;
+        for (offset, bufs) in reads {
+            let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+            check_range(obj, offset..offset + len)?;
             let mut at = offset;
-            for part in buf.chunks_mut(piece) {
-                let n = part.len() as u64;
-                pieces.push((at..at + n, vec![part]));
-                at += n;
+            for mut buf in bufs {
+                while !buf.is_empty() {
+                    let into_piece = (at - offset) % piece;
+                    let n = (piece - into_piece).min(buf.len() as u64) as usize;
+                    let (head, rest) = std::mem::take(&mut buf).split_at_mut(n);
+                    match pieces.last_mut() {
+                        Some((r, parts)) if into_piece != 0 => {
+                            r.end += n as u64;
+                            parts.push(head);
+                        }
+                        _ => pieces.push((at..at + n as u64, vec![head])),
+                    }
+                    at += n as u64;
+                    buf = rest;
+                }
             }
         }
         self.fetch_pieces(&path, obj, pieces).await
@@ -433,7 +439,6 @@ impl RemoteStore {
         let bytes: u64 = pieces.iter().map(|(r, _)| r.end - r.start).sum();
         let fetches: Vec<_> = pieces
             .into_iter()
-            .filter(|(r, _)| r.end > r.start)
             .map(|(range, mut dst)| async move { self.fetch(path, obj, range, &mut dst).await })
             .collect();
         let retried: Vec<usize> = futures::stream::iter(fetches)
@@ -518,10 +523,6 @@ impl RemoteStore {
             total += chunk.len();
             while !chunk.is_empty() {
                 let d = &mut dst[part];
-                if at == d.len() {
-                    (part, at) = (part + 1, 0); // an empty buffer
-                    continue;
-                }
                 let n = chunk.len().min(d.len() - at);
                 d[at..at + n].copy_from_slice(&chunk[..n]);
                 chunk = &chunk[n..];
